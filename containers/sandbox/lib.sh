@@ -1,0 +1,53 @@
+# Helpers for the sandbox scripts: logging, background daemons, waiting.
+# Sourced, never run.
+# shellcheck source=settings.sh
+. "$(dirname "${BASH_SOURCE[0]}")/settings.sh"
+
+SBX_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+say() { printf '[sandbox %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+ensure_dirs() { mkdir -p "$SBX_CACHE" "$SBX_RUN" "$SBX_LOG"; }
+
+# start_bg NAME CMD...: start CMD detached in its own session, stdout/stderr to
+# $SBX_LOG/NAME.log, pid to $SBX_RUN/NAME.pid. No-op if already running.
+start_bg() {
+  local name=$1; shift
+  ensure_dirs
+  if is_running "$name"; then return 0; fi
+  setsid "$@" </dev/null >>"$SBX_LOG/$name.log" 2>&1 &
+  echo $! >"$SBX_RUN/$name.pid"
+}
+
+is_running() {
+  local pid
+  pid=$(cat "$SBX_RUN/$1.pid" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
+# stop_bg NAME [SECONDS]: TERM the daemon's whole session, KILL after SECONDS.
+stop_bg() {
+  local name=$1 grace=${2:-10} pid i
+  pid=$(cat "$SBX_RUN/$name.pid" 2>/dev/null) || return 0
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    for ((i = 0; i < grace * 10; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$SBX_RUN/$name.pid"
+}
+
+# wait_for DESC SECONDS CMD...: poll CMD every 0.1 s until it succeeds.
+wait_for() {
+  local desc=$1 limit=$2 i; shift 2
+  for ((i = 0; i < limit * 10; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  die "timed out after ${limit}s waiting for $desc"
+}
+

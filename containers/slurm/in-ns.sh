@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# in-ns.sh CMD...: run CMD chrooted into the Slurm rootfs, inside the sandbox's
+# private mount namespace (held open by the slurm-ns process). The exec chain
+# keeps the pid, so start_bg's pid file names the daemon itself.
+set -euo pipefail
+. "$(dirname "$0")/common.sh"
+holder=$(cat "$SBX_RUN/slurm-ns.pid")
+exec nsenter -t "$holder" -m -- chroot "$ROOTFS" env SLURM_CONF="$SLURM_CONF" "$@"

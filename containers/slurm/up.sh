@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Start the Slurm half of the sandbox: munge, MariaDB, slurmdbd, slurmctld,
+# slurmrestd (JWT, loopback) and the native partition's slurmds, all chrooted
+# into a Debian sid rootfs (Slurm 26.05) inside one private mount namespace.
+set -euo pipefail
+. "$(dirname "$0")/common.sh"
+
+cached_rootfs=$("$SLURM_DIR/rootfs.sh")
+ensure_dirs
+mkdir -p "$ROOTFS"
+if ! mountpoint -q "$ROOTFS"; then mount --bind "$cached_rootfs" "$ROOTFS"; fi
+mkdir -p "$SLURM_ETC" "$SLURM_STATE/ctld" "$SLURM_STATE/slurmd" "$SBX_STATE/munge" "$SBX_STATE/gpus" \
+  "$SBX_STATE/mysql" "$SBX_STATE/bin"
+
+# --- users: same uid/gid on the host and in the rootfs ----------------------
+ensure_user() { # ROOT NAME UID: create NAME in the passwd of ROOT ("" = host)
+  local root=$1 name=$2 id=$3
+  if ! chroot "${root:-/}" getent passwd "$name" >/dev/null; then
+    chroot "${root:-/}" groupadd -g "$id" "$name" 2>/dev/null || true
+    chroot "${root:-/}" useradd -u "$id" -g "$id" -d "$SBX_SHARED_HOME/$name" -s /bin/bash -M "$name"
+  fi
+}
+for entry in $SBX_USERS; do
+  name=${entry%%:*} id=${entry##*:}
+  ensure_user "" "$name" "$id"
+  ensure_user "$ROOTFS" "$name" "$id"
+  install -d -o "$id" -g "$id" -m 755 "$SBX_SHARED_HOME/$name"
+done
+# Host-side clients resolve SlurmUser by name: mirror the rootfs's uid.
+ensure_user "" slurm "$(chroot "$ROOTFS" id -u slurm)"
+# slurmrestd refuses root and SlurmUser: it gets a user of its own.
+ensure_user "$ROOTFS" slurmrest 2100
+
+# --- config files -----------------------------------------------------------
+ports_of() { # first-last port for a list of node names
+  local first last
+  first=$(node_port "$1"); last=$(node_port "${@: -1}")
+  [ "$first" = "$last" ] && echo "$first" || echo "$first-$last"
+}
+render() { # TEMPLATE > OUT
+  sed -e "s|@STATE@|$SBX_STATE|g" -e "s|@HOSTNAME@|$(hostname)|g" \
+    -e "s|@SLURMCTLD_PORT@|$SBX_SLURMCTLD_PORT|g" -e "s|@SLURMDBD_PORT@|$SBX_SLURMDBD_PORT|g" \
+    -e "s|@NATIVE_NODES@|$(native_hostlist)|g" -e "s|@REAL_NODES@|$(real_hostlist)|g" \
+    -e "s|@SIM_NODES@|$(sim_hostlist)|g" \
+    -e "s|@NATIVE_PORTS@|$(ports_of $(native_nodes))|g" \
+    -e "s|@REAL_PORTS@|$(ports_of $SBX_REAL_NODES)|g" \
+    -e "s|@SIM_PORTS@|$(ports_of $(sim_node_names))|g" \
+    -e "s|@ALL_NODES@|$(native_hostlist),$(real_hostlist),$(sim_hostlist)|g" \
+    -e "s|@GPUS@|$SBX_GPUS_PER_NODE|g" -e "s|@LASTGPU@|$((SBX_GPUS_PER_NODE - 1))|g" "$1"
+}
+render "$SLURM_DIR/etc/slurm.conf.in" >"$SLURM_ETC/slurm.conf"
+render "$SLURM_DIR/etc/slurmdbd.conf.in" >"$SLURM_ETC/slurmdbd.conf"
+render "$SLURM_DIR/etc/gres.conf.in" >"$SLURM_ETC/gres.conf"
+cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/cgroup.conf"
+# Host-side clients (cli.sh) load plugins from the rootfs through its bind
+# mount; the same path resolves inside the rootfs too, so jobs that inherit
+# this SLURM_CONF from a host-side sbatch still find their plugins.
+mkdir -p "$SLURM_ETC/host"
+{ echo "PluginDir=$ROOTFS/usr/lib/x86_64-linux-gnu/slurm-wlm"; cat "$SLURM_ETC/slurm.conf"; } >"$SLURM_ETC/host/slurm.conf"
+cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/host/cgroup.conf"
+[ -f "$SLURM_ETC/job_submit.lua" ] || cp "$SLURM_DIR/etc/job_submit.lua" "$SLURM_ETC/job_submit.lua"
+for ((g = 0; g < SBX_GPUS_PER_NODE; g++)); do
+  [ -c "$SBX_STATE/gpus/gpu$g" ] || mknod "$SBX_STATE/gpus/gpu$g" c 1 3
+done
+
+# --- the mount namespace holder ---------------------------------------------
+if ! is_running slurm-ns; then
+  start_bg slurm-ns unshare --mount --propagation private -- sleep infinity
+  own_ns=$(readlink /proc/self/ns/mnt)
+  ns_ready() { [ "$(readlink "/proc/$(cat "$SBX_RUN/slurm-ns.pid")/ns/mnt")" != "$own_ns" ]; }
+  wait_for "the Slurm mount namespace" 5 ns_ready
+  mkdir -p "$ROOTFS$SBX_STATE" "$ROOTFS$SBX_SHARED_HOME"
+  nsenter -t "$(cat "$SBX_RUN/slurm-ns.pid")" -m -- sh -ec "
+    mount -t proc proc '$ROOTFS/proc'
+    mount -t sysfs sysfs '$ROOTFS/sys'
+    mount --rbind /dev '$ROOTFS/dev'
+    mount -t tmpfs -o mode=755 tmpfs '$ROOTFS/run'
+    mount -t tmpfs -o mode=1777 tmpfs '$ROOTFS/tmp'
+    mount --bind '$SBX_SHARED_HOME' '$ROOTFS$SBX_SHARED_HOME'
+    # rbind: host clients' rootfs path must resolve in here too (PluginDir).
+    mount --rbind '$SBX_STATE' '$ROOTFS$SBX_STATE'"
+fi
+
+# --- munge ------------------------------------------------------------------
+if [ ! -f "$SBX_STATE/munge/munge.key" ]; then
+  head -c 1024 /dev/urandom >"$SBX_STATE/munge/munge.key"
+fi
+in_ns chown -R munge:munge "$SBX_STATE/munge"
+chmod 700 "$SBX_STATE/munge"; chmod 400 "$SBX_STATE/munge/munge.key"
+# The socket dir must be reachable by every user (host clients included).
+chmod 711 "$SBX_STATE/munge"
+start_bg munged "$SLURM_DIR/in-ns.sh" runuser -u munge -- munged --foreground --force \
+  --socket="$SBX_STATE/munge/munge.socket.2" --key-file="$SBX_STATE/munge/munge.key" \
+  --pid-file="$SBX_STATE/munge/munged.pid" --seed-file="$SBX_STATE/munge/munged.seed"
+wait_for munged 10 test -S "$SBX_STATE/munge/munge.socket.2"
+# Some client paths (the slurmdbd connection of sacctmgr/sacct) ignore
+# AuthInfo and use munge's default socket; point it at ours, in the rootfs and
+# on the host (which has no munge of its own).
+in_ns ln -sfn "$SBX_STATE/munge" /run/munge
+if [ ! -e /run/munge ] || [ -L /run/munge ]; then ln -sfn "$SBX_STATE/munge" /run/munge; fi
+
+# --- MariaDB for slurmdbd ---------------------------------------------------
+in_ns install -d -o mysql -g mysql /run/mariadbd
+# bookworm's libmariadb (see rootfs.sh) looks for the socket under /run/mysqld.
+in_ns ln -sfn /run/mariadbd /run/mysqld
+if [ ! -d "$SBX_STATE/mysql/mysql" ]; then
+  in_ns chown mysql:mysql "$SBX_STATE/mysql"
+  in_ns mariadb-install-db --user=mysql --datadir="$SBX_STATE/mysql" --skip-test-db >>"$SBX_LOG/mariadb-init.log" 2>&1
+fi
+start_bg mariadb "$SLURM_DIR/in-ns.sh" mariadbd --user=mysql --datadir="$SBX_STATE/mysql" --socket=/run/mariadbd/mysqld.sock \
+  --pid-file=/run/mariadbd/mysqld.pid --skip-networking --innodb-buffer-pool-size=128M \
+  --innodb-snapshot-isolation=OFF --innodb-lock-wait-timeout=900
+wait_for mariadb 30 in_ns mariadb-admin --socket=/run/mariadbd/mysqld.sock ping
+in_ns mariadb --socket=/run/mariadbd/mysqld.sock -e "
+  CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED VIA unix_socket;
+  GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+
+# --- slurmdbd, slurmctld ----------------------------------------------------
+if [ ! -f "$SLURM_STATE/jwt.key" ]; then
+  head -c 32 /dev/urandom | base64 >"$SLURM_STATE/jwt.key"
+fi
+in_ns chown slurm:slurm "$SLURM_STATE/jwt.key" "$SLURM_STATE/ctld" "$SLURM_ETC/slurmdbd.conf"
+chmod 600 "$SLURM_STATE/jwt.key" "$SLURM_ETC/slurmdbd.conf"
+chmod 755 "$SLURM_STATE" "$SLURM_ETC"
+
+start_bg slurmdbd "$SLURM_DIR/in-ns.sh" slurmdbd -D
+wait_for slurmdbd 30 in_ns sacctmgr -i show cluster
+if ! in_ns sacctmgr -n -P show cluster format=cluster | grep -qx sandbox; then
+  in_ns sacctmgr -i add cluster sandbox >/dev/null
+fi
+start_bg slurmctld "$SLURM_DIR/in-ns.sh" slurmctld -D -i
+wait_for slurmctld 30 in_ns scontrol ping
+
+# Accounts: each test user in an account of its own.
+for entry in $SBX_USERS; do
+  name=${entry%%:*}
+  if ! in_ns sacctmgr -n -P show assoc user="$name" format=user | grep -qx "$name"; then
+    in_ns sacctmgr -i add account "lab_$name" cluster=sandbox description="$name's lab" >/dev/null
+    in_ns sacctmgr -i add user "$name" account="lab_$name" cluster=sandbox >/dev/null
+  fi
+done
+
+# --- slurmd for the native partition ----------------------------------------
+for node in $(native_nodes); do
+  mkdir -p "$SLURM_STATE/slurmd/$node"
+  start_bg "slurmd-$node" "$SLURM_DIR/in-ns.sh" slurmd -D -N "$node"
+done
+
+# --- slurmrestd (JWT, loopback) ---------------------------------------------
+start_bg slurmrestd "$SLURM_DIR/in-ns.sh" env SLURM_JWT=daemon runuser -u slurmrest -- \
+  slurmrestd -a rest_auth/jwt -s openapi/slurmctld,openapi/slurmdbd "127.0.0.1:$SBX_SLURMRESTD_PORT"
+
+for node in $(native_nodes); do
+  wait_for "slurmd $node" 30 sh -c "'$SLURM_DIR/cli.sh' sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated)'"
+done
+say "Slurm is up: slurmctld :$SBX_SLURMCTLD_PORT, slurmdbd :$SBX_SLURMDBD_PORT, slurmrestd http://127.0.0.1:$SBX_SLURMRESTD_PORT"
+
+# --- host-side wrappers (see `make sandbox-env`) ----------------------------
+for cmd in sbatch srun salloc squeue scancel sacct sacctmgr scontrol sinfo sprio sshare sstat sattach; do
+  cat >"$SBX_STATE/bin/$cmd" <<WRAP
+#!/bin/sh
+exec '$SLURM_DIR/cli.sh' $cmd "\$@"
+WRAP
+  chmod 755 "$SBX_STATE/bin/$cmd"
+done
