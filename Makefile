@@ -1,0 +1,42 @@
+# Stable interface of the project: others script against these target names.
+SHELL := /bin/bash
+SANDBOX := containers/sandbox/sandbox.sh
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test unit e2e lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-down venv
+
+sandbox-up:      ## start real Slurm + real Kubernetes on this machine
+	@$(SANDBOX) up
+
+sandbox-down:    ## stop the sandbox and delete its state (the build cache stays)
+	@$(SANDBOX) down
+
+sandbox-status:  ## show every sandbox daemon and the nodes
+	@$(SANDBOX) status
+
+sandbox-env:     ## print exports: eval "$(make -s sandbox-env)"
+	@$(SANDBOX) env
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check bridge tests
+
+unit: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+e2e: venv sandbox-up
+	$(VENV)/bin/pytest -q -m e2e tests/e2e
+
+test: venv sandbox-up  ## lint, unit tests, then e2e tests on the sandbox
+	$(VENV)/bin/ruff check bridge tests
+	$(VENV)/bin/pytest -q tests
+
+demo: sandbox-up
+	@containers/sandbox/demo.sh

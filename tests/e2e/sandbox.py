@@ -1,0 +1,113 @@
+"""Handles on the running sandbox for end-to-end tests: Slurm CLI, REST, Kubernetes.
+
+Everything here talks to the real daemons started by `make sandbox-up`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+SANDBOX_SCRIPT = REPO / "containers" / "sandbox" / "sandbox.sh"
+
+T = TypeVar("T")
+
+
+def sandbox_env() -> dict[str, str]:
+    """The exports `make sandbox-env` prints, parsed into a dict."""
+    out = subprocess.run([str(SANDBOX_SCRIPT), "env"], check=True, capture_output=True, text=True).stdout
+    env: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export ") :].partition("=")
+            value = value.strip('"')
+            if key == "PATH":
+                value = value.replace("$PATH", os.environ.get("PATH", ""))
+            env[key] = value
+    return env
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2) -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    env: dict[str, str]
+
+    def _environ(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def slurm(
+        self, cmd: str, *args: str, user: str = "root", cwd: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command from the host shell, as `user` (via runuser)."""
+        argv: Sequence[str] = [cmd, *args]
+        if user != "root":
+            argv = ["runuser", "-u", user, "--", *argv]
+        return subprocess.run(
+            argv, env=self._environ(), cwd=cwd, check=check, capture_output=True, text=True, timeout=60
+        )
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["kubectl", *args], env=self._environ(), check=check, capture_output=True, text=True, timeout=60
+        )
+
+    def kubectl_create(self, manifest: dict[str, Any]) -> None:
+        subprocess.run(
+            ["kubectl", "create", "-f", "-"], input=json.dumps(manifest), env=self._environ(),
+            check=True, capture_output=True, text=True, timeout=60,
+        )
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    @property
+    def rest_url(self) -> str:
+        return self.env["SLURMRESTD_URL"]
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.env["KUBECONFIG"]
+
+    def token(self, user: str, lifespan_s: int = 3600) -> str:
+        """A slurmrestd JWT for `user`, minted by `scontrol token` as root."""
+        out = self.slurm("scontrol", "token", f"username={user}", f"lifespan={lifespan_s}").stdout
+        return out.strip().removeprefix("SLURM_JWT=")
+
+    def home(self, user: str) -> Path:
+        return Path("/home") / user
+
+    def sbatch(self, *args: str, user: str = "alice", cwd: str | None = None) -> int:
+        """Submit as `user` from their shared home; return the job id."""
+        out = self.slurm("sbatch", "--parsable", *args, user=user, cwd=cwd or str(self.home(user))).stdout
+        return int(out.strip().split(";")[0])
+
+    def sacct_line(self, job_id: int) -> dict[str, str] | None:
+        """The job's allocation line from sacct once it has a final state, else None."""
+        fields = "JobID,User,Account,Partition,State,ExitCode,NodeList"
+        out = self.slurm("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", fields).stdout
+        for line in out.splitlines():
+            row = dict(zip(fields.split(","), line.split("|"), strict=True))
+            if row["JobID"] == str(job_id) and row["State"] not in ("PENDING", "RUNNING", "REQUEUED"):
+                return row
+        return None
+
+    def wait_job_final(self, job_id: int, timeout: float = 60.0) -> dict[str, str]:
+        return wait_until(f"job {job_id} to finish in sacct", lambda: self.sacct_line(job_id), timeout)

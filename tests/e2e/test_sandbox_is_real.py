@@ -1,0 +1,149 @@
+"""Smoke tests proving each part of the sandbox is a real daemon doing real work."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+
+from tests.e2e.sandbox import Sandbox, wait_until
+
+
+def test_native_batch_job_exit_code_reaches_sacct(sandbox: Sandbox) -> None:
+    job_id = sandbox.sbatch("-p", "native", "--wrap", "echo native-out; exit 3", user="alice")
+
+    row = sandbox.wait_job_final(job_id)
+
+    assert (row["State"], row["ExitCode"]) == ("FAILED", "3:0")
+    assert (row["User"], row["Account"]) == ("alice", "lab_alice")
+    out = sandbox.home("alice") / f"slurm-{job_id}.out"
+    assert out.read_text() == "native-out\n"  # written by slurmd in the rootfs, read on the host
+
+
+def test_each_test_user_has_an_account_of_its_own(sandbox: Sandbox) -> None:
+    out = sandbox.slurm("sacctmgr", "-n", "-P", "show", "assoc", "format=user,account").stdout
+    pairs = {tuple(line.split("|")) for line in out.splitlines() if line.split("|")[0] in ("alice", "bob")}
+
+    assert pairs == {("alice", "lab_alice"), ("bob", "lab_bob")}
+
+
+def test_native_job_sees_the_gpu_indices_slurm_chose(sandbox: Sandbox) -> None:
+    job_id = sandbox.sbatch(
+        "-p", "native", "--gres=gpu:2", "--wrap", 'echo "gpus=$CUDA_VISIBLE_DEVICES"', user="bob"
+    )
+
+    assert sandbox.wait_job_final(job_id)["State"] == "COMPLETED"
+    assert (sandbox.home("bob") / f"slurm-{job_id}.out").read_text() == "gpus=0,1\n"
+
+
+def test_every_partition_node_has_four_fake_gpus(sandbox: Sandbox) -> None:
+    out = sandbox.slurm("sinfo", "-h", "-N", "-o", "%N %P %G").stdout
+    rows = [line.split() for line in out.splitlines()]
+
+    assert {partition.rstrip("*") for _, partition, _ in rows} == {"native", "k8s", "sim"}
+    assert {gres for _, _, gres in rows} == {"gpu:4"}
+
+
+def test_slurmrestd_accepts_a_jwt_and_lists_jobs(sandbox: Sandbox) -> None:
+    request = urllib.request.Request(
+        f"{sandbox.rest_url}/slurm/v0.0.45/jobs/",
+        headers={"X-SLURM-USER-NAME": "alice", "X-SLURM-USER-TOKEN": sandbox.token("alice", 300)},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = json.load(response)
+
+    assert response.status == 200
+    assert isinstance(body["jobs"], list)
+    assert body["errors"] == []
+
+
+def test_slurmrestd_rejects_a_forged_token(sandbox: Sandbox) -> None:
+    request = urllib.request.Request(
+        f"{sandbox.rest_url}/slurm/v0.0.45/jobs/",
+        headers={"X-SLURM-USER-NAME": "alice", "X-SLURM-USER-TOKEN": "not-a-token"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=10)
+    except urllib.error.HTTPError as error:
+        assert error.code in (401, 403, 511)  # slurmrestd 26.05 answers 511
+    else:
+        raise AssertionError("slurmrestd accepted a forged token")
+
+
+def test_kubernetes_lists_real_and_simulated_nodes_ready(sandbox: Sandbox) -> None:
+    nodes = sandbox.kubectl_json("get", "nodes")["items"]
+    ready = {
+        n["metadata"]["name"]: n["metadata"]["labels"].get("type")
+        for n in nodes
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+    }
+
+    assert "real" in ready.values()
+    assert list(ready.values()).count("kwok") >= 16
+    slurm_nodes = sandbox.slurm("sinfo", "-h", "-p", "k8s,sim", "-N", "-o", "%N").stdout.split()
+    assert set(slurm_nodes) <= set(ready), "every bridged Slurm node has a Ready Kubernetes twin"
+
+
+def _pod_on_real_node(sandbox: Sandbox, name: str, command: str, uid: int | None = None) -> dict:
+    real = next(
+        n["metadata"]["name"]
+        for n in sandbox.kubectl_json("get", "nodes", "-l", "type=real")["items"]
+    )
+    security = {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True} if uid else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": real,
+            "restartPolicy": "Never",
+            "tolerations": [{"key": "slurm-k8s-bridge/bridged", "operator": "Exists"}],
+            "securityContext": security,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "sandbox.local/busybox:1",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", command],
+                    "volumeMounts": [{"name": "home", "mountPath": "/home"}],
+                }
+            ],
+            "volumes": [{"name": "home", "hostPath": {"path": "/home", "type": "Directory"}}],
+        },
+    }
+
+
+def _run_pod(sandbox: Sandbox, manifest: dict) -> dict:
+    name = manifest["metadata"]["name"]
+    sandbox.kubectl_create(manifest)
+
+    def finished() -> dict | None:
+        pod = sandbox.kubectl_json("get", "pod", name)
+        return pod if pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    return wait_until(f"pod {name} to finish", finished, timeout=90)
+
+
+def test_real_node_runs_a_container_and_reports_its_exit_code_and_log(sandbox: Sandbox) -> None:
+    name = f"smoke-{uuid.uuid4().hex[:8]}"
+    pod = _run_pod(sandbox, _pod_on_real_node(sandbox, name, "echo hi; exit 7"))
+
+    state = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert pod["status"]["phase"] == "Failed"
+    assert state["exitCode"] == 7
+    assert sandbox.kubectl("logs", name).stdout == "hi\n"
+    sandbox.kubectl("delete", "pod", name, "--wait=false")
+
+
+def test_real_node_runs_as_a_test_user_and_sees_the_shared_home(sandbox: Sandbox) -> None:
+    name = f"smoke-{uuid.uuid4().hex[:8]}"
+    marker = sandbox.home("alice") / f"{name}.txt"
+    pod = _run_pod(sandbox, _pod_on_real_node(sandbox, name, f"id -u; id -g; echo from-pod > {marker}", uid=2001))
+
+    assert pod["status"]["phase"] == "Succeeded"
+    assert sandbox.kubectl("logs", name).stdout.split() == ["2001", "2001"]
+    assert marker.read_text() == "from-pod\n"
+    assert marker.stat().st_uid == 2001
+    marker.unlink()
+    sandbox.kubectl("delete", "pod", name, "--wait=false")
