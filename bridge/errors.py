@@ -1,0 +1,31 @@
+"""Error classes shared by the clients: each failure is classified once.
+
+Temporary errors are retried with backoff (network blips, 5xx, a restarting
+apiserver); permanent ones are reported to the user or operator and not retried.
+"""
+
+from __future__ import annotations
+
+
+class BridgeError(Exception):
+    """Base of every error the bridge raises on purpose."""
+
+
+class TemporaryError(BridgeError):
+    """Worth retrying after a delay: the other side may recover on its own."""
+
+
+class PermanentError(BridgeError):
+    """Retrying cannot help: a person has to change something."""
+
+
+class SlurmUnavailable(TemporaryError):
+    """slurmctld or slurmrestd did not answer."""
+
+
+class SlurmAuthError(PermanentError):
+    """slurmrestd refused our token (wrong, expired, or for the wrong user)."""
+
+
+class KubeUnavailable(TemporaryError):
+    """The Kubernetes API server did not answer."""

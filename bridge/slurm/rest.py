@@ -1,0 +1,117 @@
+"""slurmrestd backend: JWT over aiohttp, polling with `update_time`.
+
+slurmrestd answers `GET /jobs/?update_time=T` in ~2 ms with an empty list when
+nothing changed since T, so the poll is cheap when idle; after any change it
+returns the full list (not a delta), which the caller diffs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+
+from bridge.errors import SlurmAuthError, SlurmUnavailable
+from bridge.model import JobAllocation, allocation_from_rest
+
+log = structlog.get_logger(__name__)
+
+API_VERSION = "v0.0.45"
+
+
+class RestSlurmClient:
+    """Talks to slurmrestd as one Slurm user (an operator: SlurmUser or root)."""
+
+    def __init__(self, url: str, user: str, token_file: Path, timeout_s: float = 10.0) -> None:
+        self._url = url.rstrip("/")
+        self._user = user
+        self._token_file = token_file
+        self._token: str | None = None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._last_update = 0
+        self._recheck_second: int | None = None
+
+    # -- plumbing ---------------------------------------------------------
+    def _read_token(self) -> str:
+        """Read the JWT from its file each time it may have been rotated."""
+        text = self._token_file.read_text().strip()
+        return text.removeprefix("SLURM_JWT=")
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        for attempt in (1, 2):
+            if self._token is None:
+                self._token = self._read_token()
+            headers = {"X-SLURM-USER-NAME": self._user, "X-SLURM-USER-TOKEN": self._token}
+            try:
+                async with self._session.request(
+                    method, f"{self._url}{path}", headers=headers, **kwargs
+                ) as response:
+                    if response.status in (401, 403, 511):
+                        # The token file may have been rotated: re-read it once.
+                        self._token = None
+                        if attempt == 1:
+                            continue
+                        raise SlurmAuthError(
+                            f"slurmrestd refused the token for user {self._user!r} "
+                            f"(HTTP {response.status}); check {self._token_file} (expired?)"
+                        )
+                    body = await response.json(content_type=None)
+                    if response.status >= 500:
+                        raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {response.status}")
+                    return body if isinstance(body, dict) else {}
+            except (aiohttp.ClientError, TimeoutError) as error:
+                raise SlurmUnavailable(f"slurmrestd {method} {path}: {error}") from error
+        raise AssertionError("unreachable")
+
+    # -- the SlurmClient verbs --------------------------------------------
+    async def changed_jobs(self) -> list[JobAllocation] | None:
+        since = self._last_update
+        if self._recheck_second is not None and time.time() >= self._recheck_second + 1:
+            # update_time has one-second resolution: a change made later in the
+            # same second as our last full read would look "unchanged". Once that
+            # second is over, read once more from just before it.
+            since, self._recheck_second = self._recheck_second - 1, None
+        body = await self._request("GET", f"/slurm/{API_VERSION}/jobs/", params={"update_time": str(since)})
+        if _says_unchanged(body):
+            return None
+        # slurmctld's own clock, so skew between hosts cannot lose a change.
+        last = int((body.get("last_update") or {}).get("number") or time.time())
+        self._last_update = last
+        self._recheck_second = last
+        return [allocation_from_rest(job) for job in body.get("jobs") or []]
+
+    async def job(self, job_id: int) -> JobAllocation | None:
+        body = await self._request("GET", f"/slurm/{API_VERSION}/job/{job_id}")
+        for job in body.get("jobs") or []:
+            if int(job.get("job_id", 0)) == job_id:
+                return allocation_from_rest(job)
+        return None
+
+    async def signal_job(self, job_id: int, signal: str) -> None:
+        await self._request(
+            "DELETE", f"/slurm/{API_VERSION}/job/{job_id}", params={"signal": signal, "flags": "BATCH_JOB"}
+        )
+
+    async def set_comment(self, job_id: int, comment: str) -> None:
+        body = await self._request("POST", f"/slurm/{API_VERSION}/job/{job_id}", json={"comment": comment})
+        errors = body.get("errors") or []
+        if errors:
+            log.warning("slurm.comment_failed", job_id=job_id, errors=errors)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _says_unchanged(body: dict[str, Any]) -> bool:
+    """slurmrestd's answer to update_time when no job changed: a warning, no jobs."""
+    if body.get("jobs"):
+        return False
+    return any("No job changes" in str(w.get("description", "")) for w in body.get("warnings") or [])

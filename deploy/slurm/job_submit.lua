@@ -1,0 +1,154 @@
+--[[
+slurm-k8s-bridge job_submit.lua
+
+For jobs in a bridged partition (their nodes are Kubernetes nodes):
+  * reject what cannot run there, with a message on sbatch's stderr:
+    jobs without a batch script (srun/salloc), jobs with no image, bad #K8S
+    directives, root's jobs (pods never run as root);
+  * rewrite the batch script into the bridge's waiter, which keeps the original
+    script after a marker. The slurmd of a bridged node thus never runs user code:
+    the waiter hands the script to the bridge, which runs it in pods.
+
+Settings come from job_submit_bridge.conf beside this file (written by the
+bridge's installer from its config, so both agree):
+  attach_command=<command line that starts the waiter>
+  directive_keys=image,pull_policy,...
+  partition=<name> [default_image=<image>]
+]]
+
+local MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+
+local function here()
+  local source = debug.getinfo(1, "S").source
+  return source:match("^@(.*/)") or "./"
+end
+
+local function load_settings()
+  local settings = { partitions = {}, keys = {} }
+  local file = io.open(here() .. "job_submit_bridge.conf", "r")
+  if not file then
+    return nil
+  end
+  for raw in file:lines() do
+    local line = raw:gsub("#.*$", ""):match("^%s*(.-)%s*$")
+    local key, value = line:match("^([%w_]+)=(.*)$")
+    if key == "attach_command" then
+      settings.attach_command = value
+    elseif key == "directive_keys" then
+      for k in value:gmatch("[^,%s]+") do settings.keys[k] = true end
+    elseif key == "partition" then
+      local name, rest = value:match("^(%S+)%s*(.*)$")
+      settings.partitions[name] = { default_image = rest:match("default_image=(%S+)") }
+    end
+  end
+  file:close()
+  return settings
+end
+
+local function split_commas(text)
+  local out = {}
+  for item in (text or ""):gmatch("[^,]+") do out[#out + 1] = item end
+  return out
+end
+
+-- The partitions the job asked for (or the default one when it named none).
+local function requested_partitions(job_desc, part_list)
+  if job_desc.partition ~= nil and job_desc.partition ~= "" then
+    return split_commas(job_desc.partition)
+  end
+  for _, part in pairs(part_list) do
+    if part.flag_default == 1 or part.flag_default == true then return { part.name } end
+  end
+  return {}
+end
+
+-- #K8S directives live in the leading comment block, like #SBATCH.
+local function parse_directives(script, allowed)
+  local found, number = {}, 0
+  for line in (script .. "\n"):gmatch("(.-)\r?\n") do
+    number = number + 1
+    if not (number == 1 and line:match("^#!")) then
+      if line:match("^%s*$") then
+        -- blank lines do not end the header
+      elseif not line:match("^#") then
+        break
+      elseif line:match("^#K8S") then
+        local body = line:match("^#K8S%s+(.*)$")
+        if not body or body:match("^%s*$") then
+          return nil, string.format("line %d: '#K8S' needs key=value pairs", number)
+        end
+        for token in body:gmatch("%S+") do
+          local key, value = token:match("^([%w_%-]+)=(.+)$")
+          if not key then
+            return nil, string.format("line %d: '%s' is not key=value", number, token)
+          end
+          if not allowed[key] then
+            local names = {}
+            for k in pairs(allowed) do names[#names + 1] = k end
+            table.sort(names)
+            return nil, string.format("line %d: unknown #K8S key '%s' (known: %s)", number, key,
+              table.concat(names, ", "))
+          end
+          found[key] = value
+        end
+      end
+    end
+  end
+  return found
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local settings = load_settings()
+  if settings == nil then
+    return slurm.SUCCESS -- bridge not configured on this controller
+  end
+  local bridged, plain = {}, {}
+  for _, name in ipairs(requested_partitions(job_desc, part_list)) do
+    if settings.partitions[name] then bridged[#bridged + 1] = name else plain[#plain + 1] = name end
+  end
+  if #bridged == 0 then
+    return slurm.SUCCESS
+  end
+  local prefix = "slurm-k8s-bridge: partition " .. bridged[1] .. " runs jobs in Kubernetes: "
+  if #plain > 0 then
+    slurm.log_user(prefix .. "do not mix it with non-Kubernetes partitions (%s)", table.concat(plain, ","))
+    return slurm.ERROR
+  end
+  if job_desc.script == nil or job_desc.script == "" then
+    slurm.log_user(prefix .. "submit a batch script with sbatch; srun/salloc cannot start a job there")
+    return slurm.ERROR
+  end
+  if job_desc.user_id == 0 or submit_uid == 0 then
+    slurm.log_user(prefix .. "jobs of root are refused (pods never run as root); submit as a user")
+    return slurm.ERROR
+  end
+  if job_desc.script:find(MARKER, 1, true) then
+    return slurm.SUCCESS -- already rewritten (e.g. a requeue)
+  end
+  local directives, problem = parse_directives(job_desc.script, settings.keys)
+  if directives == nil then
+    slurm.log_user(prefix .. "bad #K8S directive, %s", problem)
+    return slurm.ERROR
+  end
+  for _, name in ipairs(bridged) do
+    if directives.image == nil and settings.partitions[name].default_image == nil then
+      slurm.log_user(prefix .. "no container image: add a line '#K8S image=<image>' to the script "
+        .. "(partition %s has no default image)", name)
+      return slurm.ERROR
+    end
+  end
+  job_desc.script = "#!/bin/sh\n"
+    .. "# Rewritten by slurm-k8s-bridge: this job runs in Kubernetes pods. The waiter\n"
+    .. "# streams their output here and exits with their exit code.\n"
+    .. "exec " .. settings.attach_command .. " \"$0\"\n"
+    .. MARKER .. "\n"
+    .. job_desc.script
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+
+slurm.log_info("slurm-k8s-bridge job_submit.lua loaded")
+return slurm.SUCCESS
