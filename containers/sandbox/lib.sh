@@ -23,17 +23,24 @@ start_bg() {
 is_running() {
   local pid
   pid=$(cat "$SBX_RUN/$1.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+  [ -n "$pid" ] && pid_alive "$pid"
+}
+
+# pid_alive PID: running and not a zombie (pid 1 here reaps orphans slowly).
+pid_alive() {
+  local state
+  state=$(sed 's/.*) //; s/ .*//' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
 }
 
 # stop_bg NAME [SECONDS]: TERM the daemon's whole session, KILL after SECONDS.
 stop_bg() {
   local name=$1 grace=${2:-10} pid i
   pid=$(cat "$SBX_RUN/$name.pid" 2>/dev/null) || return 0
-  if kill -0 "$pid" 2>/dev/null; then
+  if pid_alive "$pid"; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
     for ((i = 0; i < grace * 10; i++)); do
-      kill -0 "$pid" 2>/dev/null || break
+      pid_alive "$pid" || break
       sleep 0.1
     done
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
