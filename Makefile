@@ -40,3 +40,9 @@ test: venv sandbox-up  ## lint, unit tests, then e2e tests on the sandbox
 
 demo: sandbox-up
 	@containers/sandbox/demo.sh
+
+bridge-up: venv sandbox-up  ## start the bridge daemon, its slurmds and job_submit.lua on the sandbox
+	@containers/bridge/up.sh
+
+bridge-down:     ## stop the bridge daemon and the bridged nodes' slurmds
+	@containers/bridge/down.sh

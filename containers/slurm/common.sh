@@ -31,3 +31,9 @@ node_port() {
   done
   return 1
 }
+
+# start_slurmd NODE: one slurmd for NODE, chrooted like the other daemons.
+start_slurmd() {
+  mkdir -p "$SLURM_STATE/slurmd/$1"
+  start_bg "slurmd-$1" "$SLURM_DIR/in-ns.sh" slurmd -D -N "$1"
+}

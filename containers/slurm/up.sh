@@ -141,10 +141,7 @@ for entry in $SBX_USERS; do
 done
 
 # --- slurmd for the native partition ----------------------------------------
-for node in $(native_nodes); do
-  mkdir -p "$SLURM_STATE/slurmd/$node"
-  start_bg "slurmd-$node" "$SLURM_DIR/in-ns.sh" slurmd -D -N "$node"
-done
+for node in $(native_nodes); do start_slurmd "$node"; done
 
 # --- slurmrestd (JWT, loopback) ---------------------------------------------
 start_bg slurmrestd "$SLURM_DIR/in-ns.sh" env SLURM_JWT=daemon runuser -u slurmrest -- \

@@ -1,0 +1,3 @@
+"""slurm-k8s-bridge: real Slurm schedules, Kubernetes runs."""
+
+__version__ = "0.1.0"

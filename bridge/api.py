@@ -1,0 +1,122 @@
+"""The daemon's HTTP API: health, metrics, and the waiters' attach/cancel calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+import structlog
+from aiohttp import web
+
+from bridge import munge
+from bridge.errors import BridgeError
+from bridge.metrics import Metrics
+from bridge.model import ModelError, payload_from_json
+from bridge.reconcile import Reconciler
+from bridge.sessions import JobSession
+
+log = structlog.get_logger(__name__)
+
+
+class Api:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        metrics: Metrics,
+        enqueue: Callable[[int], None],
+        ready: Callable[[], bool],
+        unmunge_command: Sequence[str],
+    ) -> None:
+        self.reconciler = reconciler
+        self.metrics = metrics
+        self.enqueue = enqueue
+        self.ready = ready
+        self.unmunge_command = tuple(unmunge_command)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.add_routes([
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics_text),
+            web.post("/v1/jobs/{job_id:\\d+}/attach", self.attach),
+            web.post("/v1/jobs/{job_id:\\d+}/cancel", self.cancel),
+        ])
+        return app
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        if self.ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: caches syncing or not the leader\n")
+
+    async def metrics_text(self, _request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    # -- waiters -------------------------------------------------------------------
+    async def _identify(self, request: web.Request, job_id: int) -> int:
+        """The job's uid, once the caller proved with munge that it runs as that uid."""
+        credential = request.headers.get("X-Munge-Credential", "")
+        try:
+            who = await munge.verify(credential, self.unmunge_command)
+        except munge.MungeError as error:
+            raise web.HTTPForbidden(text=str(error)) from None
+        alloc = await self.reconciler.slurm.job(job_id)
+        if alloc is None:
+            raise web.HTTPNotFound(text=f"Slurm does not know job {job_id}")
+        if not self.reconciler.is_bridged(alloc):
+            raise web.HTTPBadRequest(text=f"job {job_id} is in partition {alloc.partition}, not bridged")
+        if alloc.uid != who.uid:
+            raise web.HTTPForbidden(text=f"job {job_id} belongs to uid {alloc.uid}, not to uid {who.uid}")
+        self.reconciler.slurm_jobs[job_id] = alloc
+        return who.uid
+
+    async def attach(self, request: web.Request) -> web.StreamResponse:
+        job_id = int(request.match_info["job_id"])
+        bound = log.bind(job_id=job_id)
+        try:
+            uid = await self._identify(request, job_id)
+            body = await request.json()
+            payload = payload_from_json(body)
+        except web.HTTPException as error:
+            self.metrics.inc("attach_rejected_total")
+            bound.warning("attach.rejected", status=error.status, reason=error.text)
+            raise
+        except (ModelError, ValueError, BridgeError) as error:
+            self.metrics.inc("attach_rejected_total")
+            raise web.HTTPBadRequest(text=f"bad attach request: {error}") from None
+        if payload.uid != uid:
+            raise web.HTTPForbidden(text="payload uid differs from the caller's uid")
+        self.metrics.inc("attach_requests_total")
+
+        session = self.reconciler.sessions.setdefault(job_id, JobSession(job_id))
+        session.payload = payload
+        if body.get("cancel"):
+            session.cancel_requested = True
+        queue = session.attach({str(k): str(v) for k, v in (body.get("last_log") or {}).items()})
+        self.enqueue(job_id)
+        bound.info("attach.accepted")
+
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        try:
+            while True:
+                event = await queue.get()
+                await response.write(json.dumps(event).encode() + b"\n")
+                if event["type"] == "exit":
+                    break
+        finally:
+            session.detach(queue)
+        await response.write_eof()
+        return response
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        job_id = int(request.match_info["job_id"])
+        await self._identify(request, job_id)
+        session = self.reconciler.sessions.setdefault(job_id, JobSession(job_id))
+        session.cancel_requested = True
+        self.enqueue(job_id)
+        log.info("cancel.requested", job_id=job_id)
+        return web.json_response({"cancelling": job_id})

@@ -1,0 +1,46 @@
+"""Counters and gauges in Prometheus' text format (a handful; no client library needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+PREFIX = "slurm_k8s_bridge_"
+
+HELP = {
+    "reconciles_total": "Reconcile passes run.",
+    "pods_created_total": "Pods created.",
+    "pods_deleted_total": "Pods deleted.",
+    "jobs_failed_before_start_total": "Jobs ended because their script could not start.",
+    "log_lines_total": "Log lines relayed to waiters.",
+    "slurm_polls_total": "Polls of Slurm for job changes.",
+    "slurm_poll_changes_total": "Polls that returned changed jobs.",
+    "slurm_errors_total": "Failed Slurm requests.",
+    "attach_requests_total": "Waiter attach requests accepted.",
+    "attach_rejected_total": "Waiter requests rejected (identity, unknown job, bad payload).",
+}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._counters: dict[str, float] = dict.fromkeys(HELP, 0.0)
+        self._gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+
+    def inc(self, name: str, amount: float = 1.0) -> None:
+        self._counters[name] = self._counters.get(name, 0.0) + amount
+
+    def value(self, name: str) -> float:
+        return self._counters.get(name, 0.0)
+
+    def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+        """A value read when scraped (queue depth, cache size, leadership...)."""
+        self._gauges[name] = (help_text, read)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name, value in sorted(self._counters.items()):
+            lines += [f"# HELP {PREFIX}{name} {HELP.get(name, name)}", f"# TYPE {PREFIX}{name} counter",
+                      f"{PREFIX}{name} {value:g}"]
+        for name, (help_text, read) in sorted(self._gauges.items()):
+            lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} gauge",
+                      f"{PREFIX}{name} {read():g}"]
+        return "\n".join(lines) + "\n"

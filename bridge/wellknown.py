@@ -1,0 +1,88 @@
+"""Every name the bridge shares with Kubernetes, Slurm or the job, in one place.
+
+Labels are for selecting (values must be valid label values); annotations carry the rest. All keys
+use the `slurm-k8s-bridge/` prefix because the sandbox (and any real site following its setup)
+already labels and taints bridged nodes with `slurm-k8s-bridge/bridged`; one prefix for all keys
+keeps `kubectl get pods -l ...` guessable.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+PREFIX: Final = "slurm-k8s-bridge/"
+"""Prefix of every label, annotation and taint key the bridge owns."""
+
+MANAGER: Final = "slurm-k8s-bridge"
+"""Value of LABEL_MANAGED_BY on every object the bridge creates."""
+
+# --- pod labels (selectable) -------------------------------------------------------------------
+
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+"""The Kubernetes-recommended ownership label; the bridge lists its pods with `=MANAGER`."""
+
+LABEL_CLUSTER: Final = PREFIX + "cluster"
+"""Slurm cluster name: separates bridges of different clusters that share a namespace."""
+
+LABEL_JOB_ID: Final = PREFIX + "job-id"
+"""Slurm job id (array tasks have their own job id, so this is always the unit of work)."""
+
+LABEL_ARRAY_JOB_ID: Final = PREFIX + "array-job-id"
+"""Slurm array job id, only on pods of array tasks: select a whole array at once."""
+
+# --- pod annotations (state needed to rebuild after a restart, and context for humans) ---------
+
+ANNOTATION_NODE_INDEX: Final = PREFIX + "node-index"
+"""Index of this pod's node in the job's node list (0 = batch host, like SLURM_NODEID)."""
+
+ANNOTATION_NODE_COUNT: Final = PREFIX + "node-count"
+"""Number of nodes (= pods) of the job: a pod alone tells how many siblings to expect."""
+
+ANNOTATION_SLURM_NODE: Final = PREFIX + "slurm-node"
+"""Slurm node name this pod stands for (may differ from the Kubernetes node name)."""
+
+ANNOTATION_USER: Final = PREFIX + "user"
+"""Slurm user name of the job; user names are not always valid label values."""
+
+ANNOTATION_SCRIPT: Final = PREFIX + "script"
+"""The job's original batch script, delivered to the container by a downward API volume."""
+
+# --- nodes -----------------------------------------------------------------------------------
+
+NODE_LABEL_BRIDGED: Final = PREFIX + "bridged"
+"""Label on Kubernetes nodes that the bridge may run jobs on (value NODE_LABEL_BRIDGED_VALUE)."""
+
+NODE_LABEL_BRIDGED_VALUE: Final = "true"
+
+TAINT_BRIDGED: Final = PREFIX + "bridged"
+"""NoSchedule taint on bridged nodes so that only bridge pods (which tolerate it) land there."""
+
+TAINT_BRIDGED_EFFECT: Final = "NoSchedule"
+
+# --- inside the pod ----------------------------------------------------------------------------
+
+CONTAINER_NAME: Final = "job"
+"""Name of the single container that runs the batch script."""
+
+SCRIPT_VOLUME: Final = "slurm-k8s-bridge-script"
+"""Name of the downward API volume holding the script; partition volumes may not reuse it."""
+
+SCRIPT_DIR: Final = "/slurm-k8s-bridge"
+"""Mount point of SCRIPT_VOLUME inside the container."""
+
+SCRIPT_FILE: Final = "slurm_script"
+"""File name of the script in SCRIPT_DIR (Slurm names its copy the same)."""
+
+SHM_VOLUME: Final = "slurm-k8s-bridge-shm"
+"""Name of the memory-backed emptyDir mounted at /dev/shm when the job asks for shm_size."""
+
+RESERVED_VOLUMES: Final = frozenset({SCRIPT_VOLUME, SHM_VOLUME})
+"""Volume names the bridge adds itself."""
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""Extended resource requested in the `device-plugin` GPU mode."""
+
+# --- Slurm side ------------------------------------------------------------------------------
+
+ATTACH_MARKER: Final = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+"""Line in the rewritten batch script after which job_submit.lua embedded the original script."""

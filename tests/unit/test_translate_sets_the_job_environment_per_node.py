@@ -1,0 +1,210 @@
+"""Pods get the job's environment minus the slurmd host's, plus per-node Slurm and GPU variables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bridge.config import PartitionConfig
+from bridge.directives import Directives
+from bridge.model import NodeAllocation
+from bridge.translate import desired_pods, gpu_environment, job_environment
+
+from .builders import allocation, config, payload
+
+
+def envs(part: PartitionConfig | None = None, **kwargs: Any) -> list[dict[str, str]]:
+    result = desired_pods(
+        kwargs.get("alloc", allocation()),
+        kwargs.get("payload", payload()),
+        Directives(image="x"),
+        part or PartitionConfig(),
+        config(),
+    )
+    out = []
+    for pod in result:
+        (container,) = pod["spec"]["containers"]
+        names = [e["name"] for e in container["env"]]
+        assert names == sorted(names)  # deterministic order
+        out.append({e["name"]: e["value"] for e in container["env"]})
+    return out
+
+
+def test_per_node_slurm_variables() -> None:
+    first, second = envs()
+    common = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOBID": "42",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_PARTITION": "k8s",
+        "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_UID": "1000",
+        "SLURM_JOB_GID": "100",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "kube[1-2]",
+        "SLURM_NODELIST": "kube[1-2]",
+        "SLURM_SUBMIT_DIR": "/home/alice/run",
+        "SLURM_LOCALID": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "kube1",
+        "MASTER_PORT": "20042",
+        "HOME": "/home/alice",
+    }
+    assert first == {
+        **common,
+        "SLURMD_NODENAME": "kube1",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "RANK": "0",
+        "NODE_RANK": "0",
+        "SLURM_CPUS_ON_NODE": "2",
+        "SLURM_JOB_GPUS": "1,3",
+        "SLURM_GPUS_ON_NODE": "2",
+        "NVIDIA_VISIBLE_DEVICES": "1,3",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "GPU_DEVICE_ORDINAL": "0,1",
+    }
+    assert second == {
+        **common,
+        "SLURMD_NODENAME": "kube2",
+        "SLURM_NODEID": "1",
+        "SLURM_PROCID": "1",
+        "RANK": "1",
+        "NODE_RANK": "1",
+        "SLURM_CPUS_ON_NODE": "1",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+    }
+
+
+def test_array_variables_only_for_array_tasks() -> None:
+    (env,) = envs(alloc=allocation(nodes=(NodeAllocation("kube1", 1, 1),), array_job_id=40, array_task_id=2))
+    assert (env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) == ("40", "2")
+    assert "SLURM_ARRAY_JOB_ID" not in envs()[0]
+
+
+def test_payload_submit_dir_wins_over_work_dir() -> None:
+    env = envs(payload=payload(environment={"SLURM_SUBMIT_DIR": "/home/alice"}))[0]
+    assert env["SLURM_SUBMIT_DIR"] == "/home/alice"
+
+
+@pytest.mark.parametrize(
+    ("name", "kept"),
+    [
+        ("HOME", True),
+        ("USER", True),
+        ("LANG", True),
+        ("SLURM_NTASKS", True),
+        ("SLURM_JOB_CPUS_PER_NODE", True),
+        ("SLURM_ARRAY_TASK_COUNT", True),
+        ("OMP_NUM_THREADS", True),
+        ("my.var-1", True),
+        ("PATH", False),
+        ("HOSTNAME", False),
+        ("TMPDIR", False),
+        ("PWD", False),
+        ("LD_LIBRARY_PATH", False),
+        ("LD_PRELOAD", False),
+        ("SSH_AUTH_SOCK", False),
+        ("KUBERNETES_SERVICE_HOST", False),
+        ("SLURM_K8S_API", False),
+        ("SLURM_STEP_ID", False),
+        ("SLURM_TASK_PID", False),
+        ("SLURM_CONF", False),
+        ("SLURMD_NODENAME", False),
+        ("CUDA_VISIBLE_DEVICES", False),
+        ("BASH_FUNC_module%%", False),
+        ("1ABC", False),
+        ("A=B", False),
+    ],
+)
+def test_job_environment_filter(name: str, kept: bool) -> None:
+    assert (name in job_environment({name: "v"})) is kept
+
+
+def test_host_gpu_variables_are_replaced_not_merged() -> None:
+    host = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_JOB_GPUS": "0-3", "NVIDIA_VISIBLE_DEVICES": "all"}
+    first, second = envs(payload=payload(environment=host))
+    assert (first["CUDA_VISIBLE_DEVICES"], first["NVIDIA_VISIBLE_DEVICES"]) == ("0,1", "1,3")
+    assert "CUDA_VISIBLE_DEVICES" not in second
+    assert second["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+@pytest.mark.parametrize(
+    ("indices", "mode", "expected"),
+    [
+        ((), "env", {"NVIDIA_VISIBLE_DEVICES": "void"}),
+        ((), "device-plugin", {"NVIDIA_VISIBLE_DEVICES": "void"}),
+        (
+            (2,),
+            "env",
+            {
+                "SLURM_JOB_GPUS": "2",
+                "SLURM_GPUS_ON_NODE": "1",
+                "NVIDIA_VISIBLE_DEVICES": "2",
+                "CUDA_VISIBLE_DEVICES": "0",
+                "GPU_DEVICE_ORDINAL": "0",
+            },
+        ),
+        (
+            (0, 5, 7),
+            "device-plugin",
+            {
+                "SLURM_JOB_GPUS": "0,5,7",
+                "SLURM_GPUS_ON_NODE": "3",
+                "CUDA_VISIBLE_DEVICES": "0,1,2",
+                "GPU_DEVICE_ORDINAL": "0,1,2",
+            },
+        ),
+    ],
+)
+def test_gpu_environment(indices: tuple[int, ...], mode: str, expected: dict[str, str]) -> None:
+    assert gpu_environment(indices, mode) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "escaped"),
+    [
+        ("plain", "plain"),
+        ("$(HOME)/x", "$$(HOME)/x"),
+        ("a$$b", "a$$$$b"),
+        ("cost: 5$", "cost: 5$$"),
+        ("$HOME", "$$HOME"),
+    ],
+)
+def test_values_survive_kubelet_expansion(value: str, escaped: str) -> None:
+    env = envs(payload=payload(environment={"X": value}))[0]
+    assert env["X"] == escaped
+
+
+def kubelet_expand(value: str, defined: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion (k8s.io/kubernetes third_party/forked/golang/expansion)."""
+    out = []
+    i = 0
+    while i < len(value):
+        if value[i] == "$" and i + 1 < len(value):
+            nxt = value[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = value.find(")", i + 2)
+                if end != -1:
+                    name = value[i + 2 : end]
+                    out.append(defined.get(name, f"$({name})"))
+                    i = end + 1
+                    continue
+            out.append("$" + nxt)
+            i += 2
+            continue
+        out.append(value[i])
+        i += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("value", ["$(HOME)", "$$(HOME)", "a$$b$", "$(", "$(X", "${HOME} $1 $$$ $()", "$"])
+def test_kubelet_gives_back_the_original_value(value: str) -> None:
+    env = envs(payload=payload(environment={"X": value}))[0]
+    assert kubelet_expand(env["X"], {"HOME": "/root", "X": "?"}) == value
