@@ -1,0 +1,54 @@
+"""The CLI prints job_submit_bridge.conf from the same config the daemon reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge import cli, wellknown
+from bridge.directives import KEYS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == __import__("bridge").__version__
+
+
+def test_job_submit_conf_lists_partitions_keys_and_the_attach_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "bridge.toml"
+    config.write_text(
+        'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n'
+        '[waiter]\nattach_command = "/opt/b attach"\napi_url = "http://10.0.0.5:8470"\n'
+        '[partitions.gpu]\ndefault_image = "img:1"\n[partitions.cpu]\n'
+    )
+
+    assert cli.main(["job-submit-conf", "-c", str(config)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+
+    assert lines == [
+        "attach_command=/opt/b attach --api http://10.0.0.5:8470",
+        f"directive_keys={','.join(KEYS)}",
+        "partition=cpu",
+        "partition=gpu default_image=img:1",
+    ]
+
+
+def test_a_bad_config_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bridge.toml"
+    config.write_text('cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n')
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["job-submit-conf", "-c", str(config)])
+
+    assert exit_info.value.code == 2
+    assert "partition" in capsys.readouterr().err
+
+
+def test_job_submit_lua_uses_the_same_marker_as_the_waiter() -> None:
+    lua = (REPO / "deploy" / "slurm" / "job_submit.lua").read_text()
+    assert f'local MARKER = "{wellknown.ATTACH_MARKER}"' in lua
