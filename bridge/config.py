@@ -137,6 +137,9 @@ class BridgeConfig:
     waiter: WaiterConfig = field(default_factory=WaiterConfig)
     termination_grace_s: int = 10
     """Seconds between SIGTERM and SIGKILL when a job's pods are deleted."""
+    start_failure_grace_s: float = 60.0
+    """How long an error the kubelet keeps retrying (image pull, unschedulable, container config)
+    may last before the job is failed with that reason."""
     log_level: str = "info"
 
     def partition(self, name: str) -> PartitionConfig | None:
@@ -176,6 +179,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
         top.fail("namespace", f"{namespace!r} is not a valid namespace name (DNS label)")
     log_level = top.choice("log_level", LOG_LEVELS, "info")
     grace = top.get_int("termination_grace_s", 10, minimum=0)
+    start_grace = top.get_float("start_failure_grace_s", 60.0, minimum_exclusive=0.0)
 
     slurm = _slurm(top.table("slurm"))
     kube = _kube(top.table("kubernetes"))
@@ -193,6 +197,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
         namespace=namespace,
         log_level=log_level,
         termination_grace_s=grace,
+        start_failure_grace_s=start_grace,
         slurm=slurm,
         kube=kube,
         api=api,

@@ -55,7 +55,7 @@ async def run(cfg: BridgeConfig) -> None:
     await kube.ensure_namespace()
     cache = PodCache()
     queue = WorkQueue()
-    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add)
+    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after)
     watcher = PodWatcher(api_client, cfg.namespace, pod_selector(cfg), cache, queue.add)
     poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
 

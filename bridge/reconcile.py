@@ -44,6 +44,7 @@ class Reconciler:
         cache: PodCache,
         metrics: Metrics,
         requeue: Callable[[int], None],
+        requeue_after: Callable[[int, float], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.slurm = slurm
@@ -51,6 +52,7 @@ class Reconciler:
         self.cache = cache
         self.metrics = metrics
         self.requeue = requeue
+        self.requeue_after = requeue_after or (lambda key, _delay: requeue(key))
         self.slurm_jobs: dict[int, JobAllocation] = {}
         """Latest view of every job in a bridged partition (from the poller or an attach)."""
         self.sessions: dict[int, JobSession] = {}
@@ -89,7 +91,8 @@ class Reconciler:
             # Creation was interrupted (restart mid-way): create the rest, idempotently.
             await self._create(session, alloc, bound)
 
-        decision = outcomes.job_outcome(pods, len(alloc.nodes), now=datetime.now(UTC))
+        grace = self.cfg.start_failure_grace_s
+        decision = outcomes.job_outcome(pods, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace)
         self._ensure_log_relays(session, pods)
         if isinstance(decision, outcomes.FailedBeforeStart):
             await self._fail(session, alloc, decision.reason, bound)
@@ -100,8 +103,13 @@ class Reconciler:
                     "type": "exit", "code": decision.exit_code, "signal": decision.signal,
                     "reason": decision.reason,
                 })
-        elif decision.detail != session.last_detail:
-            session.last_detail = decision.detail
+        else:
+            if _retrying_start_error(pods):
+                # It fails the job once it outlasts the grace period; no pod event may
+                # wake us up then, so look again.
+                self.requeue_after(job_id, min(grace, 5.0))
+            if decision.detail != session.last_detail:
+                session.last_detail = decision.detail
 
     # -- actions -------------------------------------------------------------------
     async def _create(self, session: JobSession, alloc: JobAllocation, bound: Any) -> None:
@@ -200,4 +208,15 @@ def _container_started(pod: dict[str, Any]) -> bool:
         if status.get("name") == wellknown.CONTAINER_NAME:
             state = status.get("state") or {}
             return "running" in state or "terminated" in state
+    return False
+
+
+_RETRIED_START_ERRORS = outcomes.IMAGE_ERRORS_RETRIED | outcomes.CREATE_ERRORS_RETRIED
+
+
+def _retrying_start_error(pods: list[dict[str, Any]]) -> bool:
+    for pod in pods:
+        view = outcomes.pod_view(pod)
+        if view.waiting_reason in _RETRIED_START_ERRORS or view.unschedulable:
+            return True
     return False

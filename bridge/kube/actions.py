@@ -56,7 +56,9 @@ class KubeActions:
         """Delete the pod (in the background); True if a deletion was requested, False if already gone.
 
         With `uid`, only that incarnation is deleted: a newer pod with the same name is left alone
-        (and False is returned).
+        (and False is returned). Careful with `grace_seconds=0`: the API server then forgets the pod
+        at once (a force delete) although its container may still run on the node for a while;
+        the pod's own terminationGracePeriodSeconds (None here) or >= 1 waits for the kubelet.
         """
         options: dict[str, Any] = {
             "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
@@ -116,6 +118,8 @@ class KubeActions:
         (KubeUnavailable); to resume, call again with `since_time` = the last timestamp seen: only
         lines stamped strictly after it are yielded (the server keeps whole seconds, so lines of
         that second are filtered here). Raises LogsNotReady while the container has not started.
+        Consumers that may stop early should wrap it in `contextlib.aclosing` so the connection
+        is closed at once rather than when the generator is garbage-collected.
         """
         query: dict[str, str | int] = {"container": container, "follow": "true", "timestamps": "true"}
         after_ns: int | None = None

@@ -37,6 +37,9 @@ BACKOFF: Final = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 
 LIST_TIMEOUT: Final = aiohttp.ClientTimeout(total=120, connect=10)
 
+QUICK_END_S: Final = 1.0
+"""A watch that ends empty sooner than this counts as a failure (backoff) rather than a normal end."""
+
 
 class PodWatcher:
     """Keeps `cache` equal to the pods matching `label_selector` in `namespace`.
@@ -95,8 +98,13 @@ class PodWatcher:
                 try:
                     if self.resource_version is None:
                         await self.relist()
+                    started = asyncio.get_running_loop().time()
                     if await self._watch():
                         failures = 0
+                    elif asyncio.get_running_loop().time() - started < QUICK_END_S:
+                        # Ended at once with nothing (a proxy or a sick server): do not hammer it.
+                        quick = KubeUnavailable("watch ended at once without any event")
+                        failures = await self._pause(failures, quick)
                 except ResourceVersionExpired as error:
                     if self.resource_version is not None:
                         self._log.info("kube.watch.expired", resource_version=self.resource_version)

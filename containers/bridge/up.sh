@@ -30,6 +30,8 @@ cat >"$BRIDGE_STATE/config.toml" <<TOML
 cluster = "sandbox"
 namespace = "slurm-jobs"
 termination_grace_s = 5
+# The sandbox has no registry: a missing image never appears, fail fast.
+start_failure_grace_s = 10
 
 [slurm]
 backend = "rest"

@@ -111,3 +111,23 @@ class Sandbox:
 
     def wait_job_final(self, job_id: int, timeout: float = 60.0) -> dict[str, str]:
         return wait_until(f"job {job_id} to finish in sacct", lambda: self.sacct_line(job_id), timeout)
+
+
+BRIDGE_UP = REPO / "containers" / "bridge" / "up.sh"
+JOB_NAMESPACE = "slurm-jobs"
+
+
+def job_pods(sandbox: Sandbox, job_id: int) -> list[dict[str, Any]]:
+    """The bridge's pods of one Slurm job, as the API server has them now."""
+    return sandbox.kubectl_json(
+        "get", "pods", "-n", JOB_NAMESPACE, "-l", f"slurm-k8s-bridge/job-id={job_id}"
+    )["items"]
+
+
+def write_script(sandbox: Sandbox, user: str, name: str, body: str) -> Path:
+    """A batch script in the user's shared home, owned by them."""
+    path = sandbox.home(user) / name
+    path.write_text(body)
+    uid = int(subprocess.run(["id", "-u", user], check=True, capture_output=True, text=True).stdout)
+    os.chown(path, uid, uid)
+    return path

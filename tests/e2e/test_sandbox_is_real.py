@@ -139,7 +139,8 @@ def test_real_node_runs_a_container_and_reports_its_exit_code_and_log(sandbox: S
 def test_real_node_runs_as_a_test_user_and_sees_the_shared_home(sandbox: Sandbox) -> None:
     name = f"smoke-{uuid.uuid4().hex[:8]}"
     marker = sandbox.home("alice") / f"{name}.txt"
-    pod = _run_pod(sandbox, _pod_on_real_node(sandbox, name, f"id -u; id -g; echo from-pod > {marker}", uid=2001))
+    command = f"id -u; id -g; echo from-pod > {marker}"
+    pod = _run_pod(sandbox, _pod_on_real_node(sandbox, name, command, uid=2001))
 
     assert pod["status"]["phase"] == "Succeeded"
     assert sandbox.kubectl("logs", name).stdout.split() == ["2001", "2001"]

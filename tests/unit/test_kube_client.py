@@ -304,6 +304,20 @@ async def test_server_errors_back_off_and_resume_from_the_last_resource_version(
 
 
 @pytest.mark.asyncio
+async def test_watches_that_end_at_once_are_retried_with_backoff_not_in_a_tight_loop(
+    api: ApiClient, fake: FakeApi
+) -> None:
+    fake.watches = [[], [], []]
+    w = watcher(api, PodCache(), Recorder())
+
+    task = asyncio.create_task(w.run())
+    await until("the fourth watch", fake.watch_hanging.is_set)
+    await stop(task)
+
+    assert (w.relists, w.errors) == (1, 3)
+
+
+@pytest.mark.asyncio
 async def test_a_forbidden_list_stops_the_watcher_with_a_clear_permanent_error(
     api: ApiClient, fake: FakeApi
 ) -> None:
