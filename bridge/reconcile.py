@@ -99,9 +99,12 @@ class Reconciler:
         elif isinstance(decision, outcomes.Finished):
             if self._logs_drained(session, pods):
                 bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal)
+                # A plain exit code speaks for itself (native Slurm prints nothing either);
+                # signals, OOM kills and timeouts get an explanation in slurm-<id>.out.
+                explain = decision.signal is not None or decision.oom_killed or decision.timed_out
                 session.finish({
                     "type": "exit", "code": decision.exit_code, "signal": decision.signal,
-                    "reason": decision.reason,
+                    "reason": decision.reason if explain else "",
                 })
         else:
             if _retrying_start_error(pods):
@@ -137,11 +140,13 @@ class Reconciler:
         """The job is over in Slurm, or its waiter asked to stop: remove the pods."""
         grace = CANCEL_GRACE_S if session is not None and session.cancel_requested else None
         for pod in pods:
-            if pod["metadata"].get("deletionTimestamp"):
-                continue
             name = pod["metadata"]["name"]
-            finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-            if await self.kube.delete_pod(name, 0 if finished else grace):
+            stopped = _containers_stopped(pod)
+            if pod["metadata"].get("deletionTimestamp") and not stopped:
+                continue  # the kubelet is stopping it
+            # Once its containers have stopped, removing the object at once is safe: nothing
+            # runs any more, and it saves the kubelet's volume clean-up from the waiter's wait.
+            if await self.kube.delete_pod(name, 0 if stopped else grace):
                 self.metrics.inc("pods_deleted_total")
                 bound.info("pod.deleted", pod=name, slurm_state=alloc.state if alloc else "gone")
         if session is None:
@@ -220,3 +225,12 @@ def _retrying_start_error(pods: list[dict[str, Any]]) -> bool:
         if view.waiting_reason in _RETRIED_START_ERRORS or view.unschedulable:
             return True
     return False
+
+
+def _containers_stopped(pod: dict[str, Any]) -> bool:
+    """The pod ran and every container of it has terminated (nothing uses its resources)."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    statuses = status.get("containerStatuses") or []
+    return bool(statuses) and all("terminated" in (c.get("state") or {}) for c in statuses)

@@ -29,6 +29,9 @@ MAX_SCRIPT_BYTES = 240 * 1024
 """Largest script accepted: Kubernetes caps all annotations of an object at 256 KiB together."""
 
 MASTER_PORT_BASE = 20000
+
+# Seconds past the Slurm time limit before Kubernetes' own deadline stops a pod.
+DEADLINE_MARGIN_S = 300
 """MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
 
 DEFAULT_PULL_POLICY = "IfNotPresent"
@@ -386,8 +389,9 @@ def _pod(
     }
     if alloc.time_limit_s:
         # A backstop only: Slurm enforces the limit itself (it signals the waiter, which deletes the
-        # pods); counted from the pod's start, so a late pod may outlive Slurm's limit slightly.
-        spec["activeDeadlineSeconds"] = alloc.time_limit_s
+        # pods), but only when its periodic check runs (every ~30 s) and after KillWait. A deadline
+        # equal to the limit would beat Slurm and turn TIMEOUT into FAILED, hence the margin.
+        spec["activeDeadlineSeconds"] = alloc.time_limit_s + DEADLINE_MARGIN_S
     if part.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"

@@ -20,6 +20,7 @@ host and its start-up time is part of the job's start latency.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -160,7 +161,8 @@ class Waiter:
         if signum:
             # Die by the same signal so Slurm records it (sacct shows e.g. 0:9).
             sys.stderr.flush()
-            signal.signal(signum, signal.SIG_DFL)
+            with contextlib.suppress(OSError, ValueError):  # SIGKILL/SIGSTOP cannot be handled anyway
+                signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             time.sleep(1)
         return int(outcome.get("code", 0))

@@ -34,6 +34,7 @@ def test_exit_code_output_node_and_identity_of_a_failing_job(bridge: Sandbox) ->
     job_id = bridge.sbatch("-p", "k8s", "--gres=gpu:1", str(script))
 
     pod = _pods_while_running(bridge, job_id)[0]
+    gpus = bridge.slurm("scontrol", "show", "job", str(job_id), "-d").stdout  # while it runs
     row = bridge.wait_job_final(job_id)
 
     assert (row["State"], row["ExitCode"]) == ("FAILED", "3:0")
@@ -43,7 +44,6 @@ def test_exit_code_output_node_and_identity_of_a_failing_job(bridge: Sandbox) ->
     security = pod["spec"]["containers"][0]["securityContext"]
     assert (security["allowPrivilegeEscalation"], security["privileged"]) == (False, False)
     assert security["capabilities"]["drop"] == ["ALL"]
-    gpus = bridge.slurm("scontrol", "show", "job", str(job_id), "-d").stdout
     out = (bridge.home("alice") / f"slurm-{job_id}.out").read_text().splitlines()
     assert out[0] == f"host={row['NodeList']} ids=2001:2001"
     index = out[1].split()[0].removeprefix("gpus=")
@@ -122,11 +122,15 @@ def test_scancel_removes_the_pods_within_two_seconds(bridge: Sandbox) -> None:
 
     cancelled_at = time.monotonic()
     bridge.slurm("scancel", str(job_id), user="alice")
-    wait_until("the pods to be gone", lambda: not job_pods(bridge, job_id), timeout=10, interval=0.05)
-    gone_after = time.monotonic() - cancelled_at
+    gone_after = None
+    while gone_after is None and time.monotonic() - cancelled_at < 10:
+        asked_at = time.monotonic()  # the API server answers for about this moment
+        if not job_pods(bridge, job_id):
+            gone_after = asked_at - cancelled_at
 
-    assert gone_after < 2.0, f"pods were still there {gone_after:.1f}s after scancel"
-    assert bridge.wait_job_final(job_id)["State"] == "CANCELLED"
+    assert gone_after is not None, "pods were still there 10 s after scancel"
+    assert gone_after < 2.0, f"pods were still there {gone_after:.2f}s after scancel"
+    assert bridge.wait_job_final(job_id)["State"] == "CANCELLED by 2001"
 
 
 def test_time_limit_ends_the_job_as_timeout_and_removes_the_pods(bridge: Sandbox) -> None:

@@ -11,6 +11,7 @@ from bridge.config import PartitionConfig, VolumeConfig
 from bridge.directives import Directives
 from bridge.model import NodeAllocation
 from bridge.translate import (
+    DEADLINE_MARGIN_S,
     MAX_SCRIPT_BYTES,
     TranslateError,
     desired_pods,
@@ -75,7 +76,7 @@ def test_first_pod_manifest() -> None:
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 10,
-        "activeDeadlineSeconds": 600,
+        "activeDeadlineSeconds": 600 + DEADLINE_MARGIN_S,
         "securityContext": {
             "runAsUser": 1000,
             "runAsGroup": 100,
