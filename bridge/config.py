@@ -68,6 +68,10 @@ class PartitionConfig:
     runtime_class: str | None = None
     """runtimeClassName of the pods, e.g. `nvidia` where the NVIDIA runtime is not the default
     (the `env` GPU mode needs a runtime that reads NVIDIA_VISIBLE_DEVICES)."""
+    cpu_request_fraction: float = 1.0
+    """CPU request as a fraction of the CPUs Slurm allocated (the limit is always the full
+    allocation). 1 means requests = limits; less lets a node that Slurm is told has more CPUs
+    than the kubelet reports (oversubscription, a small test VM) still admit the pods."""
     volumes: tuple[VolumeConfig, ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     """Extra pod tolerations, in Kubernetes' own shape; the bridged taint is always tolerated."""
@@ -278,11 +282,19 @@ def _partition(t: _Table) -> PartitionConfig:
         gpu_mode=t.choice("gpu_mode", GPU_MODES, "env"),
         host_network=t.get_bool("host_network", False),
         runtime_class=runtime_class,
+        cpu_request_fraction=_fraction(t, "cpu_request_fraction"),
         volumes=volumes,
         tolerations=tuple(_toleration(x) for x in t.tables("tolerations")),
     )
     t.done()
     return cfg
+
+
+def _fraction(t: _Table, key: str) -> float:
+    value = t.get_float(key, 1.0, minimum_exclusive=0.0)
+    if value > 1.0:
+        t.fail(key, f"{value} is more than 1 (requests never exceed the allocation)")
+    return value
 
 
 def _volume(t: _Table) -> VolumeConfig:

@@ -307,6 +307,11 @@ def _pod(
         quantities["memory"] = f"{node.memory_mb}Mi"
     if part.gpu_mode == "device-plugin" and node.gpu_indices:
         quantities[wellknown.GPU_RESOURCE] = str(len(node.gpu_indices))
+    requests = dict(quantities)
+    if node.cpus > 0 and part.cpu_request_fraction < 1.0:
+        # Slurm already decided the job fits; a site that tells Slurm more CPUs than the
+        # kubelet reports (oversubscription) must keep the kubelet from refusing the pod.
+        requests["cpu"] = f"{max(1, round(node.cpus * 1000 * part.cpu_request_fraction))}m"
 
     # The script arrives as a file: an annotation projected by a downward API volume. Unlike an env
     # var it does not leak into every child process's environment or hit the 128 KiB limit of one
@@ -347,7 +352,7 @@ def _pod(
         "command": [_escape(arg) for arg in (*interpreter_of(payload.script), script_path)],
         "workingDir": directives.workdir or payload.work_dir,
         "env": [{"name": name, "value": _escape(env[name])} for name in sorted(env)],
-        "resources": {"requests": dict(quantities), "limits": dict(quantities)},
+        "resources": {"requests": requests, "limits": dict(quantities)},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,

@@ -36,6 +36,7 @@ from bridge import wellknown
 
 MARKER = wellknown.ATTACH_MARKER
 DEFAULT_API_URL = "http://127.0.0.1:8470"
+OUTAGE_NOTICE_S = 60.0
 RECONNECT_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 EXIT_DAEMON_UNREACHABLE = 1
 
@@ -107,21 +108,25 @@ class Waiter:
     # -- the attach loop --------------------------------------------------------
     def run(self) -> int:
         """Attach until the daemon reports the end; returns an exit code or raises SystemExit."""
-        attempt = 0
+        attempt, outage_started, told_at = 0, 0.0, 0.0
         while True:
             try:
                 outcome = self._attach_once()
             except (OSError, http.client.HTTPException) as error:
-                outcome = None
-                delay = RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)]
-                if attempt in (3, 20) or attempt % 60 == 59:
-                    _stderr(f"waiting for the bridge daemon ({error}); retrying")
+                now = time.monotonic()
+                outage_started = outage_started or now
+                # A daemon restart takes seconds and needs no word in the job's output; a long
+                # outage does, now and then, so the user knows why nothing happens.
+                if now - outage_started >= OUTAGE_NOTICE_S and now - told_at >= OUTAGE_NOTICE_S * 10:
+                    _stderr(f"waiting for the bridge daemon since {now - outage_started:.0f}s ({error})")
+                    told_at = now
+                time.sleep(RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)])
                 attempt += 1
-                time.sleep(delay)
                 continue
             if outcome is not None:
                 return self._finish(outcome)
-            attempt = 0  # the stream ended without an outcome: the daemon went away; reconnect
+            # The stream ended without an outcome: the daemon went away; reconnect.
+            attempt, outage_started = 0, 0.0
 
     def _attach_once(self) -> dict[str, Any] | None:
         body = {

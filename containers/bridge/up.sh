@@ -54,6 +54,8 @@ attach_command = "/usr/bin/env PYTHONPATH=$BRIDGE_STATE/lib /usr/bin/python3 -m 
 [partitions.k8s]
 # No default image: jobs must say "#K8S image=...".
 image_pull_policy = "IfNotPresent"
+# slurm.conf gives each real node 8 CPUs on a 2-core VM (see containers/slurm/etc).
+cpu_request_fraction = 0.1
 [[partitions.k8s.volumes]]
 name = "home"
 host_path = "$SBX_SHARED_HOME"

@@ -284,3 +284,14 @@ def test_names_and_ids_round_trip() -> None:
 def test_job_id_of_foreign_pods_is_none(pod: dict[str, Any]) -> None:
     assert job_id_of(pod) is None
     assert node_index_of(pod) is None
+
+
+def test_a_cpu_request_fraction_lowers_requests_but_keeps_the_limit() -> None:
+    alloc = allocation(nodes=(NodeAllocation("n1", cpus=3, memory_mb=2048, gpu_indices=()),))
+    part = PartitionConfig(default_image="img:1", cpu_request_fraction=0.1)
+
+    (pod,) = desired_pods(alloc, payload(), Directives(), part, config(partitions={"p": part}))
+    resources = pod["spec"]["containers"][0]["resources"]
+
+    assert resources["limits"] == {"cpu": "3", "memory": "2048Mi"}
+    assert resources["requests"] == {"cpu": "300m", "memory": "2048Mi"}

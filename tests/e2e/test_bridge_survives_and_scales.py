@@ -1,0 +1,138 @@
+"""Arrays keep Slurm's throttle, and a daemon killed with -9 loses nothing when it comes back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.e2e.conftest import bridge_ready
+from tests.e2e.sandbox import BRIDGE_UP, JOB_NAMESPACE, Sandbox, wait_until, write_script
+
+STATE = "/var/lib/slurm-k8s-sandbox"
+
+
+def _sacct_rows(sandbox: Sandbox, job: str) -> dict[str, tuple[str, str]]:
+    out = sandbox.slurm("sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode").stdout
+    rows = {}
+    for line in out.splitlines():
+        job_id, state, exit_code = line.split("|")
+        rows[job_id] = (state, exit_code)
+    return rows
+
+
+def _all_final(sandbox: Sandbox, job: str, count: int) -> dict[str, tuple[str, str]] | None:
+    rows = _sacct_rows(sandbox, job)
+    finals = {k: v for k, v in rows.items() if v[0] not in ("PENDING", "RUNNING") and "[" not in k}
+    return finals if len(finals) == count else None
+
+
+class PodCounter:
+    """Samples how many of the bridge's pods are active (Pending or Running: holding resources)
+    at once, in a thread, until stopped. Finished pods linger until Slurm reports the job over."""
+
+    def __init__(self, sandbox: Sandbox, selector: str) -> None:
+        self.sandbox, self.selector = sandbox, selector
+        self.samples: list[int] = []
+        self.uids: dict[str, set[str]] = {}
+        """Pod name -> every uid seen under it (two uids = the pod was created twice)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            out = self.sandbox.kubectl(
+                "get", "pods", "-n", JOB_NAMESPACE, "-l", self.selector, "--no-headers",
+                "-o", "custom-columns=NAME:.metadata.name,UID:.metadata.uid,PHASE:.status.phase",
+                check=False,
+            ).stdout.splitlines()
+            active = 0
+            for line in out:
+                name, uid, phase = line.split()
+                self.uids.setdefault(name, set()).add(uid)
+                active += phase in ("Pending", "Running")
+            self.samples.append(active)
+            time.sleep(0.1)
+
+    def __enter__(self) -> PodCounter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_array_tasks_keep_the_throttle_and_each_exit_code(bridge: Sandbox) -> None:
+    script = write_script(bridge, "alice", "array.sh",
+                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\n"
+                          "sleep 2\nexit $((SLURM_ARRAY_TASK_ID % 4))\n")
+    array_id = bridge.sbatch("-p", "k8s", "--array=0-19%5", str(script))
+
+    with PodCounter(bridge, f"slurm-k8s-bridge/array-job-id={array_id}") as counter:
+        rows = wait_until(f"the 20 tasks of array {array_id}",
+                          lambda: _all_final(bridge, str(array_id), 20), timeout=240, interval=1)
+
+    assert max(counter.samples) <= 5, f"more than 5 active pods at once: {max(counter.samples)}"
+    assert max(counter.samples) >= 3, "tasks did run side by side"
+    assert len(counter.uids) == 20, "one pod per task"
+    assert all(len(uids) == 1 for uids in counter.uids.values()), "no pod was created twice"
+    for task in range(20):
+        code = task % 4
+        assert rows[f"{array_id}_{task}"] == ("COMPLETED" if code == 0 else "FAILED", f"{code}:0")
+
+
+def _daemon_pid() -> int:
+    return int(Path(f"{STATE}/run/bridge.pid").read_text())
+
+
+def test_kill_9_of_the_daemon_loses_no_exit_code_and_duplicates_no_pod(bridge: Sandbox) -> None:
+    short = write_script(bridge, "bob", "short.sh",
+                         "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\n"
+                         "echo short-$SLURM_JOB_ID\nsleep 4\nexit $((SLURM_JOB_ID % 7 + 1))\n")
+    long = write_script(bridge, "bob", "long.sh",
+                        "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\n"
+                        "echo long-$SLURM_JOB_ID\nsleep 16\nexit $((SLURM_JOB_ID % 5))\n")
+    jobs = [bridge.sbatch("-p", "k8s", str(short if i % 2 else long), user="bob") for i in range(10)]
+
+    def running_pods() -> int | None:
+        pods = bridge.kubectl_json("get", "pods", "-n", JOB_NAMESPACE)["items"]
+        mine = [p for p in pods if int(p["metadata"]["labels"]["slurm-k8s-bridge/job-id"]) in jobs
+                and p["status"].get("phase") == "Running"]
+        return len(mine) if len(mine) == 10 else None
+
+    with PodCounter(bridge, "app.kubernetes.io/managed-by=slurm-k8s-bridge") as counter:
+        wait_until("10 running pods", running_pods, timeout=60)
+        os.kill(_daemon_pid(), signal.SIGKILL)
+        time.sleep(8)  # the short jobs end while nobody watches
+        assert not bridge_ready()
+        subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True)
+        finals = wait_until("all 10 jobs in sacct",
+                            lambda: all(bridge.sacct_line(j) for j in jobs) and
+                            {j: bridge.sacct_line(j) for j in jobs}, timeout=120, interval=0.5)
+
+    for i, job in enumerate(jobs):
+        code = (job % 7 + 1) if i % 2 else (job % 5)
+        row = finals[job]
+        assert (row["State"], row["ExitCode"]) == ("COMPLETED" if code == 0 else "FAILED", f"{code}:0"), job
+        out = (bridge.home("bob") / f"slurm-{job}.out").read_text().splitlines()
+        assert out == [f"{'short' if i % 2 else 'long'}-{job}"], "every line once, none lost"
+    seen = {name: uids for name, uids in counter.uids.items() if any(name == f"slurm-{j}-0" for j in jobs)}
+    assert sorted(seen) == sorted(f"slurm-{j}-0" for j in jobs)
+    assert all(len(uids) == 1 for uids in seen.values()), "no pod was created twice"
+
+
+def test_metrics_are_served_in_prometheus_text(bridge: Sandbox) -> None:
+    with urllib.request.urlopen("http://127.0.0.1:8470/metrics", timeout=5) as response:
+        text = response.read().decode()
+
+    assert "# TYPE slurm_k8s_bridge_pods_created_total counter" in text
+    created = next(
+        line for line in text.splitlines() if line.startswith("slurm_k8s_bridge_pods_created_total ")
+    )
+    assert float(created.split()[1]) >= 0
+    assert "slurm_k8s_bridge_ready 1" in text
