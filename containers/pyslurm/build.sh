@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# Build (once) pyslurm for the sandbox's Slurm 26.05 into a venv inside the Slurm rootfs,
-# at /opt/pyslurm-venv (on the host: $SBX_STATE/rootfs/opt/pyslurm-venv). Prints that
-# in-rootfs path. Needs the sandbox's Slurm half up (it builds through in-ns.sh).
+# Build (once) pyslurm for the sandbox's Slurm 26.05 into a venv inside the Slurm rootfs, at
+# /opt/pyslurm-venv (on the host: $SBX_STATE/rootfs/opt/pyslurm-venv). Prints that in-rootfs
+# path on stdout. Needs the Slurm half of the sandbox up: it builds through in-ns.sh.
 #
-# PyPI has pyslurm only for Slurm 25.11 (sdist); its setup.py refuses any other Slurm.
-# We patch that one check in the unpacked sdist and compile with three defines that map the
-# symbols 26.05 renamed or dropped. The venv also gets the bridge's own dependencies and
-# pytest, so the bridge package and its tests can run inside the rootfs (PYTHONPATH).
+# PyPI has pyslurm only for Slurm 25.11 (an sdist). Two patches make it right for 26.05, both
+# applied to the unpacked sdist and checked to have applied:
+#   1. setup.py refuses any Slurm but 25.11 ("Slurm version mismatch"): accept any.
+#   2. pyslurm declares Slurm's internal `struct job_resources` itself (extra.pxi). 26.05 has one
+#      more pointer-sized member between nhosts and node_req (measured: its records carry two
+#      NULL words where 25.11 has node_bitmap alone), so every later member was read one slot
+#      off and Job.get_resource_layout_per_node() segfaulted. We add that slot.
+# It compiles with three defines for symbols 26.05 renamed or dropped. Then bridge_pyslurm_ext.pyx
+# (next to this script) is compiled against the installed pyslurm: the few job reads the bridge
+# needs that pyslurm's Python API lacks. The venv also gets the bridge's dependencies and pytest,
+# so the bridge package and its tests run in the rootfs (PYTHONPATH).
 #
-# The stamp file holds a hash of this script (versions, flags, patch): edit any of them and
-# the next run rebuilds; otherwise this is a no-op.
+# The stamp holds a hash of this script and the extension source (versions, flags, patches):
+# edit either and the next run rebuilds; otherwise this is a no-op.
 set -euo pipefail
 . "$(dirname "$0")/../slurm/common.sh"
+HERE="$SBX_REPO/containers/pyslurm"
 
 PYSLURM_VERSION=25.11.2
 CYTHON_VERSION=3.2.9
 BUILD_REQS=(setuptools==84.2.1 wheel==0.48.0 packaging==26.4 "Cython==$CYTHON_VERSION")
-# The same versions as the host's .venv, so both sides run the same libraries.
+# The versions of the host's .venv, so both sides run the same libraries.
 RUN_REQS=(
   aiohttp==3.14.5 structlog==26.1.0 tenacity==9.2.1 kubernetes_asyncio==36.1.0
   pytest==9.2.0 pytest-asyncio==1.5.0
@@ -26,10 +34,9 @@ SLURM_CFLAGS="-DSLURM_BACKWARD_COMPAT -Dslurm_free_ctl_conf=slurm_free_conf -DES
 VENV=/opt/pyslurm-venv                      # path inside the rootfs
 HOST_VENV="$ROOTFS$VENV"                    # the same directory seen from the host
 STAMP="$HOST_VENV/.built"
-key=$(sha256sum "$0" | cut -c1-16)
+key=$(cat "$0" "$HERE/bridge_pyslurm_ext.pyx" | sha256sum | cut -c1-16)
 
-[ -f "$SBX_RUN/slurm-ns.pid" ] && is_running slurm-ns && mountpoint -q "$ROOTFS" \
-  || die "the Slurm sandbox is not up (run: make sandbox-up)"
+{ is_running slurm-ns && mountpoint -q "$ROOTFS"; } || die "the Slurm sandbox is not up (run: make sandbox-up)"
 
 exec 9>"$ROOTFS/opt/.pyslurm-venv.lock"
 flock 9   # one build at a time; a second caller waits, then finds the stamp
@@ -40,31 +47,52 @@ if [ "$(cat "$STAMP" 2>/dev/null)" = "$key" ]; then
 fi
 
 t0=$SECONDS
-say "building pyslurm $PYSLURM_VERSION (Cython $CYTHON_VERSION) for Slurm 26.05 into $HOST_VENV (~1-2 min)"
+say "building pyslurm $PYSLURM_VERSION (Cython $CYTHON_VERSION) for Slurm 26.05 into $HOST_VENV (~2 min)"
 rm -rf "$HOST_VENV"
+# (not under /tmp: the Slurm namespace mounts its own /tmp over the rootfs's)
+work=$(mktemp -d -p "$ROOTFS/opt" pyslurm-build.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cp "$HERE/bridge_pyslurm_ext.pyx" "$work/"
+
 # The venv is built in place (a venv cannot be moved); the stamp, written last, marks it done.
+# PIP_FIND_LINKS may name a host directory: meaningless in the rootfs.
 in_ns env -u PIP_FIND_LINKS \
-  SLURM_INCLUDE_DIR=/usr/include SLURM_LIB_DIR=/usr/lib/x86_64-linux-gnu \
   SSL_CERT_FILE=/etc/host-ca-bundle.crt PIP_CERT=/etc/host-ca-bundle.crt \
   PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_PROGRESS_BAR=off \
-  VENV="$VENV" PYSLURM_VERSION="$PYSLURM_VERSION" CFLAGS="$SLURM_CFLAGS" PYSLURM_BUILD_JOBS="$(nproc)" \
+  SLURM_INCLUDE_DIR=/usr/include SLURM_LIB_DIR=/usr/lib/x86_64-linux-gnu \
+  CFLAGS="$SLURM_CFLAGS" PYSLURM_BUILD_JOBS="$(nproc)" \
+  VENV="$VENV" WORK="${work#"$ROOTFS"}" PYSLURM_VERSION="$PYSLURM_VERSION" \
   BUILD_REQS="${BUILD_REQS[*]}" RUN_REQS="${RUN_REQS[*]}" \
   bash -euo pipefail -c '
     python3 -m venv "$VENV"
     pip="$VENV/bin/pip"
     "$pip" install -q $BUILD_REQS
-    src=$(mktemp -d)
-    trap "rm -rf $src" EXIT
-    "$pip" download -q --no-deps --no-binary :all: "pyslurm==$PYSLURM_VERSION" -d "$src"
-    tar -xzf "$src/pyslurm-$PYSLURM_VERSION.tar.gz" -C "$src"
-    cd "$src/pyslurm-$PYSLURM_VERSION"
-    # The only patch: accept any Slurm version (setup.py compares major.minor for equality).
+    "$pip" download -q --no-deps --no-binary :all: "pyslurm==$PYSLURM_VERSION" -d "$WORK"
+    tar -xzf "$WORK/pyslurm-$PYSLURM_VERSION.tar.gz" -C "$WORK"
+    cd "$WORK/pyslurm-$PYSLURM_VERSION"
+
     sed -i "s/if Version(self.version) != Version(SLURM_VERSION):/if False:  # bridge: any Slurm/" setup.py
-    grep -q "if False:  # bridge: any Slurm" setup.py || { echo "setup.py version check not found: patch is stale" >&2; exit 1; }
+    grep -q "if False:  # bridge: any Slurm" setup.py || { echo "patch 1 (version check) did not apply" >&2; exit 1; }
+    sed -i "s/^    bitstr_t \*node_bitmap$/&\n    void *added_in_26_05  # bridge: one more member in 26.05/" pyslurm/slurm/extra.pxi
+    grep -q "added_in_26_05" pyslurm/slurm/extra.pxi || { echo "patch 2 (job_resources) did not apply" >&2; exit 1; }
+
     "$pip" install -q --no-build-isolation .
     "$pip" install -q $RUN_REQS
+
+    # Our extension cimports pyslurm, whose .pxd files (and their C headers) are in site-packages.
+    cd "$WORK"
+    site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_path(\"purelib\"))")
+    "$VENV/bin/python" - "$site" <<PY
+import sys
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+site = sys.argv[1]
+ext = Extension("bridge_pyslurm_ext", ["bridge_pyslurm_ext.pyx"], include_dirs=[site], libraries=["slurm"])
+setup(name="bridge-pyslurm-ext", ext_modules=cythonize([ext], include_path=[site], quiet=True),
+      script_args=["-q", "build_ext", "--build-lib", site])
+PY
     cd /
-    "$VENV/bin/python" -c "import pyslurm; print(\"pyslurm\", pyslurm.__version__, \"imports\")"
+    "$VENV/bin/python" -c "import pyslurm, bridge_pyslurm_ext; print(\"pyslurm\", pyslurm.__version__, \"and bridge_pyslurm_ext import\")"
   ' >&2
 echo "$key" >"$STAMP"
 say "pyslurm venv ready in $((SECONDS - t0)) s"
