@@ -38,7 +38,7 @@ test: venv sandbox-up  ## lint, unit tests, then e2e tests on the sandbox
 	$(VENV)/bin/ruff check bridge tests
 	$(VENV)/bin/pytest -q tests
 
-demo: sandbox-up
+demo: venv sandbox-up
 	@containers/sandbox/demo.sh
 
 bridge-up: venv sandbox-up  ## start the bridge daemon, its slurmds and job_submit.lua on the sandbox
