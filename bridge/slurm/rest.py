@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from bridge.errors import SlurmAuthError, SlurmUnavailable
 from bridge.model import JobAllocation, allocation_from_rest
@@ -20,6 +21,7 @@ from bridge.model import JobAllocation, allocation_from_rest
 log = structlog.get_logger(__name__)
 
 API_VERSION = "v0.0.45"
+GET_ATTEMPTS = 3
 
 
 class RestSlurmClient:
@@ -42,6 +44,20 @@ class RestSlurmClient:
         return text.removeprefix("SLURM_JWT=")
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method != "GET":
+            return await self._request_once(method, path, **kwargs)
+        # Reads are idempotent: ride out a slurmctld/slurmrestd blip before failing the caller.
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(SlurmUnavailable),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            stop=stop_after_attempt(GET_ATTEMPTS),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._request_once(method, path, **kwargs)
+        raise AssertionError("unreachable")
+
+    async def _request_once(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         for attempt in (1, 2):

@@ -87,7 +87,10 @@ import sys
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 site = sys.argv[1]
-ext = Extension("bridge_pyslurm_ext", ["bridge_pyslurm_ext.pyx"], include_dirs=[site], libraries=["slurm"])
+# The same library as pyslurm: libslurmfull, not libslurm (two copies would not share state).
+libdir = "/usr/lib/x86_64-linux-gnu/slurm-wlm"
+ext = Extension("bridge_pyslurm_ext", ["bridge_pyslurm_ext.pyx"], include_dirs=[site],
+                libraries=["slurmfull"], library_dirs=[libdir], runtime_library_dirs=[libdir])
 setup(name="bridge-pyslurm-ext", ext_modules=cythonize([ext], include_path=[site], quiet=True),
       script_args=["-q", "build_ext", "--build-lib", site])
 PY

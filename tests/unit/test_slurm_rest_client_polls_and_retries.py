@@ -1,0 +1,122 @@
+"""The slurmrestd client against a small local stand-in server: polling, token rotation, retries.
+
+(The contract tests in tests/contract run it against the real slurmrestd.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bridge.errors import SlurmAuthError
+from bridge.slurm.rest import RestSlurmClient
+
+DATA = Path(__file__).parent / "data" / "rest_job_running.json"
+
+
+class FakeRestd:
+    def __init__(self) -> None:
+        self.last_update = 1000
+        self.jobs: list[dict[str, Any]] = [json.loads(DATA.read_text())]
+        self.valid_token = "good"
+        self.failures_left = 0
+        self.requests: list[tuple[str, str, str]] = []
+
+    async def jobs_handler(self, request: web.Request) -> web.Response:
+        token = request.headers.get("X-SLURM-USER-TOKEN", "")
+        self.requests.append((request.method, request.path, request.query.get("update_time", "")))
+        if token != self.valid_token:
+            return web.json_response({"errors": [{"error": "auth"}]}, status=401)
+        if self.failures_left:
+            self.failures_left -= 1
+            return web.json_response({"errors": [{"error": "busy"}]}, status=503)
+        since = int(request.query.get("update_time", "0"))
+        if since >= self.last_update:
+            return web.json_response({
+                "jobs": [], "last_update": {"set": True, "number": 0},
+                "warnings": [{"description": f"No job changes since update_time[{since}]"}],
+            })
+        return web.json_response({"jobs": self.jobs, "last_update": {"set": True, "number": self.last_update},
+                                  "warnings": [], "errors": []})
+
+
+@pytest.fixture
+async def restd(tmp_path: Path) -> AsyncIterator[tuple[FakeRestd, str]]:
+    fake = FakeRestd()
+    app = web.Application()
+    app.router.add_get("/slurm/v0.0.45/jobs/", fake.jobs_handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield fake, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+def _client(url: str, tmp_path: Path, token: str = "good") -> tuple[RestSlurmClient, Path]:
+    token_file = tmp_path / "jwt"
+    token_file.write_text(f"SLURM_JWT={token}\n")
+    return RestSlurmClient(url, "slurm", token_file), token_file
+
+
+async def test_polls_list_jobs_once_per_change_and_none_in_between(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    fake, url = restd
+    client, _ = _client(url, tmp_path)
+
+    first = await client.changed_jobs()
+    recheck = await client.changed_jobs()  # once the second of the last change is over
+    idle = await client.changed_jobs()
+    fake.last_update = 1001
+    changed = await client.changed_jobs()
+    await client.close()
+
+    assert first is not None and [j.job_id for j in first] == [fake.jobs[0]["job_id"]]
+    assert recheck is not None, "a change later in the same second as the last read is not lost"
+    assert idle is None
+    assert changed is not None and len(changed) == 1
+    assert [q for _, _, q in fake.requests[:3]] == ["0", "999", "1000"], "slurmctld's clock, not ours"
+
+
+async def test_a_rotated_token_file_is_read_again_after_a_401(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    fake, url = restd
+    client, token_file = _client(url, tmp_path, token="old")
+    token_file.write_text("new\n")
+    fake.valid_token = "new"
+
+    jobs = await client.changed_jobs()
+    await client.close()
+
+    assert jobs is not None
+
+
+async def test_a_refused_token_is_a_permanent_error_naming_the_file(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    _fake, url = restd
+    client, token_file = _client(url, tmp_path, token="wrong")
+
+    with pytest.raises(SlurmAuthError, match=str(token_file)):
+        await client.changed_jobs()
+    await client.close()
+
+
+async def test_reads_ride_out_a_short_slurmrestd_outage(restd: tuple[FakeRestd, str], tmp_path: Path) -> None:
+    fake, url = restd
+    fake.failures_left = 2
+    client, _ = _client(url, tmp_path)
+
+    jobs = await client.changed_jobs()
+    await client.close()
+
+    assert jobs is not None
+    assert len(fake.requests) == 3
