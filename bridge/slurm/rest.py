@@ -98,8 +98,9 @@ class RestSlurmClient:
             return None
         # slurmctld's own clock, so skew between hosts cannot lose a change.
         last = int((body.get("last_update") or {}).get("number") or time.time())
+        # Re-read a second once it is over, unless this read already was that re-read.
+        self._recheck_second = None if last == self._last_update else last
         self._last_update = last
-        self._recheck_second = last
         return [allocation_from_rest(job) for job in body.get("jobs") or []]
 
     async def job(self, job_id: int) -> JobAllocation | None:
