@@ -21,16 +21,14 @@ host and its start-up time is part of the job's start latency.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from bridge import wellknown
 
@@ -44,12 +42,56 @@ EXIT_DAEMON_UNREACHABLE = 1
 _HOST_ONLY_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 
 
-@dataclass
 class AttachState:
     """What survives a reconnect: the last log timestamp printed per pod index."""
 
-    last_log: dict[str, str] = field(default_factory=dict)
-    cancel_requested: bool = False
+    def __init__(self) -> None:
+        self.last_log: dict[str, str] = {}
+        self.cancel_requested = False
+
+
+class DaemonError(OSError):
+    """The daemon answered with an HTTP error status (5xx: retry; 4xx: refused for good)."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text}")
+        self.status, self.text = status, text
+
+
+def post(host: str, port: int, path: str, body: dict[str, Any], timeout: float | None) -> IO[bytes]:
+    """POST JSON over HTTP/1.0 (so the answer streams unchunked until the server closes); return
+    the body as a binary file positioned after the headers. http.client would cost this short-lived
+    process ~20 ms of imports at every job start."""
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.0\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nX-Munge-Credential: {munge_credential()}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.settimeout(timeout)
+    sock.sendall(head + data)
+    reader = sock.makefile("rb")
+    sock.close()  # the file keeps the connection open until it is closed itself
+    status_line = reader.readline().split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        reader.close()
+        raise OSError(f"bad HTTP answer from the bridge: {status_line!r}")
+    while reader.readline() not in (b"\r\n", b"\n", b""):
+        pass  # headers: nothing in them matters here
+    status = int(status_line[1])
+    if status != 200:
+        text = reader.read().decode(errors="replace").strip()
+        reader.close()
+        raise DaemonError(status, text)
+    return reader
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """`http://host:port[/]` -> (host, port)."""
+    rest = url.split("://", 1)[-1].rstrip("/")
+    host, _, port = rest.rpartition(":") if rest.count(":") == 1 or rest.startswith("[") else (rest, "", "")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port) if port else 80
 
 
 def original_script(batch_script: str) -> str:
@@ -64,7 +106,8 @@ def munge_credential() -> str:
     """A munge credential for this process's uid/gid (the daemon checks it)."""
     result = subprocess.run(["munge", "--no-input"], capture_output=True, check=False, timeout=10)
     if result.returncode != 0:
-        raise RuntimeError(f"munge failed: {result.stderr.decode(errors='replace').strip()}")
+        # munged down is an outage like the daemon's: the caller retries.
+        raise OSError(f"munge failed: {result.stderr.decode(errors='replace').strip()}")
     return result.stdout.decode().strip()
 
 
@@ -74,34 +117,16 @@ def job_environment() -> dict[str, str]:
 
 class Waiter:
     def __init__(self, api_url: str, job_id: int, script: str) -> None:
-        parsed = urllib.parse.urlsplit(api_url)
-        self._host = parsed.hostname or "127.0.0.1"
-        self._port = parsed.port or 80
+        self._host, self._port = split_url(api_url)
         self._job_id = job_id
         self._script = script
         self._state = AttachState()
-
-    # -- HTTP -----------------------------------------------------------------
-    def _connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-
-    def _post(
-        self, path: str, body: dict[str, Any], timeout: float | None = None
-    ) -> http.client.HTTPResponse:
-        conn = self._connection(timeout)
-        data = json.dumps(body).encode()
-        conn.request("POST", path, body=data, headers={
-            "Content-Type": "application/json",
-            "X-Munge-Credential": munge_credential(),
-        })
-        return conn.getresponse()
 
     def request_cancel(self) -> None:
         """Ask the daemon to delete the pods; the attach stream reports when they are gone."""
         self._state.cancel_requested = True
         try:
-            response = self._post(f"/v1/jobs/{self._job_id}/cancel", {}, timeout=5)
-            response.read()
+            post(self._host, self._port, f"/v1/jobs/{self._job_id}/cancel", {}, timeout=5).close()
         except OSError as error:
             _stderr(f"could not reach the bridge to cancel: {error}")
 
@@ -112,13 +137,22 @@ class Waiter:
         while True:
             try:
                 outcome = self._attach_once()
-            except (OSError, http.client.HTTPException) as error:
+            except DaemonError as error:
+                if 400 <= error.status < 500:
+                    # Refused for good (identity mismatch, unknown job...): say why and fail the job.
+                    return self._finish({"type": "exit", "code": 1, "reason": error.text})
+                outcome, failure = None, error
+            except OSError as error:
+                outcome, failure = None, error
+            else:
+                failure = None
+            if failure is not None:
                 now = time.monotonic()
                 outage_started = outage_started or now
                 # A daemon restart takes seconds and needs no word in the job's output; a long
                 # outage does, now and then, so the user knows why nothing happens.
                 if now - outage_started >= OUTAGE_NOTICE_S and now - told_at >= OUTAGE_NOTICE_S * 10:
-                    _stderr(f"waiting for the bridge daemon since {now - outage_started:.0f}s ({error})")
+                    _stderr(f"waiting for the bridge daemon since {now - outage_started:.0f}s ({failure})")
                     told_at = now
                 time.sleep(RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)])
                 attempt += 1
@@ -138,24 +172,20 @@ class Waiter:
             "last_log": self._state.last_log,
             "cancel": self._state.cancel_requested,
         }
-        response = self._post(f"/v1/jobs/{self._job_id}/attach", body)
-        if response.status != 200:
-            text = response.read().decode(errors="replace").strip()
-            if 400 <= response.status < 500:
-                # The daemon refused this job for good (e.g. bad directive, identity mismatch).
-                return {"type": "exit", "code": 1, "reason": text or f"HTTP {response.status}"}
-            raise http.client.HTTPException(f"HTTP {response.status}: {text}")
-        for raw in response:
-            event = json.loads(raw)
-            kind = event.get("type")
-            if kind == "log":
-                sys.stdout.write(event["line"] + "\n")
-                sys.stdout.flush()
-                self._state.last_log[str(event["pod"])] = event["ts"]
-            elif kind == "message":
-                _stderr(event["text"])
-            elif kind == "exit":
-                return event
+        with post(self._host, self._port, f"/v1/jobs/{self._job_id}/attach", body, timeout=None) as stream:
+            for raw in stream:
+                if not raw.endswith(b"\n"):
+                    break  # cut off mid-line: the daemon went away
+                event = json.loads(raw)
+                kind = event.get("type")
+                if kind == "log":
+                    sys.stdout.write(event["line"] + "\n")
+                    sys.stdout.flush()
+                    self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "message":
+                    _stderr(event["text"])
+                elif kind == "exit":
+                    return event
         return None
 
     def _finish(self, outcome: dict[str, Any]) -> int:

@@ -49,7 +49,8 @@ listen = "127.0.0.1:${SBX_BRIDGE_PORT:-8470}"
 [waiter]
 # The host has no munge of its own: decode with the rootfs's unmunge.
 unmunge_command = "$SLURM_DIR/cli.sh unmunge"
-attach_command = "/usr/bin/env PYTHONPATH=$BRIDGE_STATE/lib /usr/bin/python3 -m bridge.cli attach"
+# Straight to the waiter module, without site and argparse: its start-up is job start latency.
+attach_command = "/usr/bin/env PYTHONPATH=$BRIDGE_STATE/lib /usr/bin/python3 -S -m bridge.waiter"
 
 [partitions.k8s]
 # No default image: jobs must say "#K8S image=...".

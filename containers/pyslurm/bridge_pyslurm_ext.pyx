@@ -6,8 +6,10 @@ pyslurm 25.11 (the only release near Slurm 26.05):
   exposed, so an idle poll is never cheap;
 - `Job.state` is slurm_job_state_string(), which names a flag such as COMPLETING *instead of*
   the base state (slurmrestd reports both);
-- `Job.get_resource_layout_per_node()` parses each node's gres_detail with a parser that drops
-  the GPU indices (`gpu:2(IDX:1-2)` becomes a count), and counts cores, not CPUs.
+- `Job.get_resource_layout_per_node()` gives CPU ids counted with one thread per core (a TODO
+  there), not slurmctld's CPU count, and re-parses each node's GRES string into a dict; the bridge
+  reads the raw string with the same parser as for slurmrestd (bridge.gres);
+- `Job.array_task_id` reads task 0 as "unset".
 
 This module fills exactly those gaps and returns pyslurm.Job objects, so everything else is read
 through pyslurm's own properties. It is compiled against pyslurm's declarations of the Slurm headers
@@ -141,3 +143,14 @@ def node_resources(Job job):
         (res.cpus[i], res.memory_allocated[i] if res.memory_allocated != NULL else 0)
         for i in range(res.nhosts)
     ]
+
+
+def array_task_id(Job job):
+    """The array task id (0 included), or None when unset."""
+    cdef uint32_t task = job.ptr.array_task_id
+    return None if task == slurm.NO_VAL else task
+
+
+def clear_errno():
+    """Reset this thread's errno: pyslurm's Job.send_signal() reads errno even after a success."""
+    c_errno.errno = 0

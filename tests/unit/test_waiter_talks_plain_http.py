@@ -1,0 +1,80 @@
+"""The waiter's tiny HTTP/1.0 client and script extraction, against a local socket server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from bridge import waiter, wellknown
+
+
+def test_original_script_is_what_follows_the_marker() -> None:
+    rewritten = f"#!/bin/sh\nexec attach \"$0\"\n{wellknown.ATTACH_MARKER}\n#!/bin/bash\necho hi\n"
+    assert waiter.original_script(rewritten) == "#!/bin/bash\necho hi\n"
+
+
+def test_a_script_without_marker_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"job_submit\.lua"):
+        waiter.original_script("#!/bin/sh\necho hi\n")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://127.0.0.1:8470", ("127.0.0.1", 8470)),
+        ("http://bridge.example:9000/", ("bridge.example", 9000)),
+        ("http://[::1]:8470", ("::1", 8470)),
+        ("http://host", ("host", 80)),
+    ],
+)
+def test_split_url(url: str, expected: tuple[str, int]) -> None:
+    assert waiter.split_url(url) == expected
+
+
+@pytest.fixture
+def one_shot_server() -> Iterator[tuple[int, dict[str, bytes]]]:
+    """Answers one request with a streamed NDJSON body, like aiohttp does for HTTP/1.0."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: dict[str, bytes] = {}
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            seen["head"], seen["body"] = head, body
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/x-ndjson\r\n\r\n")
+            for event in ({"type": "log", "pod": 0, "ts": "t1", "line": "a"},
+                          {"type": "exit", "code": 3, "signal": None}):
+                conn.sendall(json.dumps(event).encode() + b"\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1], seen
+    thread.join(timeout=5)
+    listener.close()
+
+
+def test_post_streams_the_answer_line_by_line(
+    one_shot_server: tuple[int, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port, seen = one_shot_server
+    monkeypatch.setattr(waiter, "munge_credential", lambda: "MUNGE:cred")
+
+    with waiter.post("127.0.0.1", port, "/v1/jobs/7/attach", {"x": 1}, timeout=5) as stream:
+        lines = [json.loads(line) for line in stream]
+
+    assert [e["type"] for e in lines] == ["log", "exit"]
+    assert seen["head"].startswith(b"POST /v1/jobs/7/attach HTTP/1.0\r\n")
+    assert b"X-Munge-Credential: MUNGE:cred" in seen["head"]
+    assert json.loads(seen["body"]) == {"x": 1}
