@@ -58,6 +58,10 @@ class Api:
     # -- waiters -------------------------------------------------------------------
     async def _identify(self, request: web.Request, job_id: int) -> int:
         """The job's uid, once the caller proved with munge that it runs as that uid."""
+        if not self.ready():
+            # A standby (or a replica still syncing) must not act; the waiter retries, and a
+            # Service that routes on /readyz sends it to the leader.
+            raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
         credential = request.headers.get("X-Munge-Credential", "")
         try:
             who = await munge.verify(credential, self.unmunge_command)

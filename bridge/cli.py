@@ -80,8 +80,7 @@ def _run(path: str, log_format: str) -> int:
 
     cfg = _load(path)
     logs.configure(cfg.log_level, json=log_format == "json")
-    asyncio.run(daemon.run(cfg))
-    return 0
+    return asyncio.run(daemon.run(cfg))
 
 
 if __name__ == "__main__":

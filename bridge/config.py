@@ -126,6 +126,23 @@ class WaiterConfig:
 
 
 @dataclass(frozen=True)
+class LeaderConfig:
+    """Leader election among replicas (a coordination.k8s.io Lease): only the leader acts."""
+
+    enabled: bool = True
+    lease_name: str | None = None
+    """Lease name; default `slurm-k8s-bridge-<cluster>`."""
+    namespace: str | None = None
+    """Namespace of the Lease; default the job namespace."""
+    identity: str | None = None
+    """This replica's name on the Lease; default `<hostname>:<api port>` (a pod's hostname is
+    its name, so replicas differ; a restarted replica takes its own Lease back at once)."""
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+
+@dataclass(frozen=True)
 class BridgeConfig:
     """Everything the daemon needs to know, validated."""
 
@@ -139,6 +156,7 @@ class BridgeConfig:
     kube: KubeConfig = field(default_factory=KubeConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     waiter: WaiterConfig = field(default_factory=WaiterConfig)
+    leader: LeaderConfig = field(default_factory=LeaderConfig)
     termination_grace_s: int = 10
     """Seconds between SIGTERM and SIGKILL when a job's pods are deleted."""
     start_failure_grace_s: float = 60.0
@@ -189,6 +207,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
     kube = _kube(top.table("kubernetes"))
     api = _api(top.table("api"))
     waiter = _waiter(top.table("waiter"), api)
+    leader = _leader(top.table("leader_election"))
 
     parts_table = top.table("partitions")
     partitions = {name: _partition(parts_table.table(name)) for name in parts_table.names()}
@@ -206,6 +225,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
         kube=kube,
         api=api,
         waiter=waiter,
+        leader=leader,
         partitions=partitions,
     )
 
@@ -245,6 +265,22 @@ def _api(t: _Table) -> ApiConfig:
         t.fail("listen", f"{listen!r} is not HOST:PORT")
     t.done()
     return ApiConfig(host=host, port=int(port_s))
+
+
+def _leader(t: _Table) -> LeaderConfig:
+    cfg = LeaderConfig(
+        enabled=t.get_bool("enabled", True),
+        lease_name=t.get_str("lease_name"),
+        namespace=t.get_str("namespace"),
+        identity=t.get_str("identity"),
+        lease_duration_s=t.get_float("lease_duration_s", 15.0, minimum_exclusive=0.0),
+        renew_deadline_s=t.get_float("renew_deadline_s", 10.0, minimum_exclusive=0.0),
+        retry_period_s=t.get_float("retry_period_s", 2.0, minimum_exclusive=0.0),
+    )
+    if not cfg.retry_period_s < cfg.renew_deadline_s < cfg.lease_duration_s:
+        t.fail("renew_deadline_s", "needs retry_period_s < renew_deadline_s < lease_duration_s")
+    t.done()
+    return cfg
 
 
 def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from pathlib import Path
 
 import structlog
@@ -21,6 +22,7 @@ from bridge.kube.actions import KubeActions
 from bridge.kube.cache import PodCache
 from bridge.kube.client import make_api_client
 from bridge.kube.watch import PodWatcher
+from bridge.leader import LeaderElector, LeaseSettings
 from bridge.metrics import Metrics
 from bridge.reconcile import Reconciler
 from bridge.slurm import SlurmClient
@@ -41,11 +43,25 @@ def make_slurm_client(cfg: BridgeConfig) -> SlurmClient:
     raise ValueError(f"slurm backend {cfg.slurm.backend!r} is not available in this build")
 
 
+def lease_settings(cfg: BridgeConfig) -> LeaseSettings:
+    lead = cfg.leader
+    return LeaseSettings(
+        namespace=lead.namespace or cfg.namespace,
+        name=lead.lease_name or f"slurm-k8s-bridge-{cfg.cluster}",
+        identity=lead.identity or f"{socket.gethostname()}:{cfg.api.port}",
+        lease_duration_s=lead.lease_duration_s,
+        renew_deadline_s=lead.renew_deadline_s,
+        retry_period_s=lead.retry_period_s,
+    )
+
+
 def pod_selector(cfg: BridgeConfig) -> str:
     return f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER},{wellknown.LABEL_CLUSTER}={cfg.cluster}"
 
 
-async def run(cfg: BridgeConfig) -> None:
+async def run(cfg: BridgeConfig) -> int:
+    """Run until SIGTERM/SIGINT (exit code 0) or until leadership is lost (exit code 1: the
+    supervisor restarts us as a standby, with fresh state)."""
     metrics = Metrics()
     slurm = make_slurm_client(cfg)
     api_client = await make_api_client(
@@ -58,9 +74,16 @@ async def run(cfg: BridgeConfig) -> None:
     reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after)
     watcher = PodWatcher(api_client, cfg.namespace, pod_selector(cfg), cache, queue.add)
     poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
+    elector = LeaderElector(api_client, lease_settings(cfg)) if cfg.leader.enabled else None
+
+    def synced() -> bool:
+        return cache.synced.is_set() and poller.synced.is_set()
+
+    def leading() -> bool:
+        return elector is None or elector.is_leader.is_set()
 
     def ready() -> bool:
-        return cache.synced.is_set() and poller.synced.is_set()
+        return synced() and leading()
 
     metrics.gauge("queue_depth", "Job ids waiting to be reconciled.", lambda: float(len(queue)))
     metrics.gauge("cached_pods", "Pods in the watch cache.", lambda: float(len(cache)))
@@ -70,6 +93,7 @@ async def run(cfg: BridgeConfig) -> None:
                   lambda: float(sum(s.attached for s in reconciler.sessions.values())))
     metrics.gauge("watch_events", "Pod watch events applied.", lambda: float(watcher.events))
     metrics.gauge("watch_relists", "Pod watch relists.", lambda: float(watcher.relists))
+    metrics.gauge("leader", "1 while this replica holds the Lease and acts.", lambda: float(leading()))
     metrics.gauge("ready", "1 when caches are synced and this replica acts.", lambda: float(ready()))
 
     api = Api(reconciler, metrics, queue.add, ready, cfg.waiter.unmunge_command)
@@ -83,28 +107,49 @@ async def run(cfg: BridgeConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    sources = [
+    # Standbys keep their caches warm too, so a takeover needs no initial list.
+    background = [
         asyncio.create_task(watcher.run(), name="pod-watch"),
         asyncio.create_task(poller.run(), name="slurm-poll"),
     ]
+    if elector is not None:
+        background.append(asyncio.create_task(elector.run(), name="leader-election"))
     workers: list[asyncio.Task[None]] = []
+    exit_code = 0
     try:
-        synced = asyncio.gather(cache.synced.wait(), poller.synced.wait())
-        await asyncio.wait({asyncio.ensure_future(synced), asyncio.ensure_future(stop.wait())},
-                                     return_when=asyncio.FIRST_COMPLETED)
+        can_act = asyncio.ensure_future(_all_set(
+            cache.synced, poller.synced, *([elector.is_leader] if elector else [])
+        ))
+        await asyncio.wait({can_act, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
         if not stop.is_set():
-            log.info("daemon.synced", pods=len(cache), jobs=len(reconciler.slurm_jobs))
+            log.info("daemon.acting", pods=len(cache), jobs=len(reconciler.slurm_jobs))
+            # Level-triggered: look at everything once, whatever happened before we led.
+            for job_id in reconciler.slurm_jobs.keys() | cache.job_ids():
+                queue.add(job_id)
             workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
                        for i in range(WORKERS)]
-            await stop.wait()
+            waits = {asyncio.ensure_future(stop.wait())}
+            if elector is not None:
+                waits.add(asyncio.ensure_future(elector.lost.wait()))
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if elector is not None and elector.lost.is_set():
+                exit_code = 1
     finally:
-        log.info("daemon.stopping")
-        for task in [*workers, *sources]:
+        log.info("daemon.stopping", exit_code=exit_code)
+        for task in [*workers, *background]:
             task.cancel()
-        await asyncio.gather(*workers, *sources, return_exceptions=True)
+        await asyncio.gather(*workers, *background, return_exceptions=True)
+        if elector is not None and exit_code == 0:
+            await elector.release()
         for session in reconciler.sessions.values():
             session.detach()
         await runner.cleanup()
         await slurm.close()
         await api_client.close()
         log.info("daemon.stopped")
+    return exit_code
+
+
+async def _all_set(*events: asyncio.Event) -> None:
+    for event in events:
+        await event.wait()

@@ -1,0 +1,54 @@
+"""JSON lines between the test process (host) and the pyslurm server (Slurm rootfs).
+
+Lossless for JobAllocation (a decoded record compares equal to the original), so the tests compare
+what the pyslurm backend really returned. Imports nothing but the bridge's pure layer and
+bridge.errors: this file also runs in the rootfs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bridge import errors
+from bridge.model import JobAllocation, NodeAllocation
+
+
+def allocation_to_json(alloc: JobAllocation) -> dict[str, Any]:
+    data = dataclasses.asdict(alloc)
+    data["state_flags"] = sorted(alloc.state_flags)
+    data["nodes"] = [{**dataclasses.asdict(n), "gpu_indices": list(n.gpu_indices)} for n in alloc.nodes]
+    return data
+
+
+def allocation_from_json(data: dict[str, Any]) -> JobAllocation:
+    nodes = tuple(
+        NodeAllocation(**{**n, "gpu_indices": tuple(n["gpu_indices"])}) for n in data["nodes"]
+    )
+    return JobAllocation(**{**data, "state_flags": frozenset(data["state_flags"]), "nodes": nodes})
+
+
+def error_to_json(error: BaseException) -> dict[str, Any]:
+    return {"type": type(error).__name__, "message": str(error), "errno": getattr(error, "errno", None)}
+
+
+class RemoteError(errors.BridgeError):
+    """An error the pyslurm server raised; `kind` is its class name there."""
+
+    def __init__(self, kind: str, message: str, errno: int | None) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.errno = errno
+
+
+# The classes the protocol's verbs may raise, re-raised as themselves on the host.
+_KNOWN: dict[str, type[errors.BridgeError]] = {
+    cls.__name__: cls for cls in (errors.SlurmUnavailable, errors.SlurmAuthError, errors.PermanentError)
+}
+
+
+def error_from_json(data: dict[str, Any]) -> errors.BridgeError:
+    cls = _KNOWN.get(data["type"])
+    if cls is not None:
+        return cls(data["message"])
+    return RemoteError(data["type"], data["message"], data.get("errno"))
