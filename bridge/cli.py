@@ -28,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     attach = sub.add_parser("attach", help="run as a job's waiter on the slurmd (job_submit.lua calls this)")
     attach.add_argument("--api", help="the daemon's API URL")
     attach.add_argument("script", help="path of the rewritten batch script")
+    doctor = sub.add_parser(
+        "doctor", help="check config, Slurm, Kubernetes, RBAC, node mapping, job_submit.lua"
+    )
+    doctor.add_argument("-c", "--config", default=DEFAULT_CONFIG)
+    doctor.add_argument("--slurm-conf", help="slurm.conf of the cluster (default $SLURM_CONF or /etc/slurm)")
     conf = sub.add_parser("job-submit-conf", help="print job_submit_bridge.conf for job_submit.lua")
     conf.add_argument("-c", "--config", default=DEFAULT_CONFIG)
     return parser
@@ -45,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return waiter.main([*(["--api", args.api] if args.api else []), args.script])
     if args.command == "job-submit-conf":
         return _job_submit_conf(args.config)
+    if args.command == "doctor":
+        from bridge.doctor import run_doctor
+
+        return run_doctor(_load(args.config), args.slurm_conf)
     if args.command == "run":
         return _run(args.config, args.log_format)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse restricts the choices

@@ -81,6 +81,13 @@ class RestSlurmClient:
                     if response.status >= 500:
                         raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {response.status}")
                     return body if isinstance(body, dict) else {}
+            except aiohttp.ClientResponseError as error:
+                # slurmrestd 26.05 answers a refused token with a body longer than its
+                # Content-Length, which aiohttp rejects before we see the 511 status.
+                raise SlurmAuthError(
+                    f"slurmrestd sent a malformed answer to {method} {path} ({error.message}); it does "
+                    f"that when it refuses the token: check {self._token_file} (expired? wrong user?)"
+                ) from error
             except (aiohttp.ClientError, TimeoutError) as error:
                 raise SlurmUnavailable(f"slurmrestd {method} {path}: {error}") from error
         raise AssertionError("unreachable")

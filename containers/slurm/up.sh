@@ -153,7 +153,7 @@ done
 say "Slurm is up: slurmctld :$SBX_SLURMCTLD_PORT, slurmdbd :$SBX_SLURMDBD_PORT, slurmrestd http://127.0.0.1:$SBX_SLURMRESTD_PORT"
 
 # --- host-side wrappers (see `make sandbox-env`) ----------------------------
-for cmd in sbatch srun salloc squeue scancel sacct sacctmgr scontrol sinfo sprio sshare sstat sattach; do
+for cmd in sbatch srun salloc squeue scancel sacct sacctmgr scontrol sinfo sprio sshare sstat sattach munge unmunge; do
   cat >"$SBX_STATE/bin/$cmd" <<WRAP
 #!/bin/sh
 exec '$SLURM_DIR/cli.sh' $cmd "\$@"
