@@ -15,6 +15,7 @@ cmd_up() {
 }
 
 cmd_down() {
+  if [ -f "$SBX_STATE/slurm/etc/slurm.conf" ]; then "$C/bridge/down.sh" || true; fi
   "$C/kube/down.sh" || true
   "$C/slurm/down.sh" || true
   # Keep nothing but the cache: the next up starts from a clean state.
