@@ -4,7 +4,7 @@ SANDBOX := containers/sandbox/sandbox.sh
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit e2e lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-down venv
+.PHONY: demo test unit e2e contract pyslurm bench lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-down venv
 
 sandbox-up:      ## start real Slurm + real Kubernetes on this machine
 	@$(SANDBOX) up
@@ -46,3 +46,12 @@ bridge-up: venv sandbox-up  ## start the bridge daemon, its slurmds and job_subm
 
 bridge-down:     ## stop the bridge daemon and the bridged nodes' slurmds
 	@containers/bridge/down.sh
+
+pyslurm: sandbox-up  ## build pyslurm (+ the bridge's extension) into the Slurm rootfs
+	@containers/pyslurm/build.sh >/dev/null
+
+contract: venv sandbox-up  ## the SlurmClient contract, against slurmrestd and pyslurm
+	$(VENV)/bin/pytest -q tests/contract
+
+bench: venv bridge-up  ## latency numbers on the sandbox (prints, asserts nothing)
+	PYTHONPATH=. $(VENV)/bin/python bench/latency.py

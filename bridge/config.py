@@ -91,6 +91,8 @@ class SlurmConfig:
     """X-SLURM-USER-NAME sent with the token, if the token is not a user's own."""
     poll_interval_s: float = 0.2
     """Pause between polls of the jobs' update time (Slurm has no watch)."""
+    slurm_conf: Path | None = None
+    """The cluster's slurm.conf for the pyslurm backend, if not $SLURM_CONF or Slurm's default."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,7 @@ def _slurm(t: _Table) -> SlurmConfig:
         token_file=Path(token_file) if token_file else None,
         rest_user=t.get_str("user"),
         poll_interval_s=t.get_float("poll_interval_s", 0.2, minimum_exclusive=0.0),
+        slurm_conf=Path(conf) if (conf := t.get_str("slurm_conf")) else None,
     )
     t.done()
     return cfg

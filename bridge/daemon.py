@@ -40,7 +40,11 @@ def make_slurm_client(cfg: BridgeConfig) -> SlurmClient:
         if cfg.slurm.rest_url is None or cfg.slurm.token_file is None:
             raise ValueError("slurm.rest_url and slurm.token_file are required for the rest backend")
         return RestSlurmClient(cfg.slurm.rest_url, cfg.slurm.rest_user or "slurm", Path(cfg.slurm.token_file))
-    raise ValueError(f"slurm backend {cfg.slurm.backend!r} is not available in this build")
+    if cfg.slurm.backend == "pyslurm":
+        from bridge.slurm.pyslurm_backend import PyslurmSlurmClient  # needs pyslurm: imported only here
+
+        return PyslurmSlurmClient(cfg.slurm.slurm_conf)
+    raise ValueError(f"unknown slurm backend {cfg.slurm.backend!r}")
 
 
 def lease_settings(cfg: BridgeConfig) -> LeaseSettings:

@@ -17,9 +17,11 @@ tests (tests/contract) compare both backends on the same jobs.
 from __future__ import annotations
 
 import asyncio
+import os
 import pwd
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -59,7 +61,13 @@ class SlurmRejected(PermanentError):
 class PyslurmSlurmClient:
     """Reads and updates Slurm through libslurm, as the user the daemon runs as (root or SlurmUser)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slurm_conf: Path | None = None) -> None:
+        """`slurm_conf`: the cluster's slurm.conf, if not $SLURM_CONF or Slurm's built-in path.
+
+        libslurm reads it once, when pyslurm is first imported in the process.
+        """
+        if slurm_conf is not None:
+            os.environ["SLURM_CONF"] = str(slurm_conf)
         self._pyslurm, self._ext = _import_modules()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyslurm")
         self._last_update = 0

@@ -82,9 +82,10 @@ class RestSlurmClient:
                         raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {response.status}")
                     return body if isinstance(body, dict) else {}
             except aiohttp.ClientResponseError as error:
-                # slurmrestd 26.05 answers a refused token with a body longer than its
-                # Content-Length, which aiohttp rejects before we see the 511 status.
-                raise SlurmAuthError(
+                # slurmrestd 26.05 sends more than its Content-Length on some error answers (a
+                # refused token; an unknown job id gets a second response on the connection), so
+                # aiohttp rejects them before their status is seen.
+                raise MalformedAnswer(
                     f"slurmrestd sent a malformed answer to {method} {path} ({error.message}); it does "
                     f"that when it refuses the token: check {self._token_file} (expired? wrong user?)"
                 ) from error
@@ -111,7 +112,16 @@ class RestSlurmClient:
         return [allocation_from_rest(job) for job in body.get("jobs") or []]
 
     async def job(self, job_id: int) -> JobAllocation | None:
-        body = await self._request("GET", f"/slurm/{API_VERSION}/job/{job_id}")
+        try:
+            body = await self._request("GET", f"/slurm/{API_VERSION}/job/{job_id}")
+        except MalformedAnswer:
+            # Either the token was refused or the job is unknown: the state endpoint answers
+            # an unknown id cleanly (and raises MalformedAnswer again for a refused token).
+            state = await self._request("GET", f"/slurm/{API_VERSION}/jobs/state/", params={"job_id": job_id})
+            if not state.get("jobs"):
+                return None
+            raise
+
         for job in body.get("jobs") or []:
             if int(job.get("job_id", 0)) == job_id:
                 return allocation_from_rest(job)
@@ -132,6 +142,10 @@ class RestSlurmClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class MalformedAnswer(SlurmAuthError):
+    """slurmrestd's answer could not be parsed; in practice a refused token or an unknown job."""
 
 
 def _says_unchanged(body: dict[str, Any]) -> bool:

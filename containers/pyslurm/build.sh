@@ -73,6 +73,7 @@ if ! stamp_is pyslurm "$venv_key"; then
   say "building pyslurm $PYSLURM_VERSION (Cython $CYTHON_VERSION) for Slurm 26.05 into $HOST_VENV (~2 min)"
   rm -rf "$HOST_VENV"
   # The venv is built in place (a venv cannot be moved); the stamp, written last, marks it done.
+  # shellcheck disable=SC2016  # expanded in the rootfs, from in_rootfs's environment
   in_rootfs '
     python3 -m venv "$VENV"
     pip="$VENV/bin/pip"
@@ -100,6 +101,7 @@ if ! stamp_is ext "$ext_key"; then
   rm -f "$HOST_VENV/.built-ext"
   cp "$HERE/bridge_pyslurm_ext.pyx" "$work/"
   # It cimports pyslurm, whose .pxd files (and the headers they name) are in site-packages.
+  # shellcheck disable=SC2016
   in_rootfs '
     cd "$WORK"
     site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_path(\"purelib\"))")

@@ -29,7 +29,12 @@ def allocation_from_json(data: dict[str, Any]) -> JobAllocation:
 
 
 def error_to_json(error: BaseException) -> dict[str, Any]:
-    return {"type": type(error).__name__, "message": str(error), "errno": getattr(error, "errno", None)}
+    return {
+        "type": type(error).__name__,
+        "bases": [cls.__name__ for cls in type(error).__mro__],
+        "message": str(error),
+        "errno": getattr(error, "errno", None),
+    }
 
 
 class RemoteError(errors.BridgeError):
@@ -41,14 +46,16 @@ class RemoteError(errors.BridgeError):
         self.errno = errno
 
 
-# The classes the protocol's verbs may raise, re-raised as themselves on the host.
+# The shared classes a verb's error is re-raised as on the host: its nearest one of these.
 _KNOWN: dict[str, type[errors.BridgeError]] = {
-    cls.__name__: cls for cls in (errors.SlurmUnavailable, errors.SlurmAuthError, errors.PermanentError)
+    cls.__name__: cls
+    for cls in (errors.SlurmUnavailable, errors.SlurmAuthError, errors.TemporaryError, errors.PermanentError)
 }
 
 
 def error_from_json(data: dict[str, Any]) -> errors.BridgeError:
-    cls = _KNOWN.get(data["type"])
-    if cls is not None:
-        return cls(data["message"])
+    """The error as its nearest shared class (SlurmUnavailable, PermanentError...), else RemoteError."""
+    for name in data.get("bases", [data["type"]]):
+        if name in _KNOWN:
+            return _KNOWN[name](f"{data['type']}: {data['message']}")
     return RemoteError(data["type"], data["message"], data.get("errno"))
