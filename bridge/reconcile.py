@@ -121,9 +121,12 @@ class Reconciler:
         if part is None:
             await self._fail(session, alloc, f"partition {alloc.partition} is not bridged", bound)
             return
+        # Partitions that map nodes by label look the labels up at each start: rare next to
+        # pod events, and a relabelled node is seen at once.
+        k8s_nodes = await self.kube.nodes_by_label(part.node_label) if part.node_label else None
         try:
             directives = parse_directives(session.payload.script)
-            manifests = desired_pods(alloc, session.payload, directives, part, self.cfg)
+            manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes)
         except (DirectiveError, TranslateError) as error:
             await self._fail(session, alloc, str(error), bound)
             return

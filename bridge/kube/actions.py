@@ -86,6 +86,17 @@ class KubeActions:
         except KubeNotFound:
             return None
 
+    async def nodes_by_label(self, label: str) -> dict[str, str]:
+        """Map each value of node label `label` to the name of the node carrying it."""
+        body = await request_json(
+            self._api, "GET", "/api/v1/nodes", "list nodes", query={"labelSelector": label}
+        )
+        return {
+            node["metadata"]["labels"][label]: node["metadata"]["name"]
+            for node in body.get("items") or []
+            if label in (node["metadata"].get("labels") or {})
+        }
+
     async def ensure_namespace(self) -> bool:
         """Create the namespace if it does not exist; True if it was created.
 

@@ -1,0 +1,232 @@
+"""reconcile(job_id) against in-memory stand-ins for the two clients (the real PodCache):
+what it creates, deletes and tells the waiter for each combination of Slurm view and pods."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from bridge.config import PartitionConfig
+from bridge.kube.cache import PodCache
+from bridge.metrics import Metrics
+from bridge.reconcile import Reconciler
+from bridge.sessions import JobSession
+
+from .builders import allocation, config, payload
+
+
+class FakeSlurm:
+    def __init__(self) -> None:
+        self.comments: dict[int, str] = {}
+
+    async def set_comment(self, job_id: int, comment: str) -> None:
+        self.comments[job_id] = comment
+
+
+class FakeKube:
+    def __init__(self, cache: PodCache) -> None:
+        self.cache = cache
+        self.created: list[dict[str, Any]] = []
+        self.deleted: list[tuple[str, int | None]] = []
+        self.labels: dict[str, str] = {}
+        self.log_lines: dict[str, list[tuple[str, str]]] = {}
+
+    async def create_pod(self, manifest: dict[str, Any]) -> bool:
+        if self.cache.get(manifest["metadata"]["name"]):
+            return False
+        self.created.append(manifest)
+        return True
+
+    async def delete_pod(self, name: str, grace_seconds: int | None = None) -> bool:
+        self.deleted.append((name, grace_seconds))
+        return True
+
+    async def nodes_by_label(self, label: str) -> dict[str, str]:
+        return self.labels
+
+    async def stream_logs(
+        self, pod_name: str, since_time: str | None = None
+    ) -> AsyncIterator[tuple[str, str]]:
+        for item in self.log_lines.get(pod_name, []):
+            yield item
+
+
+def _pod(manifest: dict[str, Any], **status: Any) -> dict[str, Any]:
+    return {"metadata": dict(manifest["metadata"]), "spec": manifest["spec"], "status": status}
+
+
+def _terminated(code: int) -> dict[str, Any]:
+    return {
+        "phase": "Failed" if code else "Succeeded",
+        "containerStatuses": [
+            {
+                "name": "job",
+                "state": {"terminated": {"exitCode": code, "reason": "Error" if code else "Completed"}},
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def world() -> tuple[Reconciler, FakeKube, FakeSlurm, PodCache, list[int]]:
+    cache = PodCache()
+    kube, slurm = FakeKube(cache), FakeSlurm()
+    requeued: list[int] = []
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
+    reconciler = Reconciler(cfg, slurm, kube, cache, Metrics(), requeued.append)  # type: ignore[arg-type]
+    return reconciler, kube, slurm, cache, requeued
+
+
+def _attach(reconciler: Reconciler, job_id: int = 42) -> asyncio.Queue[dict[str, Any]]:
+    session = reconciler.sessions.setdefault(job_id, JobSession(job_id))
+    session.payload = payload()
+    return session.attach({})
+
+
+async def test_a_running_job_with_its_waiter_gets_one_pod_per_node(world: Any) -> None:
+    reconciler, kube, _slurm, _cache, _ = world
+    reconciler.slurm_jobs[42] = allocation()
+    _attach(reconciler)
+
+    await reconciler.reconcile(42)
+
+    assert [(m["metadata"]["name"], m["spec"]["nodeName"]) for m in kube.created] == [
+        ("slurm-42-0", "kube1"),
+        ("slurm-42-1", "kube2"),
+    ]
+
+
+async def test_pods_already_there_are_not_created_again(world: Any) -> None:
+    reconciler, kube, _slurm, cache, _ = world
+    reconciler.slurm_jobs[42] = allocation()
+    _attach(reconciler)
+    await reconciler.reconcile(42)
+    for manifest in kube.created:
+        cache.apply("ADDED", _pod(manifest, phase="Pending"))
+    kube.created.clear()
+
+    await reconciler.reconcile(42)
+    await reconciler.reconcile(42)
+
+    assert kube.created == []
+
+
+async def test_without_a_waiter_nothing_is_created(world: Any) -> None:
+    reconciler, kube, *_ = world
+    reconciler.slurm_jobs[42] = allocation()
+
+    await reconciler.reconcile(42)
+
+    assert kube.created == []
+
+
+async def test_a_job_slurm_ended_loses_its_pods_and_its_session(world: Any) -> None:
+    reconciler, kube, _slurm, cache, _ = world
+    reconciler.slurm_jobs[42] = allocation()
+    _attach(reconciler)
+    await reconciler.reconcile(42)
+    for manifest in kube.created:
+        cache.apply("ADDED", _pod(manifest, phase="Running"))
+    reconciler.slurm_jobs[42] = replace(allocation(), state="COMPLETED")
+
+    await reconciler.reconcile(42)
+    assert sorted(kube.deleted) == [("slurm-42-0", None), ("slurm-42-1", None)]
+    for manifest in kube.created:
+        cache.apply("DELETED", _pod(manifest))
+    await reconciler.reconcile(42)
+
+    assert 42 not in reconciler.sessions
+
+
+async def test_cancel_deletes_quickly_then_tells_the_waiter_once_the_pods_are_gone(world: Any) -> None:
+    reconciler, kube, _slurm, cache, _ = world
+    reconciler.slurm_jobs[42] = allocation()
+    queue = _attach(reconciler)
+    await reconciler.reconcile(42)
+    for manifest in kube.created:
+        cache.apply("ADDED", _pod(manifest, phase="Running"))
+    reconciler.sessions[42].cancel_requested = True
+
+    await reconciler.reconcile(42)
+    assert {grace for _, grace in kube.deleted} == {1}
+    assert queue.empty(), "the waiter must not leave while pods still run"
+    for manifest in kube.created:
+        cache.apply("DELETED", _pod(manifest))
+    await reconciler.reconcile(42)
+
+    event = queue.get_nowait()
+    assert (event["type"], event["signal"]) == ("exit", 15)
+
+
+async def test_stopped_pods_of_an_ended_job_are_removed_at_once(world: Any) -> None:
+    reconciler, kube, _slurm, cache, _ = world
+    reconciler.slurm_jobs[42] = replace(allocation(), state="CANCELLED")
+    manifest = {
+        "metadata": {"name": "slurm-42-0", "labels": {"slurm-k8s-bridge/job-id": "42"}},
+        "spec": {"nodeName": "kube1"},
+    }
+    cache.apply(
+        "ADDED",
+        _pod(manifest, **_terminated(143))
+        | {"metadata": {**manifest["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+    )
+
+    await reconciler.reconcile(42)
+
+    assert kube.deleted == [("slurm-42-0", 0)]
+
+
+async def test_the_exit_code_waits_for_the_logs_and_takes_the_highest_code(world: Any) -> None:
+    reconciler, kube, _slurm, cache, requeued = world
+    reconciler.slurm_jobs[42] = allocation()
+    queue = _attach(reconciler)
+    await reconciler.reconcile(42)
+    kube.log_lines = {
+        "slurm-42-0": [("2026-11-30T10:00:00.1Z", "zero")],
+        "slurm-42-1": [("2026-11-30T10:00:00.2Z", "one")],
+    }
+    for manifest, code in zip(kube.created, (2, 5), strict=True):
+        cache.apply("MODIFIED", _pod(manifest, **_terminated(code)))
+
+    await reconciler.reconcile(42)  # starts the log relays; the exit must wait for them
+    await asyncio.sleep(0.05)
+    await reconciler.reconcile(42)
+
+    events = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert sorted(e["line"] for e in events if e["type"] == "log") == ["one", "zero"]
+    assert events[-1] == {"type": "exit", "code": 5, "signal": None, "reason": ""}
+    assert 42 in requeued, "a drained log stream wakes the job up again"
+
+
+async def test_a_bad_directive_fails_the_job_with_the_reason_in_its_comment(world: Any) -> None:
+    reconciler, kube, slurm, *_ = world
+    reconciler.slurm_jobs[42] = allocation()
+    session = reconciler.sessions.setdefault(42, JobSession(42))
+    session.payload = payload(script="#!/bin/sh\n#K8S colour=blue\necho hi\n")
+    queue = session.attach({})
+
+    await reconciler.reconcile(42)
+
+    event = queue.get_nowait()
+    assert (event["type"], event["code"]) == ("exit", 1)
+    assert "colour" in event["reason"]
+    assert "colour" in slurm.comments[42]
+    assert kube.created == []
+
+
+async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) -> None:
+    reconciler, kube, *_ = world
+    reconciler.cfg = config(
+        partitions={"k8s": PartitionConfig(default_image="img:1", node_label="site/slurm")}
+    )
+    kube.labels = {"kube1": "k8s-node-a", "kube2": "k8s-node-b"}
+    reconciler.slurm_jobs[42] = allocation()
+    _attach(reconciler)
+
+    await reconciler.reconcile(42)
+
+    assert [m["spec"]["nodeName"] for m in kube.created] == ["k8s-node-a", "k8s-node-b"]
