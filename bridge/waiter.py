@@ -35,6 +35,7 @@ from bridge import wellknown
 MARKER = wellknown.ATTACH_MARKER
 DEFAULT_API_URL = "http://127.0.0.1:8470"
 OUTAGE_NOTICE_S = 60.0
+MUNGE_PATHS = ("/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/bin/munge")
 RECONNECT_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 EXIT_DAEMON_UNREACHABLE = 1
 
@@ -102,9 +103,17 @@ def original_script(batch_script: str) -> str:
     return tail
 
 
+def munge_binary() -> str:
+    """munge from the system, not from the job's PATH (which is the user's to shape)."""
+    for path in MUNGE_PATHS:
+        if os.access(path, os.X_OK):
+            return path
+    return "munge"
+
+
 def munge_credential() -> str:
     """A munge credential for this process's uid/gid (the daemon checks it)."""
-    result = subprocess.run(["munge", "--no-input"], capture_output=True, check=False, timeout=10)
+    result = subprocess.run([munge_binary(), "--no-input"], capture_output=True, check=False, timeout=10)
     if result.returncode != 0:
         # munged down is an outage like the daemon's: the caller retries.
         raise OSError(f"munge failed: {result.stderr.decode(errors='replace').strip()}")
