@@ -6,6 +6,11 @@ from typing import Protocol
 
 from bridge.model import JobAllocation
 
+# slurmctld's "Job can not be altered now, try again later" (a job in a transition, e.g. still
+# configuring right after a controller restart): worth a few retries for a signal.
+ESLURM_TRANSITION_STATE_NO_UPDATE = 2020
+SIGNAL_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 3.0)
+
 
 class SlurmClient(Protocol):
     """The few verbs the reconciler needs from Slurm."""

@@ -30,6 +30,7 @@ import structlog
 from bridge import gres, hostlist
 from bridge.errors import PermanentError, SlurmUnavailable
 from bridge.model import JobAllocation, ModelError, NodeAllocation
+from bridge.slurm import ESLURM_TRANSITION_STATE_NO_UPDATE, SIGNAL_RETRY_DELAYS_S
 
 log = structlog.get_logger(__name__)
 
@@ -93,12 +94,17 @@ class PyslurmSlurmClient:
         return await self._call(f"load job {job_id}", self._load_one, job_id)
 
     async def signal_job(self, job_id: int, signal: str) -> None:
-        try:
-            await self._call(f"signal job {job_id}", self._signal, job_id, _signal_name(signal))
-        except SlurmRejected as error:
-            if error.errno in (ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE):
-                return  # nothing left to signal, as with slurmrestd
-            log.warning("slurm.signal_failed", job_id=job_id, signal=signal, error=str(error))
+        for delay in (*SIGNAL_RETRY_DELAYS_S, None):
+            try:
+                await self._call(f"signal job {job_id}", self._signal, job_id, _signal_name(signal))
+                return
+            except SlurmRejected as error:
+                if error.errno in (ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE):
+                    return  # nothing left to signal, as with slurmrestd
+                if error.errno != ESLURM_TRANSITION_STATE_NO_UPDATE or delay is None:
+                    log.warning("slurm.signal_failed", job_id=job_id, signal=signal, error=str(error))
+                    return
+            await asyncio.sleep(delay)
 
     async def set_comment(self, job_id: int, comment: str) -> None:
         try:

@@ -7,6 +7,7 @@ returns the full list (not a delta), which the caller diffs.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from bridge.errors import SlurmAuthError, SlurmUnavailable
 from bridge.model import JobAllocation, allocation_from_rest
+from bridge.slurm import ESLURM_TRANSITION_STATE_NO_UPDATE, SIGNAL_RETRY_DELAYS_S
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +81,7 @@ class RestSlurmClient:
                         )
                     body = await response.json(content_type=None)
                     if response.status >= 500:
-                        raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {response.status}")
+                        raise SlurmRequestFailed(method, path, response.status, body)
                     return body if isinstance(body, dict) else {}
             except aiohttp.ClientResponseError as error:
                 # slurmrestd 26.05 sends more than its Content-Length on some error answers (a
@@ -128,9 +130,19 @@ class RestSlurmClient:
         return None
 
     async def signal_job(self, job_id: int, signal: str) -> None:
-        await self._request(
-            "DELETE", f"/slurm/{API_VERSION}/job/{job_id}", params={"signal": signal, "flags": "BATCH_JOB"}
-        )
+        params = {"signal": signal, "flags": "BATCH_JOB"}
+        for delay in (*SIGNAL_RETRY_DELAYS_S, None):
+            try:
+                body = await self._request("DELETE", f"/slurm/{API_VERSION}/job/{job_id}", params=params)
+            except SlurmRequestFailed as failure:
+                body = failure.body
+            errors = body.get("errors") or []
+            if ESLURM_TRANSITION_STATE_NO_UPDATE not in {e.get("error_number") for e in errors}:
+                return
+            if delay is None:
+                log.warning("slurm.signal_failed", job_id=job_id, signal=signal, errors=errors)
+                return
+            await asyncio.sleep(delay)
 
     async def set_comment(self, job_id: int, comment: str) -> None:
         body = await self._request("POST", f"/slurm/{API_VERSION}/job/{job_id}", json={"comment": comment})
@@ -142,6 +154,15 @@ class RestSlurmClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class SlurmRequestFailed(SlurmUnavailable):
+    """slurmrestd answered 5xx; `body` keeps its `errors` (slurmctld's error numbers)."""
+
+    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
+        self.body: dict[str, Any] = body if isinstance(body, dict) else {}
+        detail = "; ".join(str(e.get("description") or e.get("error")) for e in self.body.get("errors") or [])
+        super().__init__(f"slurmrestd {method} {path}: HTTP {status}" + (f": {detail}" if detail else ""))
 
 
 class MalformedAnswer(SlurmAuthError):
