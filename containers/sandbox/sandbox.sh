@@ -18,9 +18,18 @@ cmd_down() {
   if [ -f "$SBX_STATE/slurm/etc/slurm.conf" ]; then "$C/bridge/down.sh" || true; fi
   "$C/kube/down.sh" || true
   "$C/slurm/down.sh" || true
-  # Keep nothing but the cache: the next up starts from a clean state.
+  # Keep nothing but the cache: the next up starts from a clean state. That includes the
+  # test users' homes: job ids start again at 1, and an old slurm-<id>.out would be mistaken
+  # for a new job's.
   if [ -d "$SBX_STATE" ] && ! grep -q " $SBX_STATE" /proc/mounts; then rm -rf "$SBX_STATE"
   else say "something is still mounted under $SBX_STATE; left it in place"; fi
+  local entry name id
+  for entry in $SBX_USERS; do
+    name=${entry%%:*} id=${entry##*:}
+    if [ -d "$SBX_SHARED_HOME/$name" ] && [ "$(stat -c %u "$SBX_SHARED_HOME/$name")" = "$id" ]; then
+      rm -rf "${SBX_SHARED_HOME:?}/$name"
+    fi
+  done
 }
 
 cmd_status() {
