@@ -8,6 +8,10 @@ BRIDGE_STATE="$SBX_STATE/bridge"
 VENV="$SBX_REPO/.venv"
 ADMIN_KUBECONFIG="$SBX_STATE/kube/admin.kubeconfig"
 
+# Which Slurm backend the daemon uses: rest (the daemon runs on the host) or pyslurm (it
+# runs inside the Slurm rootfs, where pyslurm is built against the running Slurm).
+: "${SBX_BRIDGE_BACKEND:=rest}"
+
 [ -f "$SLURM_CONF" ] && [ -f "$ADMIN_KUBECONFIG" ] || die "the sandbox is not up: run make sandbox-up first"
 [ -x "$VENV/bin/slurm-k8s-bridge" ] || make -C "$SBX_REPO" -s venv
 mkdir -p "$BRIDGE_STATE"
@@ -25,6 +29,15 @@ umask 077
 mv "$BRIDGE_STATE/slurm.jwt.new" "$BRIDGE_STATE/slurm.jwt"
 umask 022
 
+if [ "$SBX_BRIDGE_BACKEND" = pyslurm ]; then
+  "$SBX_REPO/containers/pyslurm/build.sh" >/dev/null
+  unmunge="unmunge"                          # the daemon runs in the rootfs, beside munged
+  daemon=("$SLURM_DIR/in-ns.sh" env "PYTHONPATH=$BRIDGE_STATE/lib" /opt/pyslurm-venv/bin/python -m bridge.cli)
+else
+  unmunge="$SLURM_DIR/cli.sh unmunge"       # the host has no munge of its own: the rootfs's
+  daemon=("$VENV/bin/slurm-k8s-bridge")
+fi
+
 cat >"$BRIDGE_STATE/config.toml" <<TOML
 # Bridge config for the sandbox, written by containers/bridge/up.sh.
 cluster = "sandbox"
@@ -34,7 +47,7 @@ termination_grace_s = 5
 start_failure_grace_s = 10
 
 [slurm]
-backend = "rest"
+backend = "$SBX_BRIDGE_BACKEND"
 url = "http://127.0.0.1:$SBX_SLURMRESTD_PORT"
 token_file = "$BRIDGE_STATE/slurm.jwt"
 user = "slurm"
@@ -47,8 +60,7 @@ kubeconfig = "$ADMIN_KUBECONFIG"
 listen = "127.0.0.1:${SBX_BRIDGE_PORT:-8470}"
 
 [waiter]
-# The host has no munge of its own: decode with the rootfs's unmunge.
-unmunge_command = "$SLURM_DIR/cli.sh unmunge"
+unmunge_command = "$unmunge"
 # Straight to the waiter module, without site and argparse: its start-up is job start latency.
 attach_command = "/usr/bin/env PYTHONPATH=$BRIDGE_STATE/lib /usr/bin/python3 -S -m bridge.waiter"
 
@@ -72,7 +84,7 @@ TOML
 "$VENV/bin/slurm-k8s-bridge" job-submit-conf -c "$BRIDGE_STATE/config.toml" >"$SLURM_ETC/job_submit_bridge.conf"
 cp "$SBX_REPO/deploy/slurm/job_submit.lua" "$SLURM_ETC/job_submit.lua"
 
-start_bg bridge "$VENV/bin/slurm-k8s-bridge" run -c "$BRIDGE_STATE/config.toml"
+start_bg bridge "${daemon[@]}" run -c "$BRIDGE_STATE/config.toml"
 for node in $(bridged_nodes); do start_slurmd "$node"; done
 
 ready() { curl -fsS "http://127.0.0.1:${SBX_BRIDGE_PORT:-8470}/readyz" >/dev/null; }
