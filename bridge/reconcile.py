@@ -106,13 +106,10 @@ class Reconciler:
                     "type": "exit", "code": decision.exit_code, "signal": decision.signal,
                     "reason": decision.reason if explain else "",
                 })
-        else:
-            if _retrying_start_error(pods):
-                # It fails the job once it outlasts the grace period; no pod event may
-                # wake us up then, so look again.
-                self.requeue_after(job_id, min(grace, 5.0))
-            if decision.detail != session.last_detail:
-                session.last_detail = decision.detail
+        elif _retrying_start_error(pods):
+            # It fails the job once it outlasts the grace period; no pod event may wake us
+            # up then, so look again.
+            self.requeue_after(job_id, min(grace, 5.0))
 
     # -- actions -------------------------------------------------------------------
     async def _create(self, session: JobSession, alloc: JobAllocation, bound: Any) -> None:

@@ -27,7 +27,6 @@ class JobSession:
     """This daemon created (or found) the pods; a missing pod afterwards is a failure."""
     final: Event | None = None
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
-    last_detail: str = ""
 
     def attach(self, last_log: dict[str, str]) -> asyncio.Queue[Event]:
         """A new waiter connection replaces any older one (and its log relays)."""

@@ -37,7 +37,6 @@ DEFAULT_API_URL = "http://127.0.0.1:8470"
 OUTAGE_NOTICE_S = 60.0
 MUNGE_PATHS = ("/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/bin/munge")
 RECONNECT_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-EXIT_DAEMON_UNREACHABLE = 1
 
 # Variables describing the slurmd host or this process, not the job.
 _HOST_ONLY_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})

@@ -7,7 +7,6 @@ in the Slurm rootfs behind PyslurmProxyClient (built first if needed: containers
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,18 +17,9 @@ from bridge.slurm import SlurmClient
 from bridge.slurm.rest import RestSlurmClient
 from tests.contract.jobs import Jobs
 from tests.contract.pyslurm_proxy import PyslurmProxyClient, PyslurmServer, build_pyslurm, staged_code
-from tests.e2e.sandbox import SANDBOX_SCRIPT, Sandbox, sandbox_env
+from tests.e2e.sandbox import Sandbox
 
 BACKENDS = ("rest", "pyslurm")
-
-
-@pytest.fixture(scope="session")
-def sandbox() -> Sandbox:
-    """The running sandbox; started here if `make sandbox-up` was not run first."""
-    status = subprocess.run([str(SANDBOX_SCRIPT), "status"], capture_output=True, text=True)
-    if status.returncode != 0:
-        subprocess.run([str(SANDBOX_SCRIPT), "up"], check=True)
-    return Sandbox(env=sandbox_env())
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,7 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.sandbox import BRIDGE_UP, SANDBOX_SCRIPT, Sandbox, sandbox_env
-
-
-@pytest.fixture(scope="session")
-def sandbox() -> Sandbox:
-    """The running sandbox; started here if `make sandbox-up` was not run first."""
-    status = subprocess.run([str(SANDBOX_SCRIPT), "status"], capture_output=True, text=True)
-    if status.returncode != 0:
-        subprocess.run([str(SANDBOX_SCRIPT), "up"], check=True)
-    return Sandbox(env=sandbox_env())
+from tests.e2e.sandbox import BRIDGE_UP, Sandbox
 
 
 def bridge_ready() -> bool:

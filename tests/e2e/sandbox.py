@@ -50,7 +50,7 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 60.0, 
 class Sandbox:
     env: dict[str, str]
 
-    def _environ(self) -> dict[str, str]:
+    def environ(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
     def slurm(
@@ -61,17 +61,17 @@ class Sandbox:
         if user != "root":
             argv = ["runuser", "-u", user, "--", *argv]
         return subprocess.run(
-            argv, env=self._environ(), cwd=cwd, check=check, capture_output=True, text=True, timeout=60
+            argv, env=self.environ(), cwd=cwd, check=check, capture_output=True, text=True, timeout=60
         )
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["kubectl", *args], env=self._environ(), check=check, capture_output=True, text=True, timeout=60
+            ["kubectl", *args], env=self.environ(), check=check, capture_output=True, text=True, timeout=60
         )
 
     def kubectl_create(self, manifest: dict[str, Any]) -> None:
         subprocess.run(
-            ["kubectl", "create", "-f", "-"], input=json.dumps(manifest), env=self._environ(),
+            ["kubectl", "create", "-f", "-"], input=json.dumps(manifest), env=self.environ(),
             check=True, capture_output=True, text=True, timeout=60,
         )
 

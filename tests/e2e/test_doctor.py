@@ -19,7 +19,7 @@ def _doctor(sandbox: Sandbox, config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(REPO / ".venv" / "bin" / "slurm-k8s-bridge"), "doctor", "-c", str(config),
          "--slurm-conf", str(SLURM_CONF)],
-        capture_output=True, text=True, timeout=60, env={**sandbox._environ()},
+        capture_output=True, text=True, timeout=60, env={**sandbox.environ()},
     )
 
 
@@ -85,7 +85,7 @@ def kubeconfig_without_pod_create(bridge: Sandbox, tmp_path: Path) -> Iterator[P
         ["use-context", name],
     ):
         subprocess.run(["kubectl", "config", "--kubeconfig", str(path), *args],
-                       check=True, capture_output=True, env=bridge._environ())
+                       check=True, capture_output=True, env=bridge.environ())
     yield path
     bridge.kubectl("delete", "rolebinding,role,serviceaccount", name, "-n", ns, check=False)
 
