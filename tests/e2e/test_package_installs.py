@@ -1,0 +1,31 @@
+"""`pip install .` into a fresh venv gives a working `slurm-k8s-bridge` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.sandbox import REPO
+
+
+def test_pip_install_gives_a_working_command(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    install = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr
+
+    help_text = subprocess.run([str(venv / "bin" / "slurm-k8s-bridge"), "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    version = subprocess.run([str(venv / "bin" / "slurm-k8s-bridge"), "version"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    imports = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import bridge.daemon, bridge.doctor, bridge.waiter; print('ok')"],
+                             capture_output=True, text=True)
+
+    for command in ("run", "attach", "doctor", "version", "job-submit-conf"):
+        assert command in help_text
+    source = (REPO / "bridge" / "__init__.py").read_text()
+    assert f'__version__ = "{version}"' in source
+    assert imports.stdout.strip() == "ok", imports.stderr
