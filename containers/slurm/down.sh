@@ -14,5 +14,5 @@ stop_bg mariadb 30
 stop_bg munged
 # Killing the holder drops the private mount namespace and every mount in it.
 stop_bg slurm-ns
-if mountpoint -q "$ROOTFS"; then umount "$ROOTFS"; fi
+while mountpoint -q "$ROOTFS"; do umount "$ROOTFS" || break; done   # stacked mounts too
 if [ -L /run/munge ]; then rm -f /run/munge; fi

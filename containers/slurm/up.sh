@@ -8,6 +8,11 @@ set -euo pipefail
 cached_rootfs=$("$SLURM_DIR/rootfs.sh")
 ensure_dirs
 mkdir -p "$ROOTFS"
+# A mount left by an earlier sandbox may show another (older) rootfs: replace it.
+mounted_from=$(awk -v m="$ROOTFS" '$5 == m {print $4}' /proc/self/mountinfo | tail -1)
+if [ -n "$mounted_from" ] && [ "$mounted_from" != "$cached_rootfs" ] && ! is_running slurm-ns; then
+  while mountpoint -q "$ROOTFS"; do umount "$ROOTFS" || break; done
+fi
 if ! mountpoint -q "$ROOTFS"; then mount --bind "$cached_rootfs" "$ROOTFS"; fi
 mkdir -p "$SLURM_ETC" "$SLURM_STATE/ctld" "$SLURM_STATE/slurmd" "$SBX_STATE/munge" "$SBX_STATE/gpus" \
   "$SBX_STATE/mysql" "$SBX_STATE/bin"
