@@ -23,7 +23,7 @@ from bridge.kube.actions import KubeActions
 from bridge.kube.cache import PodCache
 from bridge.metrics import Metrics
 from bridge.model import JobAllocation
-from bridge.sessions import JobSession, log_time_key
+from bridge.sessions import JobSession
 from bridge.slurm import SlurmClient
 from bridge.translate import TranslateError, desired_pods, node_index_of
 
@@ -193,9 +193,8 @@ class Reconciler:
         since = session.last_log.get(str(index))
         bound = log.bind(job_id=session.job_id, pod=pod_name)
         try:
+            # stream_logs yields only lines after `since`: nothing is printed twice on a reconnect.
             async for stamp, line in self.kube.stream_logs(pod_name, since_time=since):
-                if since is not None and log_time_key(stamp) <= log_time_key(since):
-                    continue  # already printed before a reconnect
                 session.last_log[str(index)] = stamp
                 session.publish({"type": "log", "pod": index, "ts": stamp, "line": line})
                 self.metrics.inc("log_lines_total")

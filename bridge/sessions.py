@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from bridge.model import JobPayload
@@ -60,9 +59,3 @@ class JobSession:
             self.final = event
             self.publish(event)
 
-
-def log_time_key(stamp: str) -> tuple[datetime, int]:
-    """Order RFC 3339 timestamps with nanoseconds (the kubelet trims trailing zeros)."""
-    head, _, frac = stamp.rstrip("Z").partition(".")
-    nanos = int((frac + "000000000")[:9]) if frac else 0
-    return datetime.fromisoformat(head), nanos

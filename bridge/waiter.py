@@ -38,8 +38,6 @@ OUTAGE_NOTICE_S = 60.0
 MUNGE_PATHS = ("/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/bin/munge")
 RECONNECT_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
-# Variables describing the slurmd host or this process, not the job.
-_HOST_ONLY_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 
 
 class AttachState:
@@ -119,10 +117,6 @@ def munge_credential() -> str:
     return result.stdout.decode().strip()
 
 
-def job_environment() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
-
-
 class Waiter:
     def __init__(self, api_url: str, job_id: int, script: str) -> None:
         self._host, self._port = split_url(api_url)
@@ -173,7 +167,8 @@ class Waiter:
     def _attach_once(self) -> dict[str, Any] | None:
         body = {
             "script": self._script,
-            "environment": job_environment(),
+            # All of it: the daemon drops what describes the slurmd host (translate.job_environment).
+            "environment": dict(os.environ),
             "work_dir": os.getcwd(),
             "uid": os.getuid(),
             "gid": os.getgid(),
