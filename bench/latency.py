@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import threading
@@ -57,9 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10)
     args = parser.parse_args()
-    env = {**os.environ, **sandbox_env()}
-    env["PATH"] = env["PATH"]
     sandbox = Sandbox(env=sandbox_env())
+    env = sandbox.environ()
     script = write_script(sandbox, "alice", "bench-latency.sh",
                           "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\nexit 0\n")
     rows: dict[str, list[float]] = {"running→pod": [], "attach→pod": [], "end→slurm": [], "sbatch→end": []}

@@ -78,6 +78,18 @@ class Sandbox:
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
+    def service_account_kubeconfig(self, namespace: str, account: str, path: Path) -> Path:
+        """A kubeconfig at `path` for the sandbox's API server that acts as a ServiceAccount."""
+        token = self.kubectl("create", "token", account, "-n", namespace).stdout.strip()
+        cluster = self.kubectl("config", "view", "-o", "jsonpath={.clusters[0].name}").stdout.strip()
+        path.write_text(Path(self.kubeconfig).read_text())
+        for args in (["set-credentials", account, f"--token={token}"],
+                     ["set-context", account, "--cluster", cluster, f"--user={account}"],
+                     ["use-context", account]):
+            subprocess.run(["kubectl", "config", "--kubeconfig", str(path), *args],
+                           check=True, capture_output=True, env=self.environ())
+        return path
+
     @property
     def rest_url(self) -> str:
         return self.env["SLURMRESTD_URL"]

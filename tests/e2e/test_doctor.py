@@ -76,22 +76,9 @@ def kubeconfig_without_pod_create(bridge: Sandbox, tmp_path: Path) -> Iterator[P
     bridge.kubectl("create", "role", name, "-n", ns, "--verb=delete,list,watch,get",
                    "--resource=pods,pods/log")
     bridge.kubectl("create", "rolebinding", name, "-n", ns, f"--role={name}", f"--serviceaccount={ns}:{name}")
-    token = bridge.kubectl("create", "token", name, "-n", ns).stdout.strip()
-    path = tmp_path / "kubeconfig"
-    path.write_text(Path(bridge.kubeconfig).read_text())
-    for args in (
-        ["set-credentials", name, f"--token={token}"],
-        ["set-context", name, "--cluster", _cluster(bridge), f"--user={name}"],
-        ["use-context", name],
-    ):
-        subprocess.run(["kubectl", "config", "--kubeconfig", str(path), *args],
-                       check=True, capture_output=True, env=bridge.environ())
+    path = bridge.service_account_kubeconfig(ns, name, tmp_path / "kubeconfig")
     yield path
     bridge.kubectl("delete", "rolebinding,role,serviceaccount", name, "-n", ns, check=False)
-
-
-def _cluster(bridge: Sandbox) -> str:
-    return bridge.kubectl("config", "view", "-o", "jsonpath={.clusters[0].name}").stdout.strip()
 
 
 def test_missing_rbac_for_pod_create_is_named(

@@ -48,14 +48,9 @@ def applied_rbac(sandbox: Sandbox, bridge_namespace: None) -> Iterator[None]:
 def test_the_service_account_has_exactly_what_the_daemon_needs(
     bridge: Sandbox, applied_rbac: None, tmp_path: Path
 ) -> None:
-    token = bridge.kubectl("create", "token", "slurm-k8s-bridge", "-n", "slurm-k8s-bridge").stdout.strip()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(Path(bridge.kubeconfig).read_text())
-    cluster = bridge.kubectl("config", "view", "-o", "jsonpath={.clusters[0].name}").stdout.strip()
-    for args in (["set-credentials", "sa", f"--token={token}"],
-                 ["set-context", "sa", "--cluster", cluster, "--user=sa"], ["use-context", "sa"]):
-        subprocess.run(["kubectl", "config", "--kubeconfig", str(kubeconfig), *args],
-                       check=True, capture_output=True, env=bridge.environ())
+    kubeconfig = bridge.service_account_kubeconfig(
+        "slurm-k8s-bridge", "slurm-k8s-bridge", tmp_path / "kubeconfig"
+    )
     config = tmp_path / "config.toml"
     config.write_text((STATE / "bridge" / "config.toml").read_text().replace(
         f'kubeconfig = "{bridge.kubeconfig}"', f'kubeconfig = "{kubeconfig}"'))
