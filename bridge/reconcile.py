@@ -92,7 +92,11 @@ class Reconciler:
             await self._create(session, alloc, bound)
 
         grace = self.cfg.start_failure_grace_s
-        decision = outcomes.job_outcome(pods, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace)
+        # Like srun: wait for every rank, then the highest non-zero exit code wins (deciding at the
+        # first failure would make the code depend on which rank happened to end first).
+        decision = outcomes.job_outcome(
+            pods, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace, wait_for_all=True
+        )
         self._ensure_log_relays(session, pods)
         if isinstance(decision, outcomes.FailedBeforeStart):
             await self._fail(session, alloc, decision.reason, bound)

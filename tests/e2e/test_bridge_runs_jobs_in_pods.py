@@ -99,7 +99,8 @@ def test_gpu_indices_follow_slurm_when_another_job_holds_the_first_gpus(bridge: 
 def test_two_node_job_gets_a_pod_per_node_with_ranks_and_the_highest_exit_code(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "two-nodes.sh", _script(
         'echo "rank=$SLURM_NODEID of $SLURM_NNODES on $SLURMD_NODENAME list=$SLURM_JOB_NODELIST"\n'
-        'sleep 2\nexit $((SLURM_NODEID == 0 ? 2 : 5))\n'
+        # Rank 0 fails first with the lower code: the job must still wait for rank 1's higher one.
+        'sleep $((1 + 2 * SLURM_NODEID))\nexit $((SLURM_NODEID == 0 ? 2 : 5))\n'
     ))
     job_id = bridge.sbatch("-p", "k8s", "-N", "2", str(script))
 
