@@ -230,3 +230,26 @@ async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) 
     await reconciler.reconcile(42)
 
     assert [m["spec"]["nodeName"] for m in kube.created] == ["k8s-node-a", "k8s-node-b"]
+
+
+async def test_a_failed_rank_waits_for_the_ranks_still_starting(world: Any) -> None:
+    reconciler, kube, _slurm, cache, _ = world
+    reconciler.slurm_jobs[42] = allocation()
+    queue = _attach(reconciler)
+    await reconciler.reconcile(42)
+    first, second = kube.created
+    cache.apply("MODIFIED", _pod(first, **_terminated(2)))
+    cache.apply("MODIFIED", _pod(second, phase="Pending"))
+
+    await reconciler.reconcile(42)
+    await asyncio.sleep(0.05)
+    await reconciler.reconcile(42)
+    assert all(e["type"] != "exit" for e in [queue.get_nowait() for _ in range(queue.qsize())])
+
+    cache.apply("MODIFIED", _pod(second, **_terminated(5)))
+    await reconciler.reconcile(42)
+    await asyncio.sleep(0.05)
+    await reconciler.reconcile(42)
+    events = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert events[-1]["type"] == "exit"
+    assert events[-1]["code"] == 5, "the highest code, as srun"
