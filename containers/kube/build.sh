@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+# Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy
 # (helper module k8s/) and kwok (module kwok/) into $SBX_CACHE/bin/<key>/.
 # Skips what is already there. Prints the bin dir on stdout.
 # Usage: containers/kube/build.sh [--force]

@@ -15,13 +15,13 @@ KWOK_LDFLAGS="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$SBX_KWOK_VERSION"
 # Cache key: the two helper modules (go.mod, go.sum, sources) plus the flags.
 kube_bin_key() {
   local h
-  h=$( (cd "$KUBE_SRC" && cat k8s/go.mod k8s/go.sum k8s/etcd/main.go \
+  h=$( (cd "$KUBE_SRC" && cat k8s/go.mod k8s/go.sum k8s/tools.go k8s/etcd/main.go \
         kwok/go.mod kwok/go.sum && echo "$KUBE_LDFLAGS|$KWOK_LDFLAGS|cgo0|trimpath") |
     sha256sum | cut -c1-12)
   echo "k8s-$SBX_K8S_VERSION-kwok-$SBX_KWOK_VERSION-$h"
 }
 KUBE_BIN="$SBX_CACHE/bin/$(kube_bin_key)"
-KUBE_BINARIES="etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kwok"
+KUBE_BINARIES="etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kwok"
 
 KUBE_STATE="$SBX_STATE/kube"
 KUBE_PKI="$KUBE_STATE/pki"

@@ -98,7 +98,9 @@ down_nodes=$({
 } | sort -u)
 nodes=() ctrds=()
 for n in $down_nodes; do nodes+=("kubelet-$n"); ctrds+=("containerd-$n"); done
-stop_daemons 10 kwok "${nodes[@]}"
+stop_daemons 10 kwok kube-proxy "${nodes[@]}"
+# kube-proxy's iptables chains (KUBE-*) go with it.
+[ -x "$KUBE_BIN/kube-proxy" ] && "$KUBE_BIN/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || true
 
 for n in $down_nodes; do
   sock=$(node_sock "$n")

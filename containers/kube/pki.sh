@@ -10,7 +10,8 @@ _pki_key() { [ -s "$1" ] || openssl genpkey -algorithm EC -pkeyopt ec_paramgen_c
 pki_cert() {
   local name=$1 cn=$2 o=$3 kind=$4 subj eku ext
   shift 4
-  [ -s "$KUBE_PKI/$name.crt" ] && return 0
+  # Made again when its names change (e.g. a new SBX_CONTROL_IP).
+  [ -s "$KUBE_PKI/$name.crt" ] && [ "$(cat "$KUBE_PKI/$name.names" 2>/dev/null)" = "$cn $o $*" ] && return 0
   _pki_key "$KUBE_PKI/$name.key"
   subj="/CN=$cn"
   [ -n "$o" ] && subj="/O=$o$subj"
@@ -24,6 +25,7 @@ subjectAltName=$(IFS=,; echo "$*")"; fi
     openssl x509 -req -CA "$KUBE_PKI/ca.crt" -CAkey "$KUBE_PKI/ca.key" -CAcreateserial \
       -days 3650 -extfile <(echo "$ext") -out "$KUBE_PKI/$name.crt.tmp" 2>/dev/null
   mv "$KUBE_PKI/$name.crt.tmp" "$KUBE_PKI/$name.crt"
+  echo "$cn $o $*" >"$KUBE_PKI/$name.names"
 }
 
 pki_ensure() {
@@ -38,7 +40,7 @@ pki_ensure() {
   fi
   pki_cert apiserver kube-apiserver "" server \
     DNS:localhost DNS:kubernetes DNS:kubernetes.default DNS:kubernetes.default.svc \
-    DNS:kubernetes.default.svc.cluster.local IP:127.0.0.1 IP:"$KUBE_SERVICE_IP"
+    DNS:kubernetes.default.svc.cluster.local IP:127.0.0.1 IP:"$KUBE_SERVICE_IP" IP:"$SBX_CONTROL_IP"
   # apiserver -> kubelet (logs/exec). system:masters passes the kubelets'
   # webhook authorization without extra RBAC.
   pki_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters client
@@ -51,6 +53,8 @@ pki_ensure() {
   for n in $SBX_REAL_NODES; do
     pki_cert "kubelet-$n" "system:node:$n" system:nodes client
   done
+  # kube-proxy: the built-in binding gives this user system:node-proxier.
+  pki_cert kube-proxy system:kube-proxy "" client
   # Service-account token signing pair.
   if [ ! -s "$KUBE_PKI/sa.pub" ]; then
     _pki_key "$KUBE_PKI/sa.key"
@@ -90,6 +94,7 @@ kubeconfigs_ensure() {
   write_kubeconfig "$KUBE_STATE/controller-manager.kubeconfig" controller-manager system:kube-controller-manager
   write_kubeconfig "$KUBE_STATE/scheduler.kubeconfig" scheduler system:kube-scheduler
   write_kubeconfig "$KUBE_STATE/kwok.kubeconfig" kwok kwok
+  write_kubeconfig "$KUBE_STATE/kube-proxy.kubeconfig" kube-proxy system:kube-proxy
   for n in $SBX_REAL_NODES; do
     write_kubeconfig "$KUBE_STATE/kubelet-$n.kubeconfig" "kubelet-$n" "system:node:$n"
   done

@@ -10,7 +10,7 @@ rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 pids_in() { [ -d "$1" ] && find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null || true; }
 
 ok=0 total=0
-daemons="etcd kube-apiserver kube-controller-manager kube-scheduler kwok"
+daemons="etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kwok"
 for n in $SBX_REAL_NODES; do daemons="$daemons containerd-$n kubelet-$n"; done
 printf '%-26s %8s %9s\n' DAEMON PID RSS_MiB
 for d in $daemons; do

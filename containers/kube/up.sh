@@ -71,9 +71,8 @@ start_apiserver() {
     sh -c 'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && shift 2 && exec "$@"' \
     sh "$KUBE_STATE/apiserver-hosts" "$KUBE_STATE/apiserver-resolv.conf" \
     "$KUBE_BIN/kube-apiserver" \
-    --bind-address=127.0.0.1 --secure-port="$SBX_APISERVER_PORT" \
-    --advertise-address=127.0.0.1 \
-    --endpoint-reconciler-type=none \
+    --bind-address=0.0.0.0 --secure-port="$SBX_APISERVER_PORT" \
+    --advertise-address="$SBX_CONTROL_IP" \
     --etcd-servers="http://127.0.0.1:$SBX_ETCD_PORT" \
     --client-ca-file="$KUBE_PKI/ca.crt" \
     --tls-cert-file="$KUBE_PKI/apiserver.crt" --tls-private-key-file="$KUBE_PKI/apiserver.key" \
@@ -289,6 +288,32 @@ start_kubelet() {
     --node-labels="slurm-k8s-bridge/bridged=true,type=real"
 }
 
+# ------------------------------------------------------------------ kube-proxy
+# One kube-proxy for the host: both real nodes share its network namespace. It gives
+# Services their virtual IPs (iptables), for pods and for the host itself, where the
+# slurmds' waiters reach the bridge's Service.
+start_kube_proxy() {
+  cat >"$KUBE_STATE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: $KUBE_STATE/kube-proxy.kubeconfig
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+hostnameOverride: $(real_nodes | head -1)
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# Leave the host's conntrack table size and route_localnet alone.
+conntrack:
+  maxPerCore: 0
+iptables:
+  localhostNodePorts: false
+  minSyncPeriod: 200ms
+EOF
+  start_bg kube-proxy "$KUBE_BIN/kube-proxy" --config="$KUBE_STATE/kube-proxy.yaml" --v=1
+}
+
 # ------------------------------------------------------------------ kwok nodes
 start_kwok() {
   start_bg kwok "$KUBE_BIN/kwok" --kubeconfig="$KUBE_STATE/kwok.kubeconfig" \
@@ -310,6 +335,7 @@ all_nodes_ready() {
 }
 
 # ----------------------------------------------------------------------- main
+ensure_control_ip
 start_etcd
 for n in $SBX_REAL_NODES; do prepare_node "$n"; done
 wait_for "etcd" 30 curl -sf "http://127.0.0.1:$SBX_ETCD_PORT/health"
@@ -323,6 +349,7 @@ done
 for s in "${socks[@]}"; do wait_for "containerd $s" 30 test -S "$s"; done
 "$KUBE_SRC/../images/build.sh" "${socks[@]}"
 wait_for "kube-apiserver" 60 curl_api /readyz
+start_kube_proxy
 # Sim nodes before the controllers and kwok: the apiserver then has both cores
 # for the creates (1,000 nodes: ~6 s instead of ~14 s while kwok reacts).
 create_sim_nodes
@@ -330,6 +357,7 @@ start_controllers
 start_kwok
 for n in $SBX_REAL_NODES; do start_kubelet "$n"; done
 wait_for "all $((SBX_SIM_NODES + $(real_nodes | wc -l))) nodes Ready" 120 all_nodes_ready
+wait_for "kube-proxy" 30 curl -sf http://127.0.0.1:10256/healthz
 # Pods can only be created once the namespace's default ServiceAccount exists.
 wait_for "default service account" 60 kc -n default get serviceaccount default
 say "kube up in $((SECONDS - t0))s: $(ready_nodes) nodes Ready; KUBECONFIG=$ADMIN_KUBECONFIG"

@@ -10,6 +10,11 @@ die() { say "ERROR: $*"; exit 1; }
 
 ensure_dirs() { mkdir -p "$SBX_CACHE" "$SBX_RUN" "$SBX_LOG"; }
 
+# ensure_control_ip: SBX_CONTROL_IP on the loopback device (idempotent). Loopback, not a
+# dummy device: some VM kernels have no dummy driver, every kernel has lo.
+ensure_control_ip() { ip addr replace "$SBX_CONTROL_IP/32" dev lo; }
+remove_control_ip() { ip addr del "$SBX_CONTROL_IP/32" dev lo 2>/dev/null || true; }
+
 # start_bg NAME CMD...: start CMD detached in its own session, stdout/stderr to
 # $SBX_LOG/NAME.log, pid to $SBX_RUN/NAME.pid. No-op if already running.
 start_bg() {

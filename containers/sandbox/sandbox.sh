@@ -9,6 +9,7 @@ C="$SBX_REPO/containers"
 cmd_up() {
   local t0=$SECONDS
   ensure_dirs
+  ensure_control_ip
   "$C/slurm/up.sh"
   "$C/kube/up.sh"
   say "sandbox is up in $((SECONDS - t0)) s. Try: eval \"\$(make -s sandbox-env)\"; sinfo; kubectl get nodes"
@@ -18,6 +19,7 @@ cmd_down() {
   if [ -f "$SBX_STATE/slurm/etc/slurm.conf" ]; then "$C/bridge/down.sh" || true; fi
   "$C/kube/down.sh" || true
   "$C/slurm/down.sh" || true
+  remove_control_ip
   # Keep nothing but the cache: the next up starts from a clean state. That includes the
   # test users' homes: job ids start again at 1, and an old slurm-<id>.out would be mistaken
   # for a new job's.
@@ -45,6 +47,8 @@ export PATH="$SBX_STATE/bin:\$PATH"
 export SLURM_CONF="$SBX_STATE/slurm/etc/host/slurm.conf"
 export KUBECONFIG="$SBX_STATE/kube/admin.kubeconfig"
 export SLURMRESTD_URL="http://127.0.0.1:$SBX_SLURMRESTD_PORT"
+# The host as pods see it (slurmrestd and the API server listen there too).
+export SBX_CONTROL_IP="$SBX_CONTROL_IP"
 ENV
 }
 

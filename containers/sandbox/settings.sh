@@ -26,7 +26,11 @@ SBX_LOG="$SBX_STATE/log"       # one log file per daemon
 # Test users, same uid/gid on host and rootfs, each in its own Slurm account.
 SBX_USERS="alice:2001 bob:2002"
 
-# Loopback endpoints.
+# The host's address for pods: slurmrestd and kube-apiserver listen here too (as well as on
+# loopback). It sits on lo, so it does not depend on the machine's own network.
+: "${SBX_CONTROL_IP:=10.245.0.1}"
+
+# Ports (loopback, and SBX_CONTROL_IP where said).
 : "${SBX_APISERVER_PORT:=6443}"
 : "${SBX_ETCD_PORT:=2379}"
 : "${SBX_SLURMCTLD_PORT:=6817}"

@@ -148,9 +148,11 @@ done
 # --- slurmd for the native partition ----------------------------------------
 for node in $(native_nodes); do start_slurmd "$node"; done
 
-# --- slurmrestd (JWT, loopback) ---------------------------------------------
+# --- slurmrestd (JWT; loopback, and the control address for pods) -----------
+ensure_control_ip
 start_bg slurmrestd "$SLURM_DIR/in-ns.sh" env SLURM_JWT=daemon runuser -u slurmrest -- \
-  slurmrestd -a rest_auth/jwt -s openapi/slurmctld,openapi/slurmdbd "127.0.0.1:$SBX_SLURMRESTD_PORT"
+  slurmrestd -a rest_auth/jwt -s openapi/slurmctld,openapi/slurmdbd \
+  "127.0.0.1:$SBX_SLURMRESTD_PORT" "$SBX_CONTROL_IP:$SBX_SLURMRESTD_PORT"
 
 for node in $(native_nodes); do
   wait_for "slurmd $node" 30 sh -c "'$SLURM_DIR/cli.sh' sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated)'"

@@ -95,6 +95,11 @@ class Sandbox:
         return self.env["SLURMRESTD_URL"]
 
     @property
+    def control_ip(self) -> str:
+        """The host's address as pods see it."""
+        return self.env["SBX_CONTROL_IP"]
+
+    @property
     def kubeconfig(self) -> str:
         return self.env["KUBECONFIG"]
 

@@ -148,3 +148,55 @@ def test_real_node_runs_as_a_test_user_and_sees_the_shared_home(sandbox: Sandbox
     assert marker.stat().st_uid == 2001
     marker.unlink()
     sandbox.kubectl("delete", "pod", name, "--wait=false")
+
+
+def test_pods_reach_the_api_server_and_slurmrestd_through_the_service_network(sandbox: Sandbox) -> None:
+    # A bridge replica in a pod talks to both: the API server through the "kubernetes"
+    # Service (kube-proxy), slurmrestd at the host's control address.
+    name = f"smoke-{uuid.uuid4().hex[:8]}"
+    token = sandbox.token("alice", 300)
+    command = (
+        "wget -qO- --no-check-certificate https://10.96.0.1/healthz; echo;"
+        f" wget -qO- --header 'X-SLURM-USER-NAME: alice' --header 'X-SLURM-USER-TOKEN: {token}'"
+        f" http://{sandbox.control_ip}:6820/slurm/v0.0.45/ping/"
+    )
+    pod = _run_pod(sandbox, _pod_on_real_node(sandbox, name, command))
+
+    log = sandbox.kubectl("logs", name).stdout
+    assert pod["status"]["phase"] == "Succeeded", log
+    first, _, rest = log.partition("\n")
+    assert first == "ok"
+    assert json.loads(rest)["pings"][0]["responding"] is True
+    sandbox.kubectl("delete", "pod", name, "--wait=false")
+
+
+def test_the_host_reaches_a_service_by_its_cluster_ip(sandbox: Sandbox) -> None:
+    # The slurmds' waiters reach the bridge Deployment this way.
+    name = f"smoke-{uuid.uuid4().hex[:8]}"
+    manifest = _pod_on_real_node(
+        sandbox, name, f"mkdir /www && echo {name} >/www/index.html && exec httpd -f -p 8080 -h /www"
+    )
+    manifest["metadata"]["labels"] = {"smoke": name}
+    manifest["spec"]["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
+    sandbox.kubectl_create(manifest)
+    sandbox.kubectl_create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": {"smoke": name}, "ports": [{"port": 80, "targetPort": 8080}]},
+        }
+    )
+    cluster_ip = sandbox.kubectl_json("get", "service", name)["spec"]["clusterIP"]
+
+    def served() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://{cluster_ip}/", timeout=2) as response:
+                return response.read().decode()
+        except OSError:
+            return None
+
+    try:
+        assert wait_until(f"{name} at {cluster_ip}", served, timeout=60) == f"{name}\n"
+    finally:
+        sandbox.kubectl("delete", "service,pod", name, "--wait=false", check=False)
