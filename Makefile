@@ -4,7 +4,7 @@ SANDBOX := containers/sandbox/sandbox.sh
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit e2e contract pyslurm bench image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-down venv
+.PHONY: demo test unit e2e contract pyslurm bench image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-deploy bridge-down venv
 
 sandbox-up:      ## start real Slurm + real Kubernetes on this machine
 	@$(SANDBOX) up
@@ -44,7 +44,10 @@ demo: venv sandbox-up
 bridge-up: venv sandbox-up  ## start the bridge daemon, its slurmds and job_submit.lua on the sandbox
 	@containers/bridge/up.sh
 
-bridge-down:     ## stop the bridge daemon and the bridged nodes' slurmds
+bridge-deploy: venv sandbox-up  ## the bridge as its 2-replica Deployment (kubectl apply -k, sandbox overlay)
+	@containers/bridge/deploy.sh
+
+bridge-down:     ## stop the bridge (host daemon or Deployment) and the bridged nodes' slurmds
 	@containers/bridge/down.sh
 
 pyslurm: sandbox-up  ## build pyslurm (+ the bridge's extension) into the Slurm rootfs

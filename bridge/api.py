@@ -26,11 +26,13 @@ class Api:
         enqueue: Callable[[int], None],
         ready: Callable[[], bool],
         unmunge_command: Sequence[str],
+        synced: Callable[[], bool] | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.metrics = metrics
         self.enqueue = enqueue
         self.ready = ready
+        self.synced = synced or ready
         self.unmunge_command = tuple(unmunge_command)
 
     def app(self) -> web.Application:
@@ -47,7 +49,14 @@ class Api:
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def readyz(self, _request: web.Request) -> web.Response:
+    async def readyz(self, request: web.Request) -> web.Response:
+        """200 when this replica acts. With ?role=any, 200 once its caches are synced, leader or
+        standby: a Deployment's readiness (rollouts wait for every replica to be Ready; waiters
+        find the leader by its pod label, not by readiness)."""
+        if request.query.get("role") == "any":
+            if self.synced():
+                return web.Response(text="ready (synced)\n")
+            return web.Response(status=503, text="not ready: caches syncing\n")
         if self.ready():
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready: caches syncing or not the leader\n")
@@ -59,8 +68,8 @@ class Api:
     async def _identify(self, request: web.Request, job_id: int) -> int:
         """The job's uid, once the caller proved with munge that it runs as that uid."""
         if not self.ready():
-            # A standby (or a replica still syncing) must not act; the waiter retries, and a
-            # Service that routes on /readyz sends it to the leader.
+            # A standby (or a replica still syncing) must not act; the waiter retries, and the
+            # Service (selecting the leader's pod label, or routing on /readyz) finds the leader.
             raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
         credential = request.headers.get("X-Munge-Credential", "")
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -18,9 +19,11 @@ from aiohttp import web
 from bridge import wellknown
 from bridge.api import Api
 from bridge.config import BridgeConfig
+from bridge.errors import BridgeError
 from bridge.kube.actions import KubeActions
 from bridge.kube.cache import PodCache
 from bridge.kube.client import make_api_client
+from bridge.kube.leader_pod import LeaderPodLabel, OwnPod
 from bridge.kube.watch import PodWatcher
 from bridge.leader import LeaderElector, LeaseSettings
 from bridge.metrics import Metrics
@@ -79,6 +82,11 @@ async def run(cfg: BridgeConfig) -> int:
     watcher = PodWatcher(api_client, cfg.namespace, pod_selector(cfg), cache, queue.add)
     poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
     elector = LeaderElector(api_client, lease_settings(cfg)) if cfg.leader.enabled else None
+    own_pod = OwnPod.from_environment()
+    leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
+    if leader_pod is not None:
+        # Restarted in the same pod after losing the Lease: the label must not outlive that.
+        await leader_pod.unmark()
 
     def synced() -> bool:
         return cache.synced.is_set() and poller.synced.is_set()
@@ -100,7 +108,7 @@ async def run(cfg: BridgeConfig) -> int:
     metrics.gauge("leader", "1 while this replica holds the Lease and acts.", lambda: float(leading()))
     metrics.gauge("ready", "1 when caches are synced and this replica acts.", lambda: float(ready()))
 
-    api = Api(reconciler, metrics, queue.add, ready, cfg.waiter.unmunge_command)
+    api = Api(reconciler, metrics, queue.add, ready, cfg.waiter.unmunge_command, synced=synced)
     runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, cfg.api.host, cfg.api.port).start()
@@ -132,6 +140,9 @@ async def run(cfg: BridgeConfig) -> int:
                 queue.add(job_id)
             workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
                        for i in range(WORKERS)]
+            if leader_pod is not None:
+                workers.append(asyncio.create_task(_until_done(leader_pod.mark, "leader_pod.mark"),
+                                                   name="leader-pod-label"))
             waits = {asyncio.ensure_future(stop.wait())}
             if elector is not None:
                 waits.add(asyncio.ensure_future(elector.lost.wait()))
@@ -143,6 +154,9 @@ async def run(cfg: BridgeConfig) -> int:
         for task in [*workers, *background]:
             task.cancel()
         await asyncio.gather(*workers, *background, return_exceptions=True)
+        if leader_pod is not None:
+            # Before the Lease goes: no waiter should reach us once somebody else may act.
+            await _best_effort(leader_pod.unmark(), "leader_pod.unmark")
         if elector is not None and exit_code == 0:
             await elector.release()
         for session in reconciler.sessions.values():
@@ -152,6 +166,24 @@ async def run(cfg: BridgeConfig) -> int:
         await api_client.close()
         log.info("daemon.stopped")
     return exit_code
+
+
+async def _until_done(step: Callable[[], Awaitable[None]], what: str, delay_s: float = 1.0) -> None:
+    """Retry `step` until it succeeds (a Kubernetes blip must not leave the leader unlabelled)."""
+    while True:
+        try:
+            await step()
+            return
+        except BridgeError as error:
+            log.warning(f"{what}.failed", error=str(error))
+            await asyncio.sleep(delay_s)
+
+
+async def _best_effort(step: Awaitable[None], what: str) -> None:
+    try:
+        await asyncio.wait_for(step, timeout=5)
+    except (BridgeError, TimeoutError) as error:
+        log.warning(f"{what}.failed", error=str(error))
 
 
 async def _all_set(*events: asyncio.Event) -> None:

@@ -20,6 +20,7 @@ from bridge import hostlist, wellknown
 from bridge.config import BridgeConfig
 from bridge.errors import BridgeError
 from bridge.kube.client import make_api_client, request_json
+from bridge.kube.leader_pod import OwnPod
 from bridge.slurm.rest import API_VERSION
 
 # What the daemon does in Kubernetes (the RBAC it needs), as (verb, group, resource, namespaced).
@@ -30,12 +31,38 @@ NEEDED_ACCESS = (
     ("watch", "", "pods", True),
     ("get", "", "pods/log", True),
     ("list", "", "events", True),
+    ("get", "", "namespaces", True),
     ("get", "coordination.k8s.io", "leases", True),
     ("create", "coordination.k8s.io", "leases", True),
     ("update", "coordination.k8s.io", "leases", True),
     ("list", "", "nodes", False),
 )
+# In a pod, on its own namespace: the leader labels its own pod (bridge/kube/leader_pod.py).
+NEEDED_IN_OWN_NAMESPACE = (("get", "", "pods"), ("list", "", "pods"), ("patch", "", "pods"))
+
+
+def needed_access(job_namespace: str, own_namespace: str | None) -> list[tuple[str, str, str, str | None]]:
+    """(verb, group, resource, namespace or None for cluster-wide) the daemon needs."""
+    needed = [(verb, group, resource, job_namespace if namespaced else None)
+              for verb, group, resource, namespaced in NEEDED_ACCESS]
+    if own_namespace:
+        needed += [(verb, group, resource, own_namespace)
+                   for verb, group, resource in NEEDED_IN_OWN_NAMESPACE]
+    return needed
+
+
 TOKEN_WARN_S = 24 * 3600
+
+
+def secret_file_exposure(mode: int, gid: int, own_gids: set[int]) -> str | None:
+    """Who besides the daemon may read a secret file, or None when nobody may. A group bit is
+    fine when the group is one of the daemon's own (a Kubernetes Secret volume with fsGroup is
+    mode 0440, group = the pod's own group)."""
+    if mode & 0o007:
+        return "every user"
+    if mode & 0o070 and gid not in own_gids:
+        return f"group {gid}"
+    return None
 
 
 class CheckFailed(Exception):
@@ -108,9 +135,13 @@ class Doctor:
         path = Path(slurm.token_file)
         if not path.exists():
             raise CheckFailed(f"the JWT file {path} does not exist; create it with scontrol token")
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            raise CheckFailed(f"the JWT file {path} is readable by others (mode {mode:o}); chmod 600 {path}")
+        stat = path.stat()
+        mode = stat.st_mode & 0o777
+        exposed_to = secret_file_exposure(mode, stat.st_gid, {os.getegid(), *os.getgroups()})
+        if exposed_to:
+            raise CheckFailed(
+                f"the JWT file {path} is readable by {exposed_to} (mode {mode:o}); chmod 600 {path}"
+            )
         body = await self._rest(f"/slurm/{API_VERSION}/partitions/")
         for part in body.get("partitions") or []:
             nodes = (part.get("nodes") or {}).get("configured") or ""
@@ -198,11 +229,14 @@ class Doctor:
         try:
             version = await request_json(api, "GET", "/version", "read the API server version")
             denied = []
-            for verb, group, resource, namespaced in NEEDED_ACCESS:
+            own = OwnPod.from_environment() if self.cfg.leader.enabled else None
+            for verb, group, resource, namespace in needed_access(self.cfg.namespace, own and own.namespace):
                 resource_name, _, sub = resource.partition("/")
                 attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": sub}
-                if namespaced:
-                    attributes["namespace"] = self.cfg.namespace
+                if resource_name == "namespaces":
+                    attributes["name"] = self.cfg.namespace
+                if namespace:
+                    attributes["namespace"] = namespace
                 review = await request_json(
                     api,
                     "POST",
@@ -215,7 +249,7 @@ class Doctor:
                     },
                 )
                 if not (review.get("status") or {}).get("allowed"):
-                    where = f" in namespace {self.cfg.namespace}" if namespaced else " (cluster-wide)"
+                    where = f" in namespace {namespace}" if namespace else " (cluster-wide)"
                     denied.append(f"{verb} {resource}{where}")
             if denied:
                 raise CheckFailed(

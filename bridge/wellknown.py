@@ -86,3 +86,11 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 ATTACH_MARKER: Final = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
 """Line in the rewritten batch script after which job_submit.lua embedded the original script."""
+
+# --- the daemon's own pods (deployed in Kubernetes) --------------------------------------------
+
+LABEL_ROLE: Final = PREFIX + "role"
+"""Label on the acting replica's own pod (value ROLE_LEADER); the Service selects it, so waiters
+always reach the leader while every replica stays Ready (Deployment rollouts need that)."""
+
+ROLE_LEADER: Final = "leader"

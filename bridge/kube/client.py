@@ -64,18 +64,23 @@ async def request(
     query: Mapping[str, str | int] | None = None,
     body: Any = None,
     timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
+    content_type: str | None = None,
 ) -> aiohttp.ClientResponse:
     """Send one request; return the open response if it is 2xx, else raise the classified error.
 
     `what` describes the request for error messages ("create pods in namespace slurm"). The caller
     must release the returned response (`async with response:` or `response.release()`).
+    `content_type` is for PATCH bodies (application/merge-patch+json, ...).
     """
+    headers = {"Accept": "application/json, */*"}
+    if content_type:
+        headers["Content-Type"] = content_type
     try:
         response: aiohttp.ClientResponse = await api.call_api(
             path,
             method,
             query_params=list((query or {}).items()),
-            header_params={"Accept": "application/json, */*"},
+            header_params=headers,
             body=body,
             auth_settings=["BearerToken"],
             _preload_content=False,
@@ -106,9 +111,12 @@ async def request_json(
     query: Mapping[str, str | int] | None = None,
     body: Any = None,
     timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
+    content_type: str | None = None,
 ) -> dict[str, Any]:
     """`request`, then read and parse the JSON body."""
-    response = await request(api, method, path, what, query=query, body=body, timeout=timeout)
+    response = await request(
+        api, method, path, what, query=query, body=body, timeout=timeout, content_type=content_type
+    )
     async with response:
         try:
             raw = await response.read()

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# `make bridge-down`: stop the daemon and the bridged nodes' slurmds; jobs
-# submitted to bridged partitions afterwards stay pending.
+# `make bridge-down`: stop the bridge, whichever way it runs (daemon on the host, or the
+# Deployment), and the bridged nodes' slurmds; jobs submitted to bridged partitions afterwards
+# stay pending.
 set -euo pipefail
-. "$(dirname "$0")/../slurm/common.sh"
+. "$(dirname "$0")/common.sh"
 rm -f "$SLURM_ETC/job_submit_bridge.conf"   # job_submit.lua lets everything through without it
 stop_bg bridge 15
+if [ -f "$ADMIN_KUBECONFIG" ] && kc_deployed; then
+  # Its namespace, and what it holds outside: the job pods' namespace stays (jobs may still run).
+  bkc delete namespace "$BRIDGE_NAMESPACE" --wait=true --timeout=120s >/dev/null
+  bkc delete clusterrolebinding,clusterrole slurm-k8s-bridge-nodes --ignore-not-found >/dev/null
+  bkc -n slurm-jobs delete rolebinding,role slurm-k8s-bridge-jobs --ignore-not-found >/dev/null
+fi
 for node in $(bridged_nodes); do stop_bg "slurmd-$node" & done
 wait

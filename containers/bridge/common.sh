@@ -1,0 +1,78 @@
+# Shared by bridge up.sh (daemon on the host) and deploy.sh (daemon as the Deployment): what
+# Slurm's side needs in both modes. Sourced, never run.
+# shellcheck source=../slurm/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../slurm/common.sh"
+BRIDGE_STATE="$SBX_STATE/bridge"
+VENV="$SBX_REPO/.venv"
+ADMIN_KUBECONFIG="$SBX_STATE/kube/admin.kubeconfig"
+# The waiter, as the slurmds run it: straight to its module, without site and argparse (its
+# start-up is job start latency). It needs only the standard library: a copy of the package.
+WAITER_COMMAND="/usr/bin/env PYTHONPATH=$BRIDGE_STATE/lib /usr/bin/python3 -S -m bridge.waiter"
+
+require_sandbox() {
+  [ -f "$SLURM_CONF" ] && [ -f "$ADMIN_KUBECONFIG" ] || die "the sandbox is not up: run make sandbox-up first"
+  [ -x "$VENV/bin/slurm-k8s-bridge" ] || make -C "$SBX_REPO" -s venv
+  mkdir -p "$BRIDGE_STATE"
+}
+
+install_waiter() {
+  rm -rf "$BRIDGE_STATE/lib.new" && mkdir -p "$BRIDGE_STATE/lib.new"
+  cp -r "$SBX_REPO/bridge" "$BRIDGE_STATE/lib.new/"
+  rm -rf "$BRIDGE_STATE/lib" && mv "$BRIDGE_STATE/lib.new" "$BRIDGE_STATE/lib"
+  chmod -R a+rX "$BRIDGE_STATE/lib"
+}
+
+# mint_jwt FILE: a slurmrestd token for the daemon (SlurmUser may see and modify every job).
+mint_jwt() {
+  (umask 077 && "$SLURM_DIR/cli.sh" scontrol token username=slurm lifespan=604800 >"$1.new")
+  mv "$1.new" "$1"
+}
+
+# partitions_config: the [partitions.*] tables, the same in both modes.
+partitions_config() {
+  cat <<TOML
+[partitions.k8s]
+# No default image: jobs must say "#K8S image=...".
+image_pull_policy = "IfNotPresent"
+# slurm.conf gives each real node 8 CPUs on a 2-core VM (see containers/slurm/etc).
+cpu_request_fraction = 0.1
+[[partitions.k8s.volumes]]
+name = "home"
+host_path = "$SBX_SHARED_HOME"
+
+[partitions.sim]
+default_image = "sandbox.local/busybox:1"
+[[partitions.sim.volumes]]
+name = "home"
+host_path = "$SBX_SHARED_HOME"
+TOML
+}
+
+# job_settings_config: top-level keys, the same in both modes.
+job_settings_config() {
+  cat <<TOML
+cluster = "sandbox"
+namespace = "slurm-jobs"
+termination_grace_s = 5
+# The sandbox has no registry: a missing image never appears, fail fast.
+start_failure_grace_s = 10
+TOML
+}
+
+# slurm_side_up CONFIG: job_submit.lua and its settings (derived from CONFIG), then one slurmd
+# per bridged node (they only ever run waiters); waits until Slurm sees them.
+slurm_side_up() {
+  "$VENV/bin/slurm-k8s-bridge" job-submit-conf -c "$1" >"$SLURM_ETC/job_submit_bridge.conf"
+  cp "$SBX_REPO/deploy/slurm/job_submit.lua" "$SLURM_ETC/job_submit.lua"
+  local node
+  for node in $(bridged_nodes); do start_slurmd "$node"; done
+  for node in $(bridged_nodes); do
+    wait_for "slurmd $node" 30 sh -c "'$SLURM_DIR/cli.sh' sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated)'"
+  done
+}
+
+# The Deployment mode's objects (deploy/kubernetes/overlays/sandbox).
+OVERLAY="$SBX_REPO/deploy/kubernetes/overlays/sandbox"
+BRIDGE_NAMESPACE=slurm-k8s-bridge
+bkc() { "$SBX_STATE/bin/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+kc_deployed() { bkc -n "$BRIDGE_NAMESPACE" get deployment slurm-k8s-bridge >/dev/null 2>&1; }
