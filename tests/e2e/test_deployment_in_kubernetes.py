@@ -1,0 +1,160 @@
+"""The bridge as it runs in a cluster: `kubectl apply -k` of deploy/kubernetes with the sandbox
+overlay gives two replicas of the daemon image on the real nodes, one of them leader; jobs flow
+through it, and deleting the leader's pod hands over to the other replica without losing or
+doubling anything."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.sandbox import JOB_NAMESPACE, REPO, Sandbox, job_pods, wait_until, write_script
+
+BRIDGE = REPO / "containers" / "bridge"
+OVERLAY = REPO / "deploy" / "kubernetes" / "overlays" / "sandbox"
+NAMESPACE = "slurm-k8s-bridge"
+LEASE = "slurm-k8s-bridge-sandbox"
+TAKEOVER_BOUND_S = 15  # the issue's bound, not a speed claim (measured: see the closing note)
+
+
+def _service_ip() -> str:
+    text = (OVERLAY / "fixed-service-ip.yaml").read_text()
+    return text.split("clusterIP:")[1].split()[0]
+
+
+@pytest.fixture(scope="module")
+def deployed(bridge: Sandbox) -> Iterator[Sandbox]:
+    subprocess.run([str(BRIDGE / "down.sh")], check=True, capture_output=True)
+    try:
+        result = subprocess.run([str(BRIDGE / "deploy.sh")], capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stdout + result.stderr
+        yield bridge
+    finally:
+        subprocess.run([str(BRIDGE / "down.sh")], check=True, capture_output=True)
+        subprocess.run([str(BRIDGE / "up.sh")], check=True, capture_output=True)
+
+
+def _bridge_pods(sandbox: Sandbox) -> list[dict[str, Any]]:
+    pods = sandbox.kubectl_json("get", "pods", "-n", NAMESPACE,
+                                "-l", "app.kubernetes.io/name=slurm-k8s-bridge")
+    return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+
+def _leader_name(sandbox: Sandbox) -> str | None:
+    lease = sandbox.kubectl_json("get", "lease", "-n", JOB_NAMESPACE, LEASE)
+    holder = lease["spec"].get("holderIdentity") or ""
+    return holder.rsplit(":", 1)[0] or None
+
+
+def _serving_leader(sandbox: Sandbox) -> str | None:
+    """The pod the Service routes to, if it is the Lease holder and it answers as leader."""
+    try:
+        with urllib.request.urlopen(f"http://{_service_ip()}:8470/readyz", timeout=2) as response:
+            if response.status != 200:
+                return None
+    except OSError:
+        return None
+    labelled = [p["metadata"]["name"] for p in _bridge_pods(sandbox)
+                if p["metadata"].get("labels", {}).get("slurm-k8s-bridge/role") == "leader"]
+    holder = _leader_name(sandbox)
+    return holder if labelled == [holder] else None
+
+
+def test_two_replicas_are_ready_and_exactly_one_leads(deployed: Sandbox) -> None:
+    pods = _bridge_pods(deployed)
+
+    assert len(pods) == 2
+    assert all(_ready(p) for p in pods), "both replicas Ready (the standby too: rollouts need it)"
+    assert {p["spec"]["nodeName"] for p in pods} == {"kreal1", "kreal2"}
+    leaders = [p for p in pods if p["metadata"]["labels"].get("slurm-k8s-bridge/role") == "leader"]
+    assert [p["metadata"]["name"] for p in leaders] == [_leader_name(deployed)]
+    endpoints = deployed.kubectl_json("get", "endpointslices", "-n", NAMESPACE,
+                                      "-l", "kubernetes.io/service-name=slurm-k8s-bridge")["items"]
+    addresses = [a for s in endpoints for e in s.get("endpoints") or [] for a in e["addresses"]]
+    assert addresses == [leaders[0]["status"]["podIP"]], "the Service routes to the leader only"
+    image = pods[0]["spec"]["containers"][0]["image"]
+    version = (REPO / "bridge" / "__init__.py").read_text().split("__version__ = ")[1].split('"')[1]
+    assert image == f"sandbox.local/slurm-k8s-bridge:{version}"
+
+
+def test_a_job_flows_through_the_deployed_bridge(deployed: Sandbox) -> None:
+    script = write_script(deployed, "alice", "via-deployment.sh",
+                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\necho \"uid $(id -u)\"\nexit 3\n")
+    job_id = deployed.sbatch("-p", "k8s", str(script))
+
+    row = deployed.wait_job_final(job_id)
+
+    assert (row["State"], row["ExitCode"]) == ("FAILED", "3:0")
+    assert (deployed.home("alice") / f"slurm-{job_id}.out").read_text() == "uid 2001\n"
+
+
+class PodHistory:
+    """Every pod uid seen per job while it runs (a duplicate pod shows as a second uid)."""
+
+    def __init__(self, sandbox: Sandbox, job_ids: list[int]) -> None:
+        self.sandbox, self.job_ids = sandbox, {str(j) for j in job_ids}
+        self.uids: dict[str, set[str]] = defaultdict(set)
+        self.names: dict[str, set[str]] = defaultdict(set)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pod in self.sandbox.kubectl_json("get", "pods", "-n", JOB_NAMESPACE)["items"]:
+                job = pod["metadata"].get("labels", {}).get("slurm-k8s-bridge/job-id")
+                if job in self.job_ids:
+                    self.uids[job].add(pod["metadata"]["uid"])
+                    self.names[job].add(pod["metadata"]["name"])
+            time.sleep(0.3)
+
+    def __enter__(self) -> PodHistory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_deleting_the_leader_pod_hands_over_without_losing_or_doubling_a_job(deployed: Sandbox) -> None:
+    script = write_script(deployed, "bob", "through-failover.sh",
+                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\n"
+                          'sleep 20\necho "done $CODE"\nexit $CODE\n')
+    codes = {}
+    for code in range(10):
+        job_id = deployed.sbatch("-p", "k8s", f"--export=ALL,CODE={code}", str(script), user="bob")
+        codes[job_id] = code
+    wait_until("all 10 jobs' pods to run", lambda: all(
+        any(p["status"].get("phase") == "Running" for p in job_pods(deployed, j)) for j in codes), timeout=90)
+    old_leader = _leader_name(deployed)
+    assert old_leader
+
+    with PodHistory(deployed, list(codes)) as history:
+        started = time.monotonic()
+        deployed.kubectl("delete", "pod", "-n", NAMESPACE, old_leader, "--wait=false")
+        def taken_over() -> str | None:
+            serving = _serving_leader(deployed)
+            return serving if serving not in (None, old_leader) else None
+
+        new_leader = wait_until("another replica to lead and serve", taken_over, timeout=60, interval=0.1)
+        takeover_s = time.monotonic() - started
+        rows = {j: deployed.wait_job_final(j, timeout=120) for j in codes}
+
+    print(f"takeover by {new_leader} in {takeover_s:.2f} s")
+    assert takeover_s < TAKEOVER_BOUND_S
+    for job_id, code in codes.items():
+        expected_state = "COMPLETED" if code == 0 else "FAILED"
+        assert (rows[job_id]["State"], rows[job_id]["ExitCode"]) == (expected_state, f"{code}:0"), job_id
+        assert (deployed.home("bob") / f"slurm-{job_id}.out").read_text() == f"done {code}\n"
+        assert len(history.uids[str(job_id)]) == 1, f"job {job_id} had pods {history.names[str(job_id)]}"
