@@ -158,3 +158,31 @@ def test_deleting_the_leader_pod_hands_over_without_losing_or_doubling_a_job(dep
         assert (rows[job_id]["State"], rows[job_id]["ExitCode"]) == (expected_state, f"{code}:0"), job_id
         assert (deployed.home("bob") / f"slurm-{job_id}.out").read_text() == f"done {code}\n"
         assert len(history.uids[str(job_id)]) == 1, f"job {job_id} had pods {history.names[str(job_id)]}"
+
+
+@pytest.fixture(scope="module")
+def deployed_with_pyslurm(deployed: Sandbox) -> Sandbox:
+    """The same Deployment, switched to the image's pyslurm (the module's teardown ends it)."""
+    result = subprocess.run([str(BRIDGE / "deploy.sh")], capture_output=True, text=True, timeout=900,
+                            env={**deployed.environ(), "SBX_BRIDGE_BACKEND": "pyslurm"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return deployed
+
+
+def test_the_pyslurm_backend_works_inside_the_pod(deployed_with_pyslurm: Sandbox) -> None:
+    sandbox = deployed_with_pyslurm
+    configmap = sandbox.kubectl_json("get", "configmap", "-n", NAMESPACE, "slurm-k8s-bridge")
+    config = configmap["data"]["config.toml"]
+    assert 'backend = "pyslurm"' in config
+    assert wait_until("a pyslurm leader to serve", lambda: _serving_leader(sandbox), timeout=60)
+    script = write_script(sandbox, "alice", "via-pod-pyslurm.sh",
+                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\necho pyslurm-in-pod\nexit 6\n")
+    job_id = sandbox.sbatch("-p", "k8s", str(script))
+
+    row = sandbox.wait_job_final(job_id)
+
+    assert (row["State"], row["ExitCode"]) == ("FAILED", "6:0")
+    assert (sandbox.home("alice") / f"slurm-{job_id}.out").read_text() == "pyslurm-in-pod\n"
+    logs = sandbox.kubectl("logs", "-n", NAMESPACE, "-l", "slurm-k8s-bridge/role=leader",
+                           "-c", "bridge").stdout
+    assert "Munge encode failed" not in logs and "authentication error" not in logs
