@@ -53,9 +53,28 @@ render() { # TEMPLATE > OUT
     -e "s|@ALL_NODES@|$(native_hostlist),$(real_hostlist),$(sim_hostlist)|g" \
     -e "s|@GPUS@|$SBX_GPUS_PER_NODE|g" -e "s|@LASTGPU@|$((SBX_GPUS_PER_NODE - 1))|g" "$1"
 }
-render "$SLURM_DIR/etc/slurm.conf.in" >"$SLURM_ETC/slurm.conf"
+# bridged FILE PARTITION NODES PORTS CPUS MEMORY_MB FEATURES: one of deploy/slurm's bridged
+# snippets, filled in for the sandbox (all slurmds listen on loopback, one port per node).
+bridged() {
+  sed -e "s|@PARTITION@|$2|g" -e "s|@NODES@|$3|g" -e "s|@PORTS@|${4:-}|g" -e "s|@CPUS@|${5:-}|g" \
+    -e "s|@MEMORY_MB@|${6:-}|g" -e "s|@FEATURES@|${7:-}|g" -e "s|@SLURMD_HOST@|localhost|g" \
+    -e "s|@SLURMD_ADDR@|127.0.0.1|g" -e "s|@GPUS@|$SBX_GPUS_PER_NODE|g" \
+    -e "s|@GPU_DIR@|$SBX_STATE/gpus|g" -e "s|@LAST_GPU@|$((SBX_GPUS_PER_NODE - 1))|g" \
+    "$SBX_REPO/deploy/slurm/$1" | grep -v '^#'
+}
+# k8s = the real kubelets, sim = the kwok nodes. The real nodes share a 2-core VM; Slurm is told
+# 8 CPUs each so that a dozen jobs can run at once, and the bridge's sandbox config requests a
+# tenth of each allocation (cpu_request_fraction) so the kubelets admit them.
+{
+  render "$SLURM_DIR/etc/slurm.conf.in"
+  bridged slurm.conf.bridged k8s "$(real_hostlist)" "$(ports_of $SBX_REAL_NODES)" 8 8192 k8s
+  bridged slurm.conf.bridged sim "$(sim_hostlist)" "$(ports_of $(sim_node_names))" 64 262144 k8s,kwok
+} >"$SLURM_ETC/slurm.conf"
 render "$SLURM_DIR/etc/slurmdbd.conf.in" >"$SLURM_ETC/slurmdbd.conf"
-render "$SLURM_DIR/etc/gres.conf.in" >"$SLURM_ETC/gres.conf"
+{
+  render "$SLURM_DIR/etc/gres.conf.in"
+  bridged gres.conf.bridged - "$(real_hostlist),$(sim_hostlist)"
+} >"$SLURM_ETC/gres.conf"
 cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/cgroup.conf"
 # Host-side clients (cli.sh) load plugins from the rootfs through its bind
 # mount; the same path resolves inside the rootfs too, so jobs that inherit
@@ -63,7 +82,9 @@ cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/cgroup.conf"
 mkdir -p "$SLURM_ETC/host"
 { echo "PluginDir=$ROOTFS/usr/lib/x86_64-linux-gnu/slurm-wlm"; cat "$SLURM_ETC/slurm.conf"; } >"$SLURM_ETC/host/slurm.conf"
 cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/host/cgroup.conf"
-[ -f "$SLURM_ETC/job_submit.lua" ] || cp "$SLURM_DIR/etc/job_submit.lua" "$SLURM_ETC/job_submit.lua"
+# The bridge's job_submit.lua lets every job through until the bridge writes its settings
+# (job_submit_bridge.conf, at bridge-up).
+[ -f "$SLURM_ETC/job_submit.lua" ] || cp "$SBX_REPO/deploy/slurm/job_submit.lua" "$SLURM_ETC/job_submit.lua"
 for ((g = 0; g < SBX_GPUS_PER_NODE; g++)); do
   [ -c "$SBX_STATE/gpus/gpu$g" ] || mknod "$SBX_STATE/gpus/gpu$g" c 1 3
 done

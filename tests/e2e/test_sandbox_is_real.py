@@ -200,3 +200,21 @@ def test_the_host_reaches_a_service_by_its_cluster_ip(sandbox: Sandbox) -> None:
         assert wait_until(f"{name} at {cluster_ip}", served, timeout=60) == f"{name}\n"
     finally:
         sandbox.kubectl("delete", "service,pod", name, "--wait=false", check=False)
+
+
+def test_the_bridged_partitions_come_from_deploy_slurm(sandbox: Sandbox) -> None:
+    # One source of truth: what operators copy (deploy/slurm) is what the sandbox runs.
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    etc = Path(sandbox.env["SLURM_CONF"]).parents[1]
+    expected = (("slurm.conf.bridged", "slurm.conf", 2), ("gres.conf.bridged", "gres.conf", 1))
+    for snippet, rendered, times in expected:
+        lines = [x for x in (etc / rendered).read_text().splitlines() if "native" not in x]
+        for template in (repo / "deploy" / "slurm" / snippet).read_text().splitlines():
+            if not template or template.startswith("#"):
+                continue
+            pattern = re.compile("^" + re.sub(r"@[A-Z_]+@", "[^ ]+", re.escape(template)) + "$")
+            assert sum(bool(pattern.match(line)) for line in lines) == times, (snippet, template)
+    assert (etc / "job_submit.lua").read_text() == (repo / "deploy" / "slurm" / "job_submit.lua").read_text()
