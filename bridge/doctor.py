@@ -181,6 +181,10 @@ class Doctor:
                 f"{conf} lacks JobSubmitPlugins=lua: bridged jobs would run on the slurmd itself"
             )
         lua = conf.parent / "job_submit.lua"
+        if not lua.exists() and OwnPod.from_environment() is not None:
+            # A pod has slurm.conf (for libslurm) but not slurmctld's directory.
+            return ("JobSubmitPlugins=lua set; job_submit.lua is on the slurmctld host, not in this "
+                    "pod: run `slurm-k8s-bridge doctor` there to check it")
         if not lua.exists() or wellknown.ATTACH_MARKER not in lua.read_text():
             raise CheckFailed(
                 f"{lua} is not the bridge's job_submit.lua (copy deploy/slurm/job_submit.lua there)"

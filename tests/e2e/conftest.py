@@ -22,5 +22,7 @@ def bridge_ready() -> bool:
 def bridge(sandbox: Sandbox) -> Sandbox:
     """The sandbox with the bridge daemon, its slurmds and job_submit.lua running."""
     if not bridge_ready():
+        # Whatever half-state is left (e.g. the Deployment of `make bridge-deploy`) goes first.
+        subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True)
         subprocess.run([str(BRIDGE_UP)], check=True)
     return sandbox

@@ -88,6 +88,18 @@ def test_two_replicas_are_ready_and_exactly_one_leads(deployed: Sandbox) -> None
     assert image == f"sandbox.local/slurm-k8s-bridge:{version}"
 
 
+def test_doctor_passes_inside_the_leader_pod(deployed: Sandbox) -> None:
+    # In the pod: in-cluster credentials, the ServiceAccount's RBAC (its own namespace too, for
+    # the leader label), munge through the sidecar, slurmrestd at the host's control address.
+    doctor = ["python3", "-m", "bridge.cli", "doctor", "-c", "/etc/slurm-k8s-bridge/config.toml"]
+    result = deployed.kubectl("exec", "-n", NAMESPACE, f"pod/{_leader_name(deployed)}", "-c", "bridge",
+                              "--", *doctor, check=False)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RBAC sufficient" in result.stdout
+    assert "munge credentials round-trip" in result.stdout
+
+
 def test_a_job_flows_through_the_deployed_bridge(deployed: Sandbox) -> None:
     script = write_script(deployed, "alice", "via-deployment.sh",
                           "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\necho \"uid $(id -u)\"\nexit 3\n")
