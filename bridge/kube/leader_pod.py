@@ -50,9 +50,8 @@ class LeaderPodLabel:
                                body=role_patch(leading), content_type=MERGE_PATCH)
 
     async def mark(self) -> None:
-        """We act: take the label, and take it from any other pod (a former leader that could not
-        clean up: killed, or hung past its lease)."""
-        await self._set(self.own.name, True)
+        """We act: take the label from any other pod (a former leader that could not clean up:
+        killed, or hung past its lease), then put it on ours, so two pods never carry it."""
         selector = f"{wellknown.LABEL_ROLE}={wellknown.ROLE_LEADER}"
         listed = await request_json(self._api, "GET", self._pods, "list leader pods",
                                     query={"labelSelector": selector})
@@ -61,6 +60,7 @@ class LeaderPodLabel:
             if name and name != self.own.name:
                 log.warning("leader_pod.stale_label_removed", pod=name)
                 await self._set(name, False)
+        await self._set(self.own.name, True)
         log.info("leader_pod.marked", pod=self.own.name)
 
     async def unmark(self) -> None:

@@ -112,12 +112,14 @@ def test_a_job_flows_through_the_deployed_bridge(deployed: Sandbox) -> None:
 
 
 class PodHistory:
-    """Every pod uid seen per job while it runs (a duplicate pod shows as a second uid)."""
+    """Every pod uid seen per job while it runs (a duplicate pod shows as a second uid), and the
+    most bridge pods labelled leader at once (the Service must never have two)."""
 
     def __init__(self, sandbox: Sandbox, job_ids: list[int]) -> None:
         self.sandbox, self.job_ids = sandbox, {str(j) for j in job_ids}
         self.uids: dict[str, set[str]] = defaultdict(set)
         self.names: dict[str, set[str]] = defaultdict(set)
+        self.most_leaders_at_once = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -128,7 +130,10 @@ class PodHistory:
                 if job in self.job_ids:
                     self.uids[job].add(pod["metadata"]["uid"])
                     self.names[job].add(pod["metadata"]["name"])
-            time.sleep(0.3)
+            leaders = [p for p in _bridge_pods(self.sandbox)
+                       if p["metadata"].get("labels", {}).get("slurm-k8s-bridge/role") == "leader"]
+            self.most_leaders_at_once = max(self.most_leaders_at_once, len(leaders))
+            time.sleep(0.2)
 
     def __enter__(self) -> PodHistory:
         self._thread.start()
@@ -165,11 +170,46 @@ def test_deleting_the_leader_pod_hands_over_without_losing_or_doubling_a_job(dep
 
     print(f"takeover by {new_leader} in {takeover_s:.2f} s")
     assert takeover_s < TAKEOVER_BOUND_S
+    assert history.most_leaders_at_once == 1
     for job_id, code in codes.items():
         expected_state = "COMPLETED" if code == 0 else "FAILED"
         assert (rows[job_id]["State"], rows[job_id]["ExitCode"]) == (expected_state, f"{code}:0"), job_id
         assert (deployed.home("bob") / f"slurm-{job_id}.out").read_text() == f"done {code}\n"
         assert len(history.uids[str(job_id)]) == 1, f"job {job_id} had pods {history.names[str(job_id)]}"
+
+
+def test_kill_9_of_the_leader_loses_no_exit_code(deployed: Sandbox) -> None:
+    # No clean stop: the Lease stays taken and the label stays on until the Lease expires (the
+    # other replica) or the restarted container (same pod, same identity) comes back.
+    script = write_script(deployed, "bob", "through-kill.sh",
+                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\nsleep 15\nexit $CODE\n")
+    codes = {deployed.sbatch("-p", "k8s", f"--export=ALL,CODE={code}", str(script), user="bob"): code
+             for code in (0, 1, 2, 3)}
+    wait_until("the jobs' pods to run", lambda: all(
+        any(p["status"].get("phase") == "Running" for p in job_pods(deployed, j)) for j in codes), timeout=90)
+    leader = next(p for p in _bridge_pods(deployed) if p["metadata"]["name"] == _leader_name(deployed))
+    status = next(c for c in leader["status"]["containerStatuses"] if c["name"] == "bridge")
+    socket = f"/run/sbx-kube/{leader['spec']['nodeName']}/containerd.sock"
+
+    with PodHistory(deployed, list(codes)) as history:
+        subprocess.run(["ctr", "-n", "k8s.io", "--address", socket, "tasks", "kill", "-s", "SIGKILL",
+                        status["containerID"].removeprefix("containerd://")], check=True)
+        started = time.monotonic()
+
+        def restarted() -> bool:
+            pod = deployed.kubectl_json("get", "pod", "-n", NAMESPACE, leader["metadata"]["name"])
+            now = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "bridge")
+            return now["restartCount"] > status["restartCount"]
+
+        wait_until("the killed container to be restarted", restarted, timeout=60)
+        new_leader = wait_until("a leader to serve again", lambda: _serving_leader(deployed), timeout=60)
+        print(f"after kill -9: {new_leader} leads, serving after {time.monotonic() - started:.2f} s")
+        rows = {j: deployed.wait_job_final(j, timeout=120) for j in codes}
+
+    for job_id, code in codes.items():
+        assert rows[job_id]["ExitCode"] == f"{code}:0", job_id
+        assert len(history.uids[str(job_id)]) == 1, f"job {job_id} had pods {history.names[str(job_id)]}"
+    assert history.most_leaders_at_once == 1
 
 
 @pytest.fixture(scope="module")
