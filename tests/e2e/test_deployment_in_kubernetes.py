@@ -100,15 +100,20 @@ def test_doctor_passes_inside_the_leader_pod(deployed: Sandbox) -> None:
     assert "munge credentials round-trip" in result.stdout
 
 
-def test_a_job_flows_through_the_deployed_bridge(deployed: Sandbox) -> None:
-    script = write_script(deployed, "alice", "via-deployment.sh",
-                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\necho \"uid $(id -u)\"\nexit 3\n")
-    job_id = deployed.sbatch("-p", "k8s", str(script))
+def _alice_job(sandbox: Sandbox, name: str, echo: str, code: int) -> tuple[dict[str, str], str]:
+    """Run one `sbatch -p k8s` job as alice that echoes and exits; its sacct row and output."""
+    script = write_script(sandbox, "alice", name,
+                          f"#!/bin/sh\n#K8S image=sandbox.local/busybox:1\necho \"{echo}\"\nexit {code}\n")
+    job_id = sandbox.sbatch("-p", "k8s", str(script))
+    row = sandbox.wait_job_final(job_id)
+    return row, (sandbox.home("alice") / f"slurm-{job_id}.out").read_text()
 
-    row = deployed.wait_job_final(job_id)
+
+def test_a_job_flows_through_the_deployed_bridge(deployed: Sandbox) -> None:
+    row, output = _alice_job(deployed, "via-deployment.sh", "uid $(id -u)", 3)
 
     assert (row["State"], row["ExitCode"]) == ("FAILED", "3:0")
-    assert (deployed.home("alice") / f"slurm-{job_id}.out").read_text() == "uid 2001\n"
+    assert output == "uid 2001\n"
 
 
 class PodHistory:
@@ -227,14 +232,11 @@ def test_the_pyslurm_backend_works_inside_the_pod(deployed_with_pyslurm: Sandbox
     config = configmap["data"]["config.toml"]
     assert 'backend = "pyslurm"' in config
     assert wait_until("a pyslurm leader to serve", lambda: _serving_leader(sandbox), timeout=60)
-    script = write_script(sandbox, "alice", "via-pod-pyslurm.sh",
-                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\necho pyslurm-in-pod\nexit 6\n")
-    job_id = sandbox.sbatch("-p", "k8s", str(script))
 
-    row = sandbox.wait_job_final(job_id)
+    row, output = _alice_job(sandbox, "via-pod-pyslurm.sh", "pyslurm-in-pod", 6)
 
     assert (row["State"], row["ExitCode"]) == ("FAILED", "6:0")
-    assert (sandbox.home("alice") / f"slurm-{job_id}.out").read_text() == "pyslurm-in-pod\n"
+    assert output == "pyslurm-in-pod\n"
     logs = sandbox.kubectl("logs", "-n", NAMESPACE, "-l", "slurm-k8s-bridge/role=leader",
                            "-c", "bridge").stdout
     assert "Munge encode failed" not in logs and "authentication error" not in logs
