@@ -39,6 +39,8 @@ if [ ! -f "$BASE/.complete" ]; then
   echo "slurm-k8s-bridge:x:65532:" >>"$BASE/root/etc/group"
   touch "$BASE/.complete"
 fi
+# Bases of earlier recipes are never used again by this checkout.
+for old in "$SBX_CACHE"/images/bridge-base-*; do [ "$old" = "$BASE" ] || rm -rf "$old"; done
 
 py_version() { chroot "$1" /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
 slurm_version() { chroot "$1" dpkg-query -W -f '${Version}' slurm-wlm-basic-plugins; }

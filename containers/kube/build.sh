@@ -53,4 +53,8 @@ fi
 mkdir -p "$KUBE_BIN"
 for b in "${missing[@]}"; do mv -f "$tmp/$b" "$KUBE_BIN/$b"; done
 say "built ${missing[*]} in $((SECONDS - start))s into $KUBE_BIN"
+# Binaries of earlier pins or flags (~0.5 GB each) are never used again by this checkout.
+for old in "$SBX_CACHE"/bin/k8s-*; do
+  [ "$old" = "$KUBE_BIN" ] || [ ! -d "$old" ] || { rm -rf "$old"; say "removed the stale $old"; }
+done
 echo "$KUBE_BIN"
