@@ -2,9 +2,10 @@
 # Slurm's side needs in both modes. Sourced, never run.
 # shellcheck source=../slurm/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../slurm/common.sh"
+# shellcheck source=../kube/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../kube/common.sh"   # kc, ADMIN_KUBECONFIG
 BRIDGE_STATE="$SBX_STATE/bridge"
 VENV="$SBX_REPO/.venv"
-ADMIN_KUBECONFIG="$SBX_STATE/kube/admin.kubeconfig"
 # The waiter, as the slurmds run it: straight to its module, without site and argparse (its
 # start-up is job start latency). It needs only the standard library: a copy of the package.
 WAITER_COMMAND="/usr/bin/env PYTHONPATH=$BRIDGE_STATE/lib /usr/bin/python3 -S -m bridge.waiter"
@@ -74,5 +75,4 @@ slurm_side_up() {
 # The Deployment mode's objects (deploy/kubernetes/overlays/sandbox).
 OVERLAY="$SBX_REPO/deploy/kubernetes/overlays/sandbox"
 BRIDGE_NAMESPACE=slurm-k8s-bridge
-bkc() { "$SBX_STATE/bin/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
-kc_deployed() { bkc -n "$BRIDGE_NAMESPACE" get deployment slurm-k8s-bridge >/dev/null 2>&1; }
+kc_deployed() { kc -n "$BRIDGE_NAMESPACE" get deployment slurm-k8s-bridge >/dev/null 2>&1; }

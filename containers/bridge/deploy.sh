@@ -66,10 +66,10 @@ TOML
 
 existed=0
 kc_deployed && existed=1
-bkc apply -k "$OVERLAY" >/dev/null
+kc apply -k "$OVERLAY" >/dev/null
 # A re-deploy picks up a new config, JWT or image (the overlay's names carry no content hash).
-[ "$existed" = 1 ] && bkc -n "$BRIDGE_NAMESPACE" rollout restart deployment/slurm-k8s-bridge >/dev/null
-bkc -n "$BRIDGE_NAMESPACE" rollout status deployment/slurm-k8s-bridge --timeout=120s >/dev/null ||
+[ "$existed" = 1 ] && kc -n "$BRIDGE_NAMESPACE" rollout restart deployment/slurm-k8s-bridge >/dev/null
+kc -n "$BRIDGE_NAMESPACE" rollout status deployment/slurm-k8s-bridge --timeout=120s >/dev/null ||
   die "the Deployment did not come up: kubectl -n $BRIDGE_NAMESPACE describe pods; kubectl -n $BRIDGE_NAMESPACE logs -l app.kubernetes.io/name=slurm-k8s-bridge"
 ready() { curl -fsS --max-time 2 "http://$service_ip:8470/readyz" >/dev/null; }
 wait_for "the leader behind http://$service_ip:8470" 60 ready

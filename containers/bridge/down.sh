@@ -8,9 +8,9 @@ rm -f "$SLURM_ETC/job_submit_bridge.conf"   # job_submit.lua lets everything thr
 stop_bg bridge 15
 if [ -f "$ADMIN_KUBECONFIG" ] && kc_deployed; then
   # Its namespace, and what it holds outside: the job pods' namespace stays (jobs may still run).
-  bkc delete namespace "$BRIDGE_NAMESPACE" --wait=true --timeout=120s >/dev/null
-  bkc delete clusterrolebinding,clusterrole slurm-k8s-bridge-nodes --ignore-not-found >/dev/null
-  bkc -n slurm-jobs delete rolebinding,role slurm-k8s-bridge-jobs --ignore-not-found >/dev/null
+  kc delete namespace "$BRIDGE_NAMESPACE" --wait=true --timeout=120s >/dev/null
+  kc delete clusterrolebinding,clusterrole slurm-k8s-bridge-nodes --ignore-not-found >/dev/null
+  kc -n slurm-jobs delete rolebinding,role slurm-k8s-bridge-jobs --ignore-not-found >/dev/null
 fi
 for node in $(bridged_nodes); do stop_bg "slurmd-$node" & done
 wait

@@ -45,12 +45,8 @@ ports_of() { # first-last port for a list of node names
 render() { # TEMPLATE > OUT
   sed -e "s|@STATE@|$SBX_STATE|g" -e "s|@HOSTNAME@|$(hostname)|g" \
     -e "s|@SLURMCTLD_PORT@|$SBX_SLURMCTLD_PORT|g" -e "s|@SLURMDBD_PORT@|$SBX_SLURMDBD_PORT|g" \
-    -e "s|@NATIVE_NODES@|$(native_hostlist)|g" -e "s|@REAL_NODES@|$(real_hostlist)|g" \
-    -e "s|@SIM_NODES@|$(sim_hostlist)|g" \
+    -e "s|@NATIVE_NODES@|$(native_hostlist)|g" \
     -e "s|@NATIVE_PORTS@|$(ports_of $(native_nodes))|g" \
-    -e "s|@REAL_PORTS@|$(ports_of $SBX_REAL_NODES)|g" \
-    -e "s|@SIM_PORTS@|$(ports_of $(sim_node_names))|g" \
-    -e "s|@ALL_NODES@|$(native_hostlist),$(real_hostlist),$(sim_hostlist)|g" \
     -e "s|@GPUS@|$SBX_GPUS_PER_NODE|g" -e "s|@LASTGPU@|$((SBX_GPUS_PER_NODE - 1))|g" "$1"
 }
 # bridged FILE PARTITION NODES PORTS CPUS MEMORY_MB FEATURES: one of deploy/slurm's bridged

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 from tests.e2e.sandbox import Sandbox, wait_until
 
@@ -204,9 +206,6 @@ def test_the_host_reaches_a_service_by_its_cluster_ip(sandbox: Sandbox) -> None:
 
 def test_the_bridged_partitions_come_from_deploy_slurm(sandbox: Sandbox) -> None:
     # One source of truth: what operators copy (deploy/slurm) is what the sandbox runs.
-    import re
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parents[2]
     etc = Path(sandbox.env["SLURM_CONF"]).parents[1]
     expected = (("slurm.conf.bridged", "slurm.conf", 2), ("gres.conf.bridged", "gres.conf", 1))

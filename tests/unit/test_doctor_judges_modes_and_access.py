@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.doctor import secret_file_exposure
+from bridge.doctor import needed_access, secret_file_exposure
 
 OWN = {65532, 27}
 
@@ -26,8 +26,6 @@ def test_exposure(mode: int, gid: int, expected: str | None) -> None:
 
 
 def test_in_a_pod_the_daemon_also_needs_to_label_pods_in_its_own_namespace() -> None:
-    from bridge.doctor import needed_access
-
     on_host = needed_access("slurm-jobs", None)
     in_pod = needed_access("slurm-jobs", "slurm-k8s-bridge")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bridge import wellknown
 from bridge.kube.leader_pod import OwnPod, role_patch
 
@@ -18,7 +20,5 @@ def test_patch_sets_the_label_and_null_removes_it() -> None:
 
 
 def test_the_service_selects_the_label_the_leader_sets() -> None:
-    from pathlib import Path
-
     service = (Path(__file__).resolve().parents[2] / "deploy/kubernetes/base/service.yaml").read_text()
     assert f"{wellknown.LABEL_ROLE}: {wellknown.ROLE_LEADER}" in service
