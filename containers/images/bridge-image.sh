@@ -14,6 +14,7 @@
 set -euo pipefail
 IMAGES_SRC="$(cd "$(dirname "$0")" && pwd)"
 . "$IMAGES_SRC/../slurm/common.sh"
+. "$IMAGES_SRC/../kube/common.sh"   # node_sock
 
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$SBX_REPO/bridge/__init__.py")
 REF="sandbox.local/slurm-k8s-bridge:$VERSION"
@@ -54,37 +55,46 @@ image_py=$(py_version "$BASE/root")
   die "Slurm $(slurm_version "$ROOTFS") in the rootfs, $(slurm_version "$BASE/root") in the image base: rm -rf $BASE"
 site="$ROOTFS/opt/pyslurm-venv/lib/python$image_py/site-packages"
 
-work=$(mktemp -d "$SBX_CACHE/images/bridge-image.XXXX")
-trap 'rm -rf "$work"' EXIT
-cp -a "$BASE/root" "$work/root"
-python3 -m pip wheel -q --no-deps --no-cache-dir -w "$work/wheels" "$SBX_REPO" >&2
-python3 -m pip install -q --no-cache-dir --no-warn-conflicts --root-user-action=ignore \
-  --target "$work/root$LIB" --only-binary=:all: --implementation cp \
-  --python-version "$image_py" --abi "cp${image_py/./}" \
-  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-  "$work"/wheels/*.whl >&2
-cp -a "$site"/pyslurm "$site"/pyslurm-*.dist-info "$site"/bridge_pyslurm_ext*.so "$work/root$LIB/"
-rm -rf "$work/root$LIB/bin"
-# Everything imports with the image's own Python and Slurm libraries (pyslurm reads slurm.conf
-# as it loads: give it the sandbox's for the check, then take it away).
-cp "$SLURM_CONF" "$work/root/tmp/slurm.conf"
-chroot "$work/root" env -i PYTHONPATH="$LIB" PYTHONDONTWRITEBYTECODE=1 SLURM_CONF=/tmp/slurm.conf /usr/bin/python3 -c \
-  'import bridge.cli, aiohttp, kubernetes_asyncio, pyslurm, bridge_pyslurm_ext' ||
-  die "the image's Python cannot import the bridge, its dependencies or pyslurm"
-rm -f "$work/root/tmp/slurm.conf"
+# The archive is rebuilt only when something that goes into it changed: this recipe, the base,
+# the pyslurm build, or the bridge's sources.
+OUT="$SBX_CACHE/images/out/slurm-k8s-bridge-$VERSION.tar"
+image_key=$( { cat "$0" "$IMAGES_SRC/mkimage.py" "$ROOTFS"/opt/pyslurm-venv/.built-*; echo "$BASE"
+  cd "$SBX_REPO" && find bridge pyproject.toml README.md -type f ! -path '*/__pycache__/*' -print0 |
+    sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
+if [ ! -f "$OUT" ] || [ "$(cat "$OUT.key" 2>/dev/null)" != "$image_key" ]; then
+  work=$(mktemp -d "$SBX_CACHE/images/bridge-image.XXXX")
+  trap 'rm -rf "$work"' EXIT
+  cp -a "$BASE/root" "$work/root"
+  python3 -m pip wheel -q --no-deps --no-cache-dir -w "$work/wheels" "$SBX_REPO" >&2
+  python3 -m pip install -q --no-cache-dir --no-warn-conflicts --root-user-action=ignore \
+    --target "$work/root$LIB" --only-binary=:all: --implementation cp \
+    --python-version "$image_py" --abi "cp${image_py/./}" \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    "$work"/wheels/*.whl >&2
+  cp -a "$site"/pyslurm "$site"/pyslurm-*.dist-info "$site"/bridge_pyslurm_ext*.so "$work/root$LIB/"
+  rm -rf "$work/root$LIB/bin"
+  # Everything imports with the image's own Python and Slurm libraries (pyslurm reads slurm.conf
+  # as it loads: give it the sandbox's for the check, then take it away).
+  cp "$SLURM_CONF" "$work/root/tmp/slurm.conf"
+  chroot "$work/root" env -i PYTHONPATH="$LIB" PYTHONDONTWRITEBYTECODE=1 SLURM_CONF=/tmp/slurm.conf /usr/bin/python3 -c \
+    'import bridge.cli, aiohttp, kubernetes_asyncio, pyslurm, bridge_pyslurm_ext' ||
+    die "the image's Python cannot import the bridge, its dependencies or pyslurm"
+  rm -f "$work/root/tmp/slurm.conf"
 
-python3 "$IMAGES_SRC/mkimage.py" --rootfs "$work/root" --name "$REF" \
-  --entrypoint '["/usr/bin/python3","-m","bridge.cli"]' --cmd '["--help"]' \
-  --env PYTHONPATH=$LIB --env LANG=C.UTF-8 --env PYTHONDONTWRITEBYTECODE=1 \
-  --out "$work/image.tar" >/dev/null
-mkdir -p "$SBX_CACHE/images/out" && mv "$work/image.tar" "$SBX_CACHE/images/out/slurm-k8s-bridge-$VERSION.tar"
+  python3 "$IMAGES_SRC/mkimage.py" --rootfs "$work/root" --name "$REF" \
+    --entrypoint '["/usr/bin/python3","-m","bridge.cli"]' --cmd '["--help"]' \
+    --env PYTHONPATH=$LIB --env LANG=C.UTF-8 --env PYTHONDONTWRITEBYTECODE=1 \
+    --out "$work/image.tar" >/dev/null
+  mkdir -p "$(dirname "$OUT")" && mv "$work/image.tar" "$OUT"
+  echo "$image_key" >"$OUT.key"
+fi
 
 socks=("$@")
 if [ ${#socks[@]} -eq 0 ]; then
-  for node in $SBX_REAL_NODES; do socks+=("/run/sbx-kube/$node/containerd.sock"); done
+  for node in $SBX_REAL_NODES; do socks+=("$(node_sock "$node")"); done
 fi
 for sock in "${socks[@]}"; do
   [ -S "$sock" ] || die "no containerd at $sock (is the sandbox up?)"
-  ctr -n k8s.io --address "$sock" images import "$SBX_CACHE/images/out/slurm-k8s-bridge-$VERSION.tar" >/dev/null
+  ctr -n k8s.io --address "$sock" images import "$OUT" >/dev/null
 done
 echo "$REF"
