@@ -83,7 +83,7 @@ class Api:
             raise web.HTTPBadRequest(text=f"job {job_id} is in partition {alloc.partition}, not bridged")
         if alloc.uid != who.uid:
             raise web.HTTPForbidden(text=f"job {job_id} belongs to uid {alloc.uid}, not to uid {who.uid}")
-        self.reconciler.slurm_jobs[job_id] = alloc
+        self.reconciler.jobs.record(alloc)
         return who.uid
 
     async def attach(self, request: web.Request) -> web.StreamResponse:
@@ -104,7 +104,7 @@ class Api:
             raise web.HTTPForbidden(text="payload uid differs from the caller's uid")
         self.metrics.inc("attach_requests_total")
 
-        session = self.reconciler.sessions.setdefault(job_id, JobSession(job_id))
+        session = self.reconciler.attach_session(job_id, payload)
         session.payload = payload
         if body.get("cancel"):
             session.cancel_requested = True
@@ -128,7 +128,7 @@ class Api:
     async def cancel(self, request: web.Request) -> web.Response:
         job_id = int(request.match_info["job_id"])
         await self._identify(request, job_id)
-        session = self.reconciler.sessions.setdefault(job_id, JobSession(job_id))
+        session = self.reconciler.cancel_session(job_id) or JobSession(job_id)
         session.cancel_requested = True
         self.enqueue(job_id)
         log.info("cancel.requested", job_id=job_id)

@@ -36,6 +36,7 @@ from bridge.workqueue import WorkQueue
 log = structlog.get_logger(__name__)
 
 WORKERS = 16
+LEADER_CONNECTIONS = 2
 
 
 def make_slurm_client(cfg: BridgeConfig) -> SlurmClient:
@@ -62,6 +63,17 @@ def lease_settings(cfg: BridgeConfig) -> LeaseSettings:
     )
 
 
+async def make_elector(cfg: BridgeConfig) -> LeaderElector:
+    """The elector with an API client of its own: its few small requests must never wait behind
+    the pod watch, the log streams and the creates of the main client's connection pool (a renew
+    stuck there would cost the Lease, or worse, outlive the renew deadline)."""
+    client = await make_api_client(
+        str(cfg.kube.kubeconfig) if cfg.kube.kubeconfig else None, context=cfg.kube.context,
+        max_connections=LEADER_CONNECTIONS,
+    )
+    return LeaderElector(client, lease_settings(cfg), owns_client=True)
+
+
 def pod_selector(cfg: BridgeConfig) -> str:
     return f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER},{wellknown.LABEL_CLUSTER}={cfg.cluster}"
 
@@ -81,7 +93,7 @@ async def run(cfg: BridgeConfig) -> int:
     reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after)
     watcher = PodWatcher(api_client, cfg.namespace, pod_selector(cfg), cache, queue.add)
     poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
-    elector = LeaderElector(api_client, lease_settings(cfg)) if cfg.leader.enabled else None
+    elector = await make_elector(cfg) if cfg.leader.enabled else None
     own_pod = OwnPod.from_environment()
     leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
     if leader_pod is not None:
@@ -100,9 +112,13 @@ async def run(cfg: BridgeConfig) -> int:
     metrics.gauge("queue_depth", "Job ids waiting to be reconciled.", lambda: float(len(queue)))
     metrics.gauge("cached_pods", "Pods in the watch cache.", lambda: float(len(cache)))
     metrics.gauge("slurm_jobs", "Jobs in bridged partitions known from Slurm.",
-                  lambda: float(len(reconciler.slurm_jobs)))
+                  lambda: float(len(reconciler.jobs)))
+    metrics.gauge("sessions", "Waiter sessions (one per job run) not ended yet.",
+                  lambda: float(len(reconciler.sessions)))
     metrics.gauge("attached_waiters", "Waiters attached right now.",
-                  lambda: float(sum(s.attached for s in reconciler.sessions.values())))
+                  lambda: float(sum(s.attached for s in reconciler.sessions)))
+    metrics.gauge("create_expectations", "Pods created and not yet seen in the watch cache.",
+                  lambda: float(len(reconciler.expectations)))
     metrics.gauge("watch_events", "Pod watch events applied.", lambda: float(watcher.events))
     metrics.gauge("watch_relists", "Pod watch relists.", lambda: float(watcher.relists))
     metrics.gauge("leader", "1 while this replica holds the Lease and acts.", lambda: float(leading()))
@@ -134,9 +150,9 @@ async def run(cfg: BridgeConfig) -> int:
         ))
         await asyncio.wait({can_act, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
         if not stop.is_set():
-            log.info("daemon.acting", pods=len(cache), jobs=len(reconciler.slurm_jobs))
+            log.info("daemon.acting", pods=len(cache), jobs=len(reconciler.jobs))
             # Level-triggered: look at everything once, whatever happened before we led.
-            for job_id in reconciler.slurm_jobs.keys() | cache.job_ids():
+            for job_id in reconciler.jobs.job_ids() | cache.job_ids():
                 queue.add(job_id)
             workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
                        for i in range(WORKERS)]
@@ -159,11 +175,13 @@ async def run(cfg: BridgeConfig) -> int:
             await _best_effort(leader_pod.unmark(), "leader_pod.unmark")
         if elector is not None and exit_code == 0:
             await elector.release()
-        for session in reconciler.sessions.values():
+        for session in reconciler.sessions:
             session.detach()
         await runner.cleanup()
         await slurm.close()
         await api_client.close()
+        if elector is not None:
+            await elector.close()
         log.info("daemon.stopped")
     return exit_code
 

@@ -5,6 +5,13 @@ has not changed for `lease_duration_s` as seen on the candidate's own clock (so 
 between replicas does not matter); the holder renews every `retry_period_s`; a holder that
 could not renew for `renew_deadline_s` (< lease_duration_s) stops acting before anybody else
 may take over. The Lease's resourceVersion makes every write a compare-and-swap.
+
+Every attempt (its GET and its PUT together) is bounded by the renew deadline that is left, so a
+slow API server cannot keep an old leader acting after a standby may have taken over: the
+attempt is abandoned and leadership given up at the deadline. A renewal counts from when its
+attempt began (the Lease may have been written any time after that). The elector has an API
+client of its own (bridge.daemon.make_elector), so its requests never queue behind the pod
+watch and the log streams.
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ def _now_micro() -> str:
 
 
 class LeaderElector:
-    def __init__(self, api: ApiClient, settings: LeaseSettings) -> None:
+    def __init__(self, api: ApiClient, settings: LeaseSettings, *, owns_client: bool = False) -> None:
         self._api = api
+        self._owns_client = owns_client
         self.settings = settings
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
         self._observed: tuple[str | None, str | None] = (None, None)  # (holder, renewTime)
@@ -99,14 +107,23 @@ class LeaderElector:
         s = self.settings
         bound = log.bind(lease=f"{s.namespace}/{s.name}", identity=s.identity)
         while True:
+            started = time.monotonic()
+            # A leader may spend only what is left of its renew deadline; a candidate the deadline.
+            budget = s.renew_deadline_s
+            if self.is_leader.is_set():
+                budget -= started - self._last_renew
             try:
-                held = await self.try_acquire_or_renew()
+                async with asyncio.timeout(max(budget, 0.0)):
+                    held = await self.try_acquire_or_renew()
+            except TimeoutError:
+                held = False
+                bound.warning("leader.attempt_timed_out", budget_s=round(budget, 2))
             except BridgeError as error:
                 held = False
                 bound.warning("leader.renew_failed", error=str(error))
             now = time.monotonic()
             if held:
-                self._last_renew = now
+                self._last_renew = started
                 if not self.is_leader.is_set():
                     self.transitions += 1
                     bound.info("leader.acquired")
@@ -121,6 +138,11 @@ class LeaderElector:
                     self.lost.set()
                     return
             await asyncio.sleep(s.retry_period_s)
+
+    async def close(self) -> None:
+        """Close the API client, if it is the elector's own."""
+        if self._owns_client:
+            await self._api.close()
 
     async def release(self) -> None:
         """On clean shutdown, hand the Lease back so a standby takes over at once."""

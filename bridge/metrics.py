@@ -15,6 +15,10 @@ HELP = {
     "slurm_polls_total": "Polls of Slurm for job changes.",
     "slurm_poll_changes_total": "Polls that returned changed jobs.",
     "slurm_errors_total": "Failed Slurm requests.",
+    "slurm_records_skipped_total": "Job records of bridged partitions that could not be parsed (skipped).",
+    "slurm_confirm_reads_total": "Reads of one job to confirm that it is gone before acting on its absence.",
+    "sessions_ended_total": "Waiter sessions ended because Slurm showed their run over.",
+    "log_relay_resumes_total": "Log relays resumed after their stream ended or stalled early.",
     "attach_requests_total": "Waiter attach requests accepted.",
     "attach_rejected_total": "Waiter requests rejected (identity, unknown job, bad payload).",
 }

@@ -8,7 +8,7 @@ the job's state and the plugin configuration; only a job id is indispensable.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bridge import gres, hostlist
@@ -77,6 +77,13 @@ class JobAllocation:
     batch_host: str = ""
     """Node that runs the batch script, i.e. the waiter."""
     cluster: str = ""
+    run: int = 0
+    """Slurm's restart count (`restart_cnt`): 0 for the first run, one more at each requeue. The job
+    id alone does not name a run: a requeued job keeps its id and must start from a clean slate."""
+    read_at: float = field(default=0.0, compare=False, repr=False)
+    """`time.monotonic()` (of the reading process) when the request that produced this record was
+    sent: its version. An answer can reflect Slurm at any moment after that, never before, so the
+    send time is a safe lower bound. Not compared: two reads of the same record are equal."""
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -106,8 +113,11 @@ class JobPayload:
     gid: int
 
 
-def allocation_from_rest(job: Mapping[str, Any]) -> JobAllocation:
-    """A JobAllocation from one element of slurmrestd v0.0.45's `jobs` list."""
+def allocation_from_rest(job: Mapping[str, Any], read_at: float = 0.0) -> JobAllocation:
+    """A JobAllocation from one element of slurmrestd v0.0.45's `jobs` list.
+
+    `read_at`: when the request that returned it was sent (see JobAllocation.read_at).
+    """
     job_id = _number(job.get("job_id"))
     if job_id is None or job_id <= 0:
         raise ModelError(f"job without a valid job_id: {job.get('job_id')!r}")
@@ -139,6 +149,8 @@ def allocation_from_rest(job: Mapping[str, Any]) -> JobAllocation:
         start_time=start_time,
         batch_host=_str(job.get("batch_host")),
         cluster=_str(job.get("cluster")),
+        run=_number(job.get("restart_cnt")) or 0,
+        read_at=read_at,
     )
 
 

@@ -1,9 +1,18 @@
-"""Per-job runtime state of attached waiters. Lost on restart by design: the
-waiter re-attaches and re-sends everything here (payload, log positions)."""
+"""Per-run runtime state of attached waiters, and the registry that owns it.
+
+A session belongs to one run of a job: (job id, run), the run being Slurm's restart count. It is
+made when that run's waiter attaches and ended (its waiter told, its log relays stopped) and dropped
+once Slurm shows that run over: finished, cancelled, timed out, gone, or requeued (a requeued job
+keeps its id but gets a new run, hence a new, clean session that never replays the old exit).
+
+Lost on restart by design: the waiter re-attaches and re-sends everything here (payload, log
+positions).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +24,8 @@ Event = dict[str, Any]
 @dataclass
 class JobSession:
     job_id: int
+    run: int = 0
+    """Slurm's restart count of the run this session serves (JobAllocation.run)."""
     payload: JobPayload | None = None
     cancel_requested: bool = False
     last_log: dict[str, str] = field(default_factory=dict)
@@ -54,8 +65,44 @@ class JobSession:
             self.listener.put_nowait(event)
 
     def finish(self, event: Event) -> None:
-        """Decide the job's end once; the waiter exits when it reads it."""
+        """Decide the run's end once; the waiter exits when it reads it."""
         if self.final is None:
             self.final = event
             self.publish(event)
 
+
+class SessionRegistry:
+    """The sessions by (job id, run). The API opens them; the reconciler ends them."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[int, int], JobSession] = {}
+
+    def get(self, job_id: int, run: int) -> JobSession | None:
+        return self._sessions.get((job_id, run))
+
+    def open(self, job_id: int, run: int) -> JobSession:
+        """The session of this run, made if it is new."""
+        session = self._sessions.get((job_id, run))
+        if session is None:
+            session = self._sessions[(job_id, run)] = JobSession(job_id, run)
+        return session
+
+    def of_job(self, job_id: int) -> list[JobSession]:
+        """Every session of the job, oldest run first."""
+        return sorted((s for (j, _), s in self._sessions.items() if j == job_id), key=lambda s: s.run)
+
+    def end(self, session: JobSession, event: Event) -> None:
+        """The run is over: tell its waiter `event` (unless its end was decided before), stop its
+        log relays and forget it. A waiter still connected reads the event and leaves."""
+        session.finish(event)
+        if self._sessions.get((session.job_id, session.run)) is session:
+            del self._sessions[(session.job_id, session.run)]
+        for task in session.log_tasks.values():
+            task.cancel()
+        session.log_tasks.clear()
+
+    def __iter__(self) -> Iterator[JobSession]:
+        return iter(list(self._sessions.values()))
+
+    def __len__(self) -> int:
+        return len(self._sessions)

@@ -1,8 +1,11 @@
 """Event sources that feed job ids into the work queue.
 
 Slurm has no watch: the poller asks for changes since the last poll (cheap when
-nothing changed) and queues every job whose view changed or vanished. The pod
-watch (bridge.kube.watch) queues the job of every pod event.
+nothing changed), hands the listing to the job store (which keeps the newest view of
+each job: a listing older than what an attach saw changes nothing) and queues every job
+whose view changed or vanished. The listing is cut to the bridged partitions and parsed
+record by record inside the Slurm client, so a malformed job is skipped, never fatal.
+The pod watch (bridge.kube.watch) queues the job of every pod event.
 """
 
 from __future__ import annotations
@@ -31,20 +34,18 @@ class SlurmPoller:
 
     async def poll_once(self) -> None:
         self.metrics.inc("slurm_polls_total")
-        jobs = await self.reconciler.slurm.changed_jobs()
-        if jobs is None:
+        listing = await self.reconciler.slurm.changed_jobs(self.reconciler.cfg.partitions.keys())
+        if listing is None:
             return
         self.metrics.inc("slurm_poll_changes_total")
-        current = {job.job_id: job for job in jobs if self.reconciler.is_bridged(job)}
-        previous = self.reconciler.slurm_jobs
-        self.reconciler.slurm_jobs = current
-        for job_id, job in current.items():
-            if previous.get(job_id) != job:
-                self.enqueue(job_id)
-        for job_id in previous.keys() - current.keys():
+        if listing.unreadable:
+            self.metrics.inc("slurm_records_skipped_total", len(listing.unreadable))
+        for job_id in sorted(self.reconciler.jobs.apply_listing(listing)):
             self.enqueue(job_id)
-        # Pods whose job Slurm does not list at all (purged, or from before a restart).
-        for job_id in self.reconciler.cache.job_ids() - current.keys():
+        # Pods whose job Slurm does not list at all (purged, or from before a restart): reconcile
+        # asks Slurm about each before it deletes anything.
+        listed = {job.job_id for job in listing.jobs} | listing.unreadable
+        for job_id in sorted(self.reconciler.cache.job_ids() - listed):
             self.enqueue(job_id)
         self.synced.set()
 

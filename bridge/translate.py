@@ -108,9 +108,16 @@ class TranslateError(PermanentError, ValueError):
     """The job cannot be expressed as pods (no image, root job, unknown node, ...)."""
 
 
-def pod_name(job_id: int, index: int) -> str:
-    """Name of the pod for node `index` of job `job_id` (array tasks have their own job id)."""
-    return f"slurm-{job_id}-{index}"
+def pod_name(job_id: int, index: int, run: int = 0) -> str:
+    """Name of the pod for node `index` of run `run` of job `job_id` (array tasks have their own
+    job id): `slurm-<jobid>-<index>` for the first run (the name users and scripts know), and
+    `slurm-<jobid>-r<run>-<index>` once Slurm requeued the job, so no name is shared between runs."""
+    return f"slurm-{job_id}-{index}" if run == 0 else f"slurm-{job_id}-r{run}-{index}"
+
+
+def run_of(pod: Mapping[str, Any]) -> int:
+    """The job run a pod manifest belongs to (label LABEL_RUN); 0 when unlabelled."""
+    return _int_or_none(_metadata(pod, "labels").get(wellknown.LABEL_RUN)) or 0
 
 
 def job_id_of(pod: Mapping[str, Any]) -> int | None:
@@ -289,6 +296,7 @@ def _pod(
         wellknown.LABEL_MANAGED_BY: wellknown.MANAGER,
         wellknown.LABEL_CLUSTER: cfg.cluster,
         wellknown.LABEL_JOB_ID: str(alloc.job_id),
+        wellknown.LABEL_RUN: str(alloc.run),
     }
     if alloc.is_array_task:
         labels[wellknown.LABEL_ARRAY_JOB_ID] = str(alloc.array_job_id)
@@ -410,7 +418,7 @@ def _pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(alloc.job_id, index),
+            "name": pod_name(alloc.job_id, index, alloc.run),
             "namespace": cfg.namespace,
             "labels": labels,
             "annotations": annotations,

@@ -30,6 +30,12 @@ LABEL_JOB_ID: Final = PREFIX + "job-id"
 LABEL_ARRAY_JOB_ID: Final = PREFIX + "array-job-id"
 """Slurm array job id, only on pods of array tasks: select a whole array at once."""
 
+LABEL_RUN: Final = PREFIX + "run"
+"""Run of the job the pod belongs to: Slurm's restart count (0, then +1 at each requeue). A
+requeued job keeps its id; its new run gets new pods and never adopts the old run's. Pod names
+carry it too: `slurm-<jobid>-<node index>` for run 0, `slurm-<jobid>-r<run>-<node index>` after
+(see translate.pod_name). A pod without the label is from run 0."""
+
 # --- pod annotations (state needed to rebuild after a restart, and context for humans) ---------
 
 ANNOTATION_NODE_INDEX: Final = PREFIX + "node-index"

@@ -23,17 +23,22 @@ from bridge.kube.lines import ns_to_rfc3339, rfc3339_to_ns, split_log_line
 
 log = structlog.get_logger(__name__)
 
-LOG_TIMEOUT = aiohttp.ClientTimeout(connect=10)
-"""A followed log may stay silent for hours (a job computing): no read timeout, only a connect one."""
+LOG_READ_TIMEOUT_S = 60.0
+"""A followed log silent this long is broken off: a half-open connection (a restarted API server or
+kubelet, a lost network path) would otherwise hang for ever. A job that computes quietly for hours
+is fine: its relay resumes after the last line it saw (reconcile._relay_logs)."""
 
 
 class KubeActions:
     """Pod verbs in one namespace."""
 
-    def __init__(self, api_client: ApiClient, namespace: str) -> None:
+    def __init__(
+        self, api_client: ApiClient, namespace: str, *, log_read_timeout_s: float = LOG_READ_TIMEOUT_S
+    ) -> None:
         self._api = api_client
         self.namespace = namespace
         self._pods = f"/api/v1/namespaces/{namespace}/pods"
+        self._log_timeout = aiohttp.ClientTimeout(connect=10, sock_read=log_read_timeout_s)
 
     async def create_pod(self, manifest: dict[str, Any]) -> bool:
         """Create the pod; True if created, False if a pod of that name already exists (not an error)."""
@@ -125,12 +130,13 @@ class KubeActions:
     ) -> AsyncIterator[tuple[str, str]]:
         """Follow the container's log: yield (RFC 3339 nano timestamp, line without its newline).
 
-        Ends when the container exits (the server closes the stream) or the connection breaks
-        (KubeUnavailable); to resume, call again with `since_time` = the last timestamp seen: only
-        lines stamped strictly after it are yielded (the server keeps whole seconds, so lines of
-        that second are filtered here). Raises LogsNotReady while the container has not started.
-        Consumers that may stop early should wrap it in `contextlib.aclosing` so the connection
-        is closed at once rather than when the generator is garbage-collected.
+        Ends when the container exits (the server closes the stream), or raises KubeUnavailable when
+        the connection breaks or stays silent for `log_read_timeout_s`; to resume, call again with
+        `since_time` = the last timestamp seen: only lines stamped strictly after it are yielded
+        (the server keeps whole seconds, so lines of that second are filtered here). Raises
+        LogsNotReady while the container has not started. Consumers that may stop early should
+        wrap it in `contextlib.aclosing` so the connection is closed at once rather than when the
+        generator is garbage-collected.
         """
         query: dict[str, str | int] = {"container": container, "follow": "true", "timestamps": "true"}
         after_ns: int | None = None
@@ -140,7 +146,7 @@ class KubeActions:
         what = f"read the log of container {container} of pod {pod_name} in namespace {self.namespace}"
         try:
             response = await request(
-                self._api, "GET", f"{self._pods}/{pod_name}/log", what, query=query, timeout=LOG_TIMEOUT
+                self._api, "GET", f"{self._pods}/{pod_name}/log", what, query=query, timeout=self._log_timeout
             )
         except KubeInvalid as error:
             raise LogsNotReady(str(error)) from error

@@ -10,7 +10,7 @@ The dicts handed out are the cache's own: treat them as read-only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Final
 
 from bridge import wellknown
@@ -59,6 +59,12 @@ class PodCache:
         self._by_job: dict[int, set[str]] = {}
         self.synced = asyncio.Event()
         """Set once the first full list is in: before that, "no pods" means "not known yet"."""
+        self._on_seen: list[Callable[[str], None]] = []
+
+    def on_seen(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(pod name)` whenever the cache stores a pod (event or list); it must be
+        quick and must not raise. Create expectations are satisfied this way."""
+        self._on_seen.append(listener)
 
     # -- reads --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -136,6 +142,8 @@ class PodCache:
             self._unindex(name, old_job)
             touched.add(old_job)
         self._pods[name] = trimmed
+        for listener in self._on_seen:
+            listener(name)
         if new_job is not None:
             self._job_of[name] = new_job
             self._by_job.setdefault(new_job, set()).add(name)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -30,7 +31,7 @@ import structlog
 from bridge import gres, hostlist
 from bridge.errors import PermanentError, SlurmUnavailable
 from bridge.model import JobAllocation, ModelError, NodeAllocation
-from bridge.slurm import ESLURM_TRANSITION_STATE_NO_UPDATE, SIGNAL_RETRY_DELAYS_S
+from bridge.slurm import ESLURM_TRANSITION_STATE_NO_UPDATE, SIGNAL_RETRY_DELAYS_S, JobListing, parse_listing
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +73,7 @@ class PyslurmSlurmClient:
         self._pyslurm, self._ext = _import_modules()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyslurm")
         self._last_update = 0
+        self._reported: set[int] = set()
 
     # -- plumbing ---------------------------------------------------------
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -82,16 +84,17 @@ class PyslurmSlurmClient:
             raise _classify(what, error) from error
 
     # -- the SlurmClient verbs --------------------------------------------
-    async def changed_jobs(self) -> list[JobAllocation] | None:
-        answer = await self._call("load jobs", self._load_changed, self._last_update)
+    async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
+        read_at = time.monotonic()
+        answer = await self._call("load jobs", self._load_changed, self._last_update, partitions, read_at)
         if answer is None:
             return None
         # slurmctld's own clock (time of its answer), as the REST backend uses.
-        self._last_update, jobs = answer
-        return jobs
+        self._last_update, listing = answer
+        return listing
 
     async def job(self, job_id: int) -> JobAllocation | None:
-        return await self._call(f"load job {job_id}", self._load_one, job_id)
+        return await self._call(f"load job {job_id}", self._load_one, job_id, time.monotonic())
 
     async def signal_job(self, job_id: int, signal: str) -> None:
         for delay in (*SIGNAL_RETRY_DELAYS_S, None):
@@ -117,17 +120,24 @@ class PyslurmSlurmClient:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- on the worker thread ---------------------------------------------
-    def _load_changed(self, since: int) -> tuple[int, list[JobAllocation]] | None:
+    def _load_changed(
+        self, since: int, partitions: Collection[str] | None, read_at: float
+    ) -> tuple[int, JobListing] | None:
         answer = self._ext.load_jobs(since)
         if answer is None:
             return None
         last_update, jobs = answer
         names: dict[int, str] = {}
-        return int(last_update), [self._allocation(job, names) for job in jobs]
+        listing = parse_listing(
+            jobs, read_at=read_at, partitions=partitions,
+            partition_of=lambda job: job.partition or "", job_id_of=lambda job: int(job.id),
+            parse=lambda job: self._allocation(job, names, read_at), reported=self._reported,
+        )
+        return int(last_update), listing
 
-    def _load_one(self, job_id: int) -> JobAllocation | None:
+    def _load_one(self, job_id: int, read_at: float) -> JobAllocation | None:
         job = self._ext.load_job(job_id)
-        return None if job is None else self._allocation(job, {})
+        return None if job is None else self._allocation(job, {}, read_at)
 
     def _signal(self, job_id: int, signal: str) -> None:
         # pyslurm reads errno even after a successful RPC: start from a clean one.
@@ -137,7 +147,7 @@ class PyslurmSlurmClient:
     def _comment(self, job_id: int, comment: str) -> None:
         self._pyslurm.Job(job_id).modify(self._pyslurm.JobSubmitDescription(comment=comment))
 
-    def _allocation(self, job: Any, user_names: dict[int, str]) -> JobAllocation:
+    def _allocation(self, job: Any, user_names: dict[int, str], read_at: float) -> JobAllocation:
         """A JobAllocation from a pyslurm.Job, field for field as allocation_from_rest reads slurmrestd."""
         ext = self._ext
         job_id = int(job.id)
@@ -162,6 +172,8 @@ class PyslurmSlurmClient:
             start_time=job.start_time or None,  # 0 means "not started"
             batch_host=job.batch_host or "",
             cluster=job.cluster or "",
+            run=job.requeue_count or 0,  # pyslurm's name for restart_cnt
+            read_at=read_at,
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from bridge.errors import SlurmAuthError, SlurmUnavailable
 from bridge.model import JobAllocation, allocation_from_rest
-from bridge.slurm import ESLURM_TRANSITION_STATE_NO_UPDATE, SIGNAL_RETRY_DELAYS_S
+from bridge.slurm import ESLURM_TRANSITION_STATE_NO_UPDATE, SIGNAL_RETRY_DELAYS_S, JobListing, parse_listing
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,7 @@ class RestSlurmClient:
         self._session: aiohttp.ClientSession | None = None
         self._last_update = 0
         self._recheck_second: int | None = None
+        self._reported: set[int] = set()
 
     # -- plumbing ---------------------------------------------------------
     def _read_token(self) -> str:
@@ -96,13 +98,14 @@ class RestSlurmClient:
         raise AssertionError("unreachable")
 
     # -- the SlurmClient verbs --------------------------------------------
-    async def changed_jobs(self) -> list[JobAllocation] | None:
+    async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
         since = self._last_update
         if self._recheck_second is not None and time.time() >= self._recheck_second + 1:
             # update_time has one-second resolution: a change made later in the
             # same second as our last full read would look "unchanged". Once that
             # second is over, read once more from just before it.
             since, self._recheck_second = self._recheck_second - 1, None
+        read_at = time.monotonic()
         body = await self._request("GET", f"/slurm/{API_VERSION}/jobs/", params={"update_time": str(since)})
         if _says_unchanged(body):
             return None
@@ -111,9 +114,15 @@ class RestSlurmClient:
         # Re-read a second once it is over, unless this read already was that re-read.
         self._recheck_second = None if last == self._last_update else last
         self._last_update = last
-        return [allocation_from_rest(job) for job in body.get("jobs") or []]
+        return parse_listing(
+            body.get("jobs") or [], read_at=read_at, partitions=partitions,
+            partition_of=lambda raw: str(_field(raw, "partition") or ""),
+            job_id_of=lambda raw: _field(raw, "job_id"),
+            parse=lambda raw: allocation_from_rest(raw, read_at), reported=self._reported,
+        )
 
     async def job(self, job_id: int) -> JobAllocation | None:
+        read_at = time.monotonic()
         try:
             body = await self._request("GET", f"/slurm/{API_VERSION}/job/{job_id}")
         except MalformedAnswer:
@@ -126,7 +135,7 @@ class RestSlurmClient:
 
         for job in body.get("jobs") or []:
             if int(job.get("job_id", 0)) == job_id:
-                return allocation_from_rest(job)
+                return allocation_from_rest(job, read_at)
         return None
 
     async def signal_job(self, job_id: int, signal: str) -> None:
@@ -167,6 +176,10 @@ class SlurmRequestFailed(SlurmUnavailable):
 
 class MalformedAnswer(SlurmAuthError):
     """slurmrestd's answer could not be parsed; in practice a refused token or an unknown job."""
+
+
+def _field(raw: object, key: str) -> object:
+    return raw.get(key) if isinstance(raw, Mapping) else None
 
 
 def _says_unchanged(body: dict[str, Any]) -> bool:

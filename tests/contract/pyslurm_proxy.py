@@ -15,12 +15,13 @@ import shutil
 import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from bridge.model import JobAllocation
+from bridge.slurm import JobListing
 from tests.contract import wire
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,9 +115,9 @@ class PyslurmProxyClient:
         """A fresh client in the server (no update time remembered)."""
         await self._call("open")
 
-    async def changed_jobs(self) -> list[JobAllocation] | None:
-        jobs = await self._call("changed_jobs")
-        return None if jobs is None else [wire.allocation_from_json(j) for j in jobs]
+    async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
+        listing = await self._call("changed_jobs", *([sorted(partitions)] if partitions is not None else []))
+        return None if listing is None else wire.listing_from_json(listing)
 
     async def job(self, job_id: int) -> JobAllocation | None:
         job = await self._call("job", job_id)

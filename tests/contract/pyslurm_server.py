@@ -21,8 +21,8 @@ from tests.contract import wire
 
 async def _dispatch(client: PyslurmSlurmClient, verb: str, args: list[Any]) -> Any:
     if verb == "changed_jobs":
-        jobs = await client.changed_jobs()
-        return None if jobs is None else [wire.allocation_to_json(j) for j in jobs]
+        listing = await client.changed_jobs(*args)
+        return None if listing is None else wire.listing_to_json(listing)
     if verb == "job":
         job = await client.job(*args)
         return None if job is None else wire.allocation_to_json(job)

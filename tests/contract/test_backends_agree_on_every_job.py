@@ -82,7 +82,7 @@ async def test_full_job_lists_agree_on_the_jobs_of_this_test(
     lists = {name: await client.changed_jobs() for name, client in both.items()}  # fresh: everything
 
     mine = {
-        name: {j.job_id: j for j in listed or [] if j.job_id in (running, held)}
+        name: {j.job_id: j for j in (listed.jobs if listed else ()) if j.job_id in (running, held)}
         for name, listed in lists.items()
     }
     assert mine["rest"].keys() == {running, held}

@@ -91,21 +91,21 @@ async def test_changed_jobs_is_none_when_idle_and_lists_jobs_right_after_any_cha
     job_id = jobs.submit("-p", "native", "-t", "5", "--wrap", "sleep 60")
     jobs.wait_state(job_id)
     first = await backend.changed_jobs()
-    assert first is not None and job_id in {j.job_id for j in first}  # a fresh client lists everything
+    assert first is not None and job_id in {j.job_id for j in first.jobs}  # a fresh client lists everything
 
     await wait_idle(backend)
     sandbox.slurm("scontrol", "update", f"jobid={job_id}", "timelimit=7")
     after_update = await backend.changed_jobs()
 
     assert after_update is not None, "the time limit change right after an idle poll was missed"
-    assert {j.job_id: j for j in after_update}[job_id].time_limit_s == 7 * 60
+    assert {j.job_id: j for j in after_update.jobs}[job_id].time_limit_s == 7 * 60
 
     await wait_idle(backend)
     new_id = jobs.submit("-p", "native", "-H", "--wrap", "true")  # held: stays PENDING
     after_submit = await backend.changed_jobs()
 
     assert after_submit is not None, "the new submission right after an idle poll was missed"
-    assert {j.job_id: j.state for j in after_submit}.get(new_id) == "PENDING"
+    assert {j.job_id: j.state for j in after_submit.jobs}.get(new_id) == "PENDING"
 
 
 async def test_job_of_an_unknown_id_is_none(backend: SlurmClient) -> None:

@@ -1,8 +1,8 @@
 """JSON lines between the test process (host) and the pyslurm server (Slurm rootfs).
 
-Lossless for JobAllocation (a decoded record compares equal to the original), so the tests compare
-what the pyslurm backend really returned. Imports nothing but the bridge's pure layer and
-bridge.errors: this file also runs in the rootfs.
+Lossless for JobAllocation and JobListing (a decoded record compares equal to the original), so the
+tests compare what the pyslurm backend really returned. Imports nothing but the bridge's pure layer,
+bridge.errors and bridge.slurm's records: this file also runs in the rootfs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from bridge import errors
 from bridge.model import JobAllocation, NodeAllocation
+from bridge.slurm import JobListing
 
 
 def allocation_to_json(alloc: JobAllocation) -> dict[str, Any]:
@@ -26,6 +27,16 @@ def allocation_from_json(data: dict[str, Any]) -> JobAllocation:
         NodeAllocation(**{**n, "gpu_indices": tuple(n["gpu_indices"])}) for n in data["nodes"]
     )
     return JobAllocation(**{**data, "state_flags": frozenset(data["state_flags"]), "nodes": nodes})
+
+
+def listing_to_json(listing: JobListing) -> dict[str, Any]:
+    return {"read_at": listing.read_at, "jobs": [allocation_to_json(j) for j in listing.jobs],
+            "unreadable": sorted(listing.unreadable)}
+
+
+def listing_from_json(data: dict[str, Any]) -> JobListing:
+    return JobListing(read_at=data["read_at"], jobs=tuple(allocation_from_json(j) for j in data["jobs"]),
+                      unreadable=frozenset(data["unreadable"]))
 
 
 def error_to_json(error: BaseException) -> dict[str, Any]:

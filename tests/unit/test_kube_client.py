@@ -75,6 +75,8 @@ class FakeApi:
     bodies: list[Any] = field(default_factory=list)
     existing: set[str] = field(default_factory=set)
     watch_hanging: asyncio.Event = field(default_factory=asyncio.Event)
+    stall_logs: bool = False
+    """After a log step's chunks, keep the connection open and silent (a half-open stream)."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -112,9 +114,11 @@ class FakeApi:
 
     async def log(self, request: web.Request) -> web.StreamResponse:
         self.seen(request)
-        return await self.stream(request, self.logs, hang=False)
+        return await self.stream(request, self.logs, hang=False, stall=self.stall_logs)
 
-    async def stream(self, request: web.Request, script: list[Stream], hang: bool) -> web.StreamResponse:
+    async def stream(
+        self, request: web.Request, script: list[Stream], hang: bool, stall: bool = False
+    ) -> web.StreamResponse:
         if not script:
             if not hang:
                 return web.Response(text="")
@@ -132,6 +136,8 @@ class FakeApi:
         for chunk in step:
             await response.write(chunk)
             await asyncio.sleep(0.005)  # separate TCP writes: the client sees the cuts
+        while stall and request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.02)
         await response.write_eof()
         return response
 
@@ -448,3 +454,19 @@ async def test_logs_of_a_container_not_started_yet_are_a_temporary_error(
     with pytest.raises(LogsNotReady, match="waiting to start"):
         async for _ in KubeActions(api, NS).stream_logs("p"):
             pass
+
+
+@pytest.mark.asyncio
+async def test_a_log_stream_that_goes_silent_is_broken_off_at_the_read_deadline(
+    api: ApiClient, fake: FakeApi
+) -> None:
+    fake.logs = [[b"2024-05-01T12:00:00.1Z one\n"]]
+    fake.stall_logs = True
+    seen: list[str] = []
+
+    with pytest.raises(KubeUnavailable, match="stream broke"):
+        async with asyncio.timeout(5):  # without a read deadline this would hang for ever
+            async for _, text in KubeActions(api, NS, log_read_timeout_s=0.3).stream_logs("p"):
+                seen.append(text)
+
+    assert seen == ["one"]

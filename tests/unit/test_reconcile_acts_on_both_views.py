@@ -4,6 +4,7 @@ what it creates, deletes and tells the waiter for each combination of Slurm view
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -13,8 +14,8 @@ import pytest
 from bridge.config import PartitionConfig
 from bridge.kube.cache import PodCache
 from bridge.metrics import Metrics
+from bridge.model import JobAllocation
 from bridge.reconcile import Reconciler
-from bridge.sessions import JobSession
 
 from .builders import allocation, config, payload
 
@@ -22,6 +23,13 @@ from .builders import allocation, config, payload
 class FakeSlurm:
     def __init__(self) -> None:
         self.comments: dict[int, str] = {}
+        self.jobs: dict[int, JobAllocation] = {}
+        """What GET /job/{id} answers (absent: Slurm does not know the job)."""
+        self.reads: list[int] = []
+
+    async def job(self, job_id: int) -> JobAllocation | None:
+        self.reads.append(job_id)
+        return self.jobs.get(job_id)
 
     async def set_comment(self, job_id: int, comment: str) -> None:
         self.comments[job_id] = comment
@@ -81,15 +89,20 @@ def world() -> tuple[Reconciler, FakeKube, FakeSlurm, PodCache, list[int]]:
     return reconciler, kube, slurm, cache, requeued
 
 
+def _see(reconciler: Reconciler, alloc: JobAllocation) -> None:
+    """Slurm's view as a fresh read gives it (what the poller or an attach records)."""
+    reconciler.jobs.record(replace(alloc, read_at=time.monotonic()))
+
+
 def _attach(reconciler: Reconciler, job_id: int = 42) -> asyncio.Queue[dict[str, Any]]:
-    session = reconciler.sessions.setdefault(job_id, JobSession(job_id))
+    session = reconciler.attach_session(job_id, payload())
     session.payload = payload()
     return session.attach({})
 
 
 async def test_a_running_job_with_its_waiter_gets_one_pod_per_node(world: Any) -> None:
     reconciler, kube, _slurm, _cache, _ = world
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
     _attach(reconciler)
 
     await reconciler.reconcile(42)
@@ -102,7 +115,7 @@ async def test_a_running_job_with_its_waiter_gets_one_pod_per_node(world: Any) -
 
 async def test_pods_already_there_are_not_created_again(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
     _attach(reconciler)
     await reconciler.reconcile(42)
     for manifest in kube.created:
@@ -117,7 +130,7 @@ async def test_pods_already_there_are_not_created_again(world: Any) -> None:
 
 async def test_without_a_waiter_nothing_is_created(world: Any) -> None:
     reconciler, kube, *_ = world
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
 
     await reconciler.reconcile(42)
 
@@ -126,12 +139,12 @@ async def test_without_a_waiter_nothing_is_created(world: Any) -> None:
 
 async def test_a_job_slurm_ended_loses_its_pods_and_its_session(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
     _attach(reconciler)
     await reconciler.reconcile(42)
     for manifest in kube.created:
         cache.apply("ADDED", _pod(manifest, phase="Running"))
-    reconciler.slurm_jobs[42] = replace(allocation(), state="COMPLETED")
+    _see(reconciler, replace(allocation(), state="COMPLETED"))
 
     await reconciler.reconcile(42)
     assert sorted(kube.deleted) == [("slurm-42-0", None), ("slurm-42-1", None)]
@@ -139,17 +152,17 @@ async def test_a_job_slurm_ended_loses_its_pods_and_its_session(world: Any) -> N
         cache.apply("DELETED", _pod(manifest))
     await reconciler.reconcile(42)
 
-    assert 42 not in reconciler.sessions
+    assert reconciler.sessions.of_job(42) == []
 
 
 async def test_cancel_deletes_quickly_then_tells_the_waiter_once_the_pods_are_gone(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
     queue = _attach(reconciler)
     await reconciler.reconcile(42)
     for manifest in kube.created:
         cache.apply("ADDED", _pod(manifest, phase="Running"))
-    reconciler.sessions[42].cancel_requested = True
+    reconciler.sessions.of_job(42)[0].cancel_requested = True
 
     await reconciler.reconcile(42)
     assert {grace for _, grace in kube.deleted} == {1}
@@ -164,7 +177,7 @@ async def test_cancel_deletes_quickly_then_tells_the_waiter_once_the_pods_are_go
 
 async def test_stopped_pods_of_an_ended_job_are_removed_at_once(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
-    reconciler.slurm_jobs[42] = replace(allocation(), state="CANCELLED")
+    _see(reconciler, replace(allocation(), state="CANCELLED"))
     manifest = {
         "metadata": {"name": "slurm-42-0", "labels": {"slurm-k8s-bridge/job-id": "42"}},
         "spec": {"nodeName": "kube1"},
@@ -182,7 +195,7 @@ async def test_stopped_pods_of_an_ended_job_are_removed_at_once(world: Any) -> N
 
 async def test_the_exit_code_waits_for_the_logs_and_takes_the_highest_code(world: Any) -> None:
     reconciler, kube, _slurm, cache, requeued = world
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
     queue = _attach(reconciler)
     await reconciler.reconcile(42)
     kube.log_lines = {
@@ -204,8 +217,8 @@ async def test_the_exit_code_waits_for_the_logs_and_takes_the_highest_code(world
 
 async def test_a_bad_directive_fails_the_job_with_the_reason_in_its_comment(world: Any) -> None:
     reconciler, kube, slurm, *_ = world
-    reconciler.slurm_jobs[42] = allocation()
-    session = reconciler.sessions.setdefault(42, JobSession(42))
+    _see(reconciler, allocation())
+    session = reconciler.attach_session(42, payload())
     session.payload = payload(script="#!/bin/sh\n#K8S colour=blue\necho hi\n")
     queue = session.attach({})
 
@@ -224,7 +237,7 @@ async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) 
         partitions={"k8s": PartitionConfig(default_image="img:1", node_label="site/slurm")}
     )
     kube.labels = {"kube1": "k8s-node-a", "kube2": "k8s-node-b"}
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
     _attach(reconciler)
 
     await reconciler.reconcile(42)
@@ -234,7 +247,7 @@ async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) 
 
 async def test_a_failed_rank_waits_for_the_ranks_still_starting(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
-    reconciler.slurm_jobs[42] = allocation()
+    _see(reconciler, allocation())
     queue = _attach(reconciler)
     await reconciler.reconcile(42)
     first, second = kube.created

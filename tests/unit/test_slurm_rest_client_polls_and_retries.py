@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,48 @@ async def test_polls_list_jobs_once_per_change_and_none_in_between(
     changed = await client.changed_jobs()
     await client.close()
 
-    assert first is not None and [j.job_id for j in first] == [fake.jobs[0]["job_id"]]
+    assert first is not None and [j.job_id for j in first.jobs] == [fake.jobs[0]["job_id"]]
     assert recheck is not None, "a change later in the same second as the last read is not lost"
     assert idle is None
-    assert changed is not None and len(changed) == 1
+    assert changed is not None and len(changed.jobs) == 1
     assert [q for _, _, q in fake.requests[:3]] == ["0", "999", "1000"], "slurmctld's clock, not ours"
+
+
+async def test_a_bad_record_is_skipped_and_other_partitions_are_never_parsed(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    fake, url = restd
+    good = fake.jobs[0]  # partition "sim"
+    # GPU gres without its File= indices (the real-world case) makes the record unparseable.
+    broken_elsewhere = {**good, "job_id": 7, "partition": "gpu", "gres_detail": ["gpu:2"]}
+    broken_here = {**good, "job_id": 8, "gres_detail": ["gpu:2"]}
+    fake.jobs = [broken_elsewhere, good, broken_here]
+    client, _ = _client(url, tmp_path)
+
+    listing = await client.changed_jobs({"sim"})
+    await client.close()
+
+    assert listing is not None
+    assert [j.job_id for j in listing.jobs] == [good["job_id"]], "one bad record must not hide the others"
+    assert listing.unreadable == {8}, "a bad record of ours is listed (not gone), just unreadable"
+    assert listing.read_at > 0
+
+
+async def test_records_carry_when_they_were_asked_for_and_their_run(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    fake, url = restd
+    fake.jobs = [{**fake.jobs[0], "restart_cnt": 2}]
+    client, _ = _client(url, tmp_path)
+
+    before = time.monotonic()
+    listing = await client.changed_jobs()
+    await client.close()
+
+    assert listing is not None
+    (job,) = listing.jobs
+    assert job.run == 2
+    assert before <= job.read_at == listing.read_at <= time.monotonic()
 
 
 async def test_a_rotated_token_file_is_read_again_after_a_401(

@@ -19,6 +19,7 @@ from bridge.translate import (
     node_index_of,
     pod_name,
     resolve_image,
+    run_of,
 )
 
 from .builders import allocation, config, payload
@@ -51,6 +52,15 @@ def test_one_pod_per_node_in_node_order() -> None:
     assert {p["metadata"]["namespace"] for p in result} == {"slurm-jobs"}
 
 
+def test_a_requeued_run_gets_pod_names_and_a_label_of_its_own() -> None:
+    rerun = pods(alloc=allocation(run=2))
+
+    assert [p["metadata"]["name"] for p in rerun] == ["slurm-42-r2-0", "slurm-42-r2-1"]
+    assert {p["metadata"]["labels"]["slurm-k8s-bridge/run"] for p in rerun} == {"2"}
+    assert {run_of(p) for p in rerun} == {2}
+    assert run_of({"metadata": {"labels": {}}}) == 0, "pods from before runs were labelled are run 0"
+
+
 def test_first_pod_manifest() -> None:
     pod = pods()[0]
     assert pod["apiVersion"] == "v1"
@@ -59,6 +69,7 @@ def test_first_pod_manifest() -> None:
         "app.kubernetes.io/managed-by": "slurm-k8s-bridge",
         "slurm-k8s-bridge/cluster": "sandbox",
         "slurm-k8s-bridge/job-id": "42",
+        "slurm-k8s-bridge/run": "0",
     }
     assert pod["metadata"]["annotations"] == {
         "slurm-k8s-bridge/node-index": "0",
