@@ -3,6 +3,8 @@
 Start-up order matters: nothing is reconciled before both the pod cache and the
 first Slurm snapshot are in, otherwise "no pods" or "no job" would be believed
 while it only means "not read yet" (and pods would be deleted or duplicated).
+The reconciler's state owners (job store, sessions, create expectations) are made
+by the Reconciler itself; the leader elector gets its own API client.
 """
 
 from __future__ import annotations
