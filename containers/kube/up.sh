@@ -293,7 +293,9 @@ start_kubelet() {
 # Services their virtual IPs (iptables), for pods and for the host itself, where the
 # slurmds' waiters reach the bridge's Service.
 start_kube_proxy() {
-  cat >"$KUBE_STATE/kube-proxy.yaml" <<EOF
+  # kube-proxy watches its config file and exits when it changes: only a real change may touch it
+  # (sandbox-up on a running sandbox restarts nothing).
+  write_if_changed "$KUBE_STATE/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:

@@ -25,6 +25,15 @@ start_bg() {
   echo $! >"$SBX_RUN/$name.pid"
 }
 
+# write_if_changed FILE < CONTENT: replace FILE only when CONTENT differs (daemons that watch
+# their config, or compare mtimes, must not see a rewrite of the same bytes).
+write_if_changed() {
+  local file=$1 new
+  new=$(cat; echo x)   # the x keeps trailing newlines through $(...)
+  if [ -f "$file" ] && [ "$(cat "$file"; echo x)" = "$new" ]; then return 0; fi
+  printf '%s' "${new%x}" >"$file.new" && mv "$file.new" "$file"
+}
+
 is_running() {
   local pid
   pid=$(cat "$SBX_RUN/$1.pid" 2>/dev/null) || return 1

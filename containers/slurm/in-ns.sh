@@ -5,4 +5,6 @@
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 holder=$(cat "$SBX_RUN/slurm-ns.pid")
-exec nsenter -t "$holder" -m -- chroot "$ROOTFS" env SLURM_CONF="$SLURM_CONF" "$@"
+# The rootfs's own PATH: a caller's (e.g. after `eval "$(make -s sandbox-env)"`) names host wrappers.
+exec nsenter -t "$holder" -m -- chroot "$ROOTFS" env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  SLURM_CONF="$SLURM_CONF" "$@"
