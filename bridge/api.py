@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
 
@@ -9,13 +10,18 @@ import structlog
 from aiohttp import web
 
 from bridge import munge
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, TemporaryError
 from bridge.metrics import Metrics
 from bridge.model import ModelError, payload_from_json
 from bridge.reconcile import Reconciler
 from bridge.sessions import JobSession
+from bridge.waiter import request_digest
 
 log = structlog.get_logger(__name__)
+
+HEARTBEAT_S = 10.0
+"""Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
+HEARTBEAT = {"type": "heartbeat"}
 
 
 class Api:
@@ -65,8 +71,12 @@ class Api:
         return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
 
     # -- waiters -------------------------------------------------------------------
-    async def _identify(self, request: web.Request, job_id: int) -> int:
-        """The job's uid, once the caller proved with munge that it runs as that uid."""
+    async def _identify(self, request: web.Request, job_id: int, body: bytes) -> int:
+        """The job's uid, once the caller proved with munge that it runs as that uid and that the
+        credential was made for this very request (method, path, job id and body).
+
+        Errors are classified once: what may pass (a standby, munged or Slurm restarting) is 503 and
+        the waiter retries; 4xx only for what can never succeed."""
         if not self.ready():
             # A standby (or a replica still syncing) must not act; the waiter retries, and the
             # Service (selecting the leader's pod label, or routing on /readyz) finds the leader.
@@ -74,9 +84,23 @@ class Api:
         credential = request.headers.get("X-Munge-Credential", "")
         try:
             who = await munge.verify(credential, self.unmunge_command)
+        except munge.MungeUnavailable as error:
+            raise web.HTTPServiceUnavailable(text=str(error)) from None
         except munge.MungeError as error:
             raise web.HTTPForbidden(text=str(error)) from None
-        alloc = await self.reconciler.slurm.job(job_id)
+        expected = request_digest(request.method, request.path, job_id, body)
+        if who.payload.strip() != expected.encode():
+            raise web.HTTPForbidden(
+                text=f"munge credential of uid {who.uid} was not made for this request ({request.method} "
+                f"{request.path}): credentials are bound to one request and cannot be reused"
+            )
+        try:
+            alloc = await self.reconciler.slurm.job(job_id)
+        except BridgeError as error:
+            # Down, or the daemon's own token refused: either way the operator's to fix, and the
+            # job will run once it is (the waiter keeps retrying).
+            kind = "unavailable" if isinstance(error, TemporaryError) else "refuses the bridge"
+            raise web.HTTPServiceUnavailable(text=f"Slurm {kind}: {error}") from None
         if alloc is None:
             raise web.HTTPNotFound(text=f"Slurm does not know job {job_id}")
         if not self.reconciler.is_bridged(alloc):
@@ -90,14 +114,15 @@ class Api:
         job_id = int(request.match_info["job_id"])
         bound = log.bind(job_id=job_id)
         try:
-            uid = await self._identify(request, job_id)
-            body = await request.json()
+            raw = await request.read()
+            uid = await self._identify(request, job_id, raw)
+            body = json.loads(raw)
             payload = payload_from_json(body)
         except web.HTTPException as error:
             self.metrics.inc("attach_rejected_total")
             bound.warning("attach.rejected", status=error.status, reason=error.text)
             raise
-        except (ModelError, ValueError, BridgeError) as error:
+        except (ModelError, ValueError) as error:
             self.metrics.inc("attach_rejected_total")
             raise web.HTTPBadRequest(text=f"bad attach request: {error}") from None
         if payload.uid != uid:
@@ -116,7 +141,12 @@ class Api:
         await response.prepare(request)
         try:
             while True:
-                event = await queue.get()
+                try:
+                    event = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
+                except TimeoutError:
+                    # Lets the waiter tell a quiet job from a half-open connection, and lets us
+                    # find a waiter that went away (the write fails).
+                    event = HEARTBEAT
                 await response.write(json.dumps(event).encode() + b"\n")
                 if event["type"] == "exit":
                     break
@@ -127,7 +157,7 @@ class Api:
 
     async def cancel(self, request: web.Request) -> web.Response:
         job_id = int(request.match_info["job_id"])
-        await self._identify(request, job_id)
+        await self._identify(request, job_id, await request.read())
         session = self.reconciler.cancel_session(job_id) or JobSession(job_id)
         session.cancel_requested = True
         self.enqueue(job_id)

@@ -6,9 +6,11 @@
 . "$(dirname "${BASH_SOURCE[0]}")/../kube/common.sh"   # kc, ADMIN_KUBECONFIG
 BRIDGE_STATE="$SBX_STATE/bridge"
 VENV="$SBX_REPO/.venv"
-# The waiter, as the slurmds run it: straight to its module, without site and argparse (its
-# start-up is job start latency). It needs only the standard library: a copy of the package.
-WAITER_COMMAND="/usr/bin/env PYTHONPATH=$BRIDGE_STATE/lib /usr/bin/python3 -S -m bridge.waiter"
+# The waiter, as the slurmds run it: one stdlib-only file, by absolute path, in isolated mode
+# (-I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site, its start-up is job
+# start latency). Nothing of the user's PATH, cwd or environment decides what runs.
+WAITER_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter.py"
+WAITER_COMMAND="/usr/bin/python3 -I -S $WAITER_FILE"
 
 require_sandbox() {
   [ -f "$SLURM_CONF" ] && [ -f "$ADMIN_KUBECONFIG" ] || die "the sandbox is not up: run make sandbox-up first"
@@ -21,6 +23,9 @@ install_waiter() {
   cp -r "$SBX_REPO/bridge" "$BRIDGE_STATE/lib.new/"
   rm -rf "$BRIDGE_STATE/lib" && mv "$BRIDGE_STATE/lib.new" "$BRIDGE_STATE/lib"
   chmod -R a+rX "$BRIDGE_STATE/lib"
+  # Root-owned, not writable by users: its directory is sys.path[0] when it runs.
+  install -d -m 755 "$(dirname "$WAITER_FILE")"
+  install -m 644 "$SBX_REPO/bridge/waiter.py" "$WAITER_FILE.new" && mv "$WAITER_FILE.new" "$WAITER_FILE"
 }
 
 # mint_jwt FILE: a slurmrestd token for the daemon (SlurmUser may see and modify every job).
@@ -60,10 +65,31 @@ start_failure_grace_s = 10
 TOML
 }
 
+# write_job_submit_settings CONFIG: job_submit_bridge.conf (read by job_submit.lua and the SPANK
+# step guard) from a bridge config; only the standard library is needed, so the Slurm half of the
+# sandbox can write it before any venv exists. Replaced atomically: both readers fail closed.
+write_job_submit_settings() {
+  local out="$SLURM_ETC/job_submit_bridge.conf"
+  python3 -I -c 'import sys; sys.path.insert(0, sys.argv[1]); from bridge.cli import main
+sys.exit(main(["job-submit-conf", "-c", sys.argv[2]]))' "$SBX_REPO" "$1" >"$out.new"
+  chmod 644 "$out.new" && mv "$out.new" "$out"
+}
+
+# sandbox_bridge_config FILE: a minimal bridge config with the sandbox's partitions (what the
+# Slurm half needs to know before the daemon's own config exists).
+sandbox_bridge_config() {
+  {
+    job_settings_config
+    printf '\n[slurm]\nurl = "http://127.0.0.1:%s"\ntoken_file = "%s"\n' "$SBX_SLURMRESTD_PORT" "$BRIDGE_STATE/slurm.jwt"
+    printf '\n[waiter]\nattach_command = "%s"\n\n' "$WAITER_COMMAND"
+    partitions_config
+  } >"$1"
+}
+
 # slurm_side_up CONFIG: job_submit.lua and its settings (derived from CONFIG), then one slurmd
 # per bridged node (they only ever run waiters); waits until Slurm sees them.
 slurm_side_up() {
-  "$VENV/bin/slurm-k8s-bridge" job-submit-conf -c "$1" >"$SLURM_ETC/job_submit_bridge.conf"
+  write_job_submit_settings "$1"
   cp "$SBX_REPO/deploy/slurm/job_submit.lua" "$SLURM_ETC/job_submit.lua"
   local node
   for node in $(bridged_nodes); do start_slurmd "$node"; done

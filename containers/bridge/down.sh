@@ -4,7 +4,8 @@
 # stay pending.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
-rm -f "$SLURM_ETC/job_submit_bridge.conf"   # job_submit.lua lets everything through without it
+# job_submit_bridge.conf stays: bridged partitions stay bridged while the daemon is down (their
+# jobs are still rewritten and wait), and job_submit.lua refuses every job without it.
 stop_bg bridge 15
 if [ -f "$ADMIN_KUBECONFIG" ] && kc_deployed; then
   # Its namespace, and what it holds outside: the job pods' namespace stays (jobs may still run).

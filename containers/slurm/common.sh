@@ -5,6 +5,7 @@ SLURM_DIR="$SBX_REPO/containers/slurm"
 SLURM_STATE="$SBX_STATE/slurm"
 SLURM_ETC="$SLURM_STATE/etc"
 export SLURM_CONF="$SLURM_ETC/slurm.conf"
+STEP_GUARD="$SLURM_STATE/spank/slurm_k8s_bridge_guard.so"
 
 # The cached rootfs is bind-mounted here so that every user can reach it
 # (host-side Slurm clients load its libraries; the cache may sit under /root).

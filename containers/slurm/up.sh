@@ -78,9 +78,16 @@ cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/cgroup.conf"
 mkdir -p "$SLURM_ETC/host"
 { echo "PluginDir=$ROOTFS/usr/lib/x86_64-linux-gnu/slurm-wlm"; cat "$SLURM_ETC/slurm.conf"; } >"$SLURM_ETC/host/slurm.conf"
 cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/host/cgroup.conf"
-# The bridge's job_submit.lua lets every job through until the bridge writes its settings
-# (job_submit_bridge.conf, at bridge-up).
+# The bridge's job_submit.lua and SPANK step guard fail closed without their settings: the
+# sandbox's bridged partitions are bridged from the start (bridge-up rewrites them from its config).
 [ -f "$SLURM_ETC/job_submit.lua" ] || cp "$SBX_REPO/deploy/slurm/job_submit.lua" "$SLURM_ETC/job_submit.lua"
+"$SBX_REPO/containers/bridge/settings.sh"
+# plugstack.conf beside both slurm.confs (rootfs daemons, host-side clients): the same plugin path
+# resolves in both, $SBX_STATE being the same path inside the rootfs.
+for dir in "$SLURM_ETC" "$SLURM_ETC/host"; do
+  printf 'required %s settings=%s\n' "$STEP_GUARD" "$SLURM_ETC/job_submit_bridge.conf" >"$dir/plugstack.conf.new"
+  mv "$dir/plugstack.conf.new" "$dir/plugstack.conf"
+done
 for ((g = 0; g < SBX_GPUS_PER_NODE; g++)); do
   [ -c "$SBX_STATE/gpus/gpu$g" ] || mknod "$SBX_STATE/gpus/gpu$g" c 1 3
 done
@@ -101,6 +108,17 @@ if ! is_running slurm-ns; then
     mount --bind '$SBX_SHARED_HOME' '$ROOTFS$SBX_SHARED_HOME'
     # rbind: host clients' rootfs path must resolve in here too (PluginDir).
     mount --rbind '$SBX_STATE' '$ROOTFS$SBX_STATE'"
+fi
+
+# --- the bridge's SPANK step guard (deploy/slurm/spank), built against this Slurm ------------
+# Before any slurmd starts (plugstack.conf says `required`); rebuilt only when its source changed.
+guard_src="$SBX_REPO/deploy/slurm/spank/slurm_k8s_bridge_guard.c"
+guard_key=$(cat "$guard_src" | sha256sum | cut -c1-12)
+if [ "$(cat "$STEP_GUARD.key" 2>/dev/null)" != "$guard_key" ]; then
+  mkdir -p "$(dirname "$STEP_GUARD")"
+  cp "$guard_src" "$SLURM_STATE/spank/guard.c"
+  in_ns gcc -O2 -Wall -Werror -fPIC -shared -o "$STEP_GUARD.new" "$SLURM_STATE/spank/guard.c"
+  mv "$STEP_GUARD.new" "$STEP_GUARD" && echo "$guard_key" >"$STEP_GUARD.key"
 fi
 
 # --- munge ------------------------------------------------------------------

@@ -3,31 +3,45 @@ slurm-k8s-bridge job_submit.lua
 
 For jobs in a bridged partition (their nodes are Kubernetes nodes):
   * reject what cannot run there, with a message on sbatch's stderr:
-    jobs without a batch script (srun/salloc), jobs with no image, bad #K8S
-    directives, root's jobs (pods never run as root);
-  * rewrite the batch script into the bridge's waiter, which keeps the original
-    script after a marker. The slurmd of a bridged node thus never runs user code:
-    the waiter hands the script to the bridge, which runs it in pods.
+    jobs without a batch script (srun/salloc), heterogeneous jobs, jobs with no
+    image, bad #K8S directives, root's jobs (pods never run as root);
+  * ALWAYS rewrite the batch script into the bridge's waiter, which keeps the
+    original script after a marker (the waiter takes the first marker, so a
+    marker inside the user's script is inert). The slurmd of a bridged node thus
+    never runs user code: the waiter hands the script to the bridge, which runs
+    it in pods.
+slurm_job_modify refuses to move a job into or out of a bridged partition: a
+script rewritten for one kind would run as it is on the other.
 
 Settings come from job_submit_bridge.conf beside this file (written by the
 bridge's installer from its config, so both agree):
   attach_command=<command line that starts the waiter>
   directive_keys=image,pull_policy,...
   partition=<name> [default_image=<image>]
+Without a readable settings file every job is refused (this plugin fails
+closed: it cannot tell which partitions are bridged).
 ]]
 
 local MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+-- Second line of every rewritten script; the SPANK step guard recognises the waiter's batch step by it.
+local WRAPPER_HEADER = "# slurm-k8s-bridge: rewritten batch script"
+local SETTINGS_NAME = "job_submit_bridge.conf"
 
 local function here()
   local source = debug.getinfo(1, "S").source
   return source:match("^@(.*/)") or "./"
 end
 
+local function settings_path()
+  return here() .. SETTINGS_NAME
+end
+
+-- The settings, or nil and why not.
 local function load_settings()
   local settings = { partitions = {}, keys = {} }
-  local file = io.open(here() .. "job_submit_bridge.conf", "r")
+  local file, problem = io.open(settings_path(), "r")
   if not file then
-    return nil
+    return nil, problem
   end
   for raw in file:lines() do
     local line = raw:gsub("#.*$", ""):match("^%s*(.-)%s*$")
@@ -42,7 +56,31 @@ local function load_settings()
     end
   end
   file:close()
+  if settings.attach_command == nil or settings.attach_command == "" then
+    return nil, settings_path() .. ": no attach_command line"
+  end
   return settings
+end
+
+local function refuse_without_settings(problem)
+  slurm.log_user("slurm-k8s-bridge: no job is accepted: cannot read the bridge's settings (%s). "
+    .. "Ask the administrators to install %s (slurm-k8s-bridge job-submit-conf).", problem, settings_path())
+  slurm.log_error("slurm-k8s-bridge: refusing jobs, settings unreadable: %s", problem)
+  return slurm.ERROR
+end
+
+local function bridged_in(settings, names)
+  local bridged, plain = {}, {}
+  for _, name in ipairs(names) do
+    if settings.partitions[name] then bridged[#bridged + 1] = name else plain[#plain + 1] = name end
+  end
+  return bridged, plain
+end
+
+-- A component of a heterogeneous job (sbatch ... : ..., or #SBATCH hetjob).
+local function is_het_component(job_desc)
+  local offset = job_desc.het_job_offset
+  return offset ~= nil and offset ~= slurm.NO_VAL and offset ~= 4294967294 and offset ~= 4294967295
 end
 
 local function split_commas(text)
@@ -98,20 +136,21 @@ local function parse_directives(script, allowed)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-  local settings = load_settings()
+  local settings, problem = load_settings()
   if settings == nil then
-    return slurm.SUCCESS -- bridge not configured on this controller
+    return refuse_without_settings(problem)
   end
-  local bridged, plain = {}, {}
-  for _, name in ipairs(requested_partitions(job_desc, part_list)) do
-    if settings.partitions[name] then bridged[#bridged + 1] = name else plain[#plain + 1] = name end
-  end
+  local bridged, plain = bridged_in(settings, requested_partitions(job_desc, part_list))
   if #bridged == 0 then
     return slurm.SUCCESS
   end
   local prefix = "slurm-k8s-bridge: partition " .. bridged[1] .. " runs jobs in Kubernetes: "
   if #plain > 0 then
     slurm.log_user(prefix .. "do not mix it with non-Kubernetes partitions (%s)", table.concat(plain, ","))
+    return slurm.ERROR
+  end
+  if is_het_component(job_desc) then
+    slurm.log_user(prefix .. "heterogeneous jobs cannot run there; submit the components as separate jobs")
     return slurm.ERROR
   end
   if job_desc.script == nil or job_desc.script == "" then
@@ -121,9 +160,6 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if job_desc.user_id == 0 or submit_uid == 0 then
     slurm.log_user(prefix .. "jobs of root are refused (pods never run as root); submit as a user")
     return slurm.ERROR
-  end
-  if job_desc.script:find(MARKER, 1, true) then
-    return slurm.SUCCESS -- already rewritten (e.g. a requeue)
   end
   local directives, problem = parse_directives(job_desc.script, settings.keys)
   if directives == nil then
@@ -137,8 +173,10 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       return slurm.ERROR
     end
   end
+  -- Always wrapped, even if the script already holds a marker: the waiter takes the first one, so
+  -- whatever the user wrote stays the pod's script and never runs here.
   job_desc.script = "#!/bin/sh\n"
-    .. "# Rewritten by slurm-k8s-bridge: this job runs in Kubernetes pods. The waiter\n"
+    .. WRAPPER_HEADER .. ": this job runs in Kubernetes pods. The waiter\n"
     .. "# streams their output here and exits with their exit code.\n"
     .. "exec " .. settings.attach_command .. " \"$0\"\n"
     .. MARKER .. "\n"
@@ -147,6 +185,24 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  local new_partition = job_desc.partition
+  if new_partition == nil or new_partition == "" or new_partition == job_rec.partition then
+    return slurm.SUCCESS
+  end
+  local settings, problem = load_settings()
+  if settings == nil then
+    return refuse_without_settings(problem)
+  end
+  local new_bridged, new_plain = bridged_in(settings, split_commas(new_partition))
+  local old_bridged, old_plain = bridged_in(settings, split_commas(job_rec.partition))
+  -- Between bridged partitions the script stays the waiter; any other move would run a script
+  -- rewritten for one kind of partition on the other (the user's own script on a bridged slurmd).
+  if (#new_bridged > 0 or #old_bridged > 0) and (#new_plain > 0 or #old_plain > 0) then
+    slurm.log_user("slurm-k8s-bridge: job %u cannot move from partition %s to %s: jobs cannot move "
+      .. "into or out of a partition that runs in Kubernetes; submit it again there instead",
+      job_rec.job_id, job_rec.partition or "?", new_partition)
+    return slurm.ERROR
+  end
   return slurm.SUCCESS
 end
 

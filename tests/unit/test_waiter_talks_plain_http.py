@@ -25,10 +25,12 @@ def test_a_script_without_marker_is_refused() -> None:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("http://127.0.0.1:8470", ("127.0.0.1", 8470)),
-        ("http://bridge.example:9000/", ("bridge.example", 9000)),
-        ("http://[::1]:8470", ("::1", 8470)),
-        ("http://host", ("host", 80)),
+        ("http://127.0.0.1:8470", ("http", "127.0.0.1", 8470)),
+        ("http://bridge.example:9000/", ("http", "bridge.example", 9000)),
+        ("http://[::1]:8470", ("http", "::1", 8470)),
+        ("http://host", ("http", "host", 80)),
+        ("https://bridge.example", ("https", "bridge.example", 443)),
+        ("HTTPS://bridge.example:8443/", ("https", "bridge.example", 8443)),
     ],
 )
 def test_split_url(url: str, expected: tuple[str, int]) -> None:
@@ -69,12 +71,20 @@ def test_post_streams_the_answer_line_by_line(
     one_shot_server: tuple[int, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port, seen = one_shot_server
-    monkeypatch.setattr(waiter, "munge_credential", lambda: "MUNGE:cred")
+    payloads: list[str] = []
 
-    with waiter.post("127.0.0.1", port, "/v1/jobs/7/attach", {"x": 1}, timeout=5) as stream:
+    def fake_munge(payload: str) -> str:
+        payloads.append(payload)
+        return "MUNGE:cred"
+
+    monkeypatch.setattr(waiter, "munge_credential", fake_munge)
+
+    with waiter.post(("http", "127.0.0.1", port), "/v1/jobs/7/attach", 7, {"x": 1}, timeout=5) as stream:
         lines = [json.loads(line) for line in stream]
 
     assert [e["type"] for e in lines] == ["log", "exit"]
     assert seen["head"].startswith(b"POST /v1/jobs/7/attach HTTP/1.0\r\n")
     assert b"X-Munge-Credential: MUNGE:cred" in seen["head"]
     assert json.loads(seen["body"]) == {"x": 1}
+    # The credential carries the digest of exactly the request that was sent.
+    assert payloads == [waiter.request_digest("POST", "/v1/jobs/7/attach", 7, seen["body"])]

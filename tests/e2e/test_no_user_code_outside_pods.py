@@ -1,0 +1,328 @@
+"""A user's code never runs on a bridged node's slurmd host: every way an ordinary user (alice) was
+seen to get there is refused with a clear message, or ends up running in a pod.
+
+Each probe prints ON_SLURMD_HOST when it sees the Slurm rootfs (/usr/sbin/slurmd exists there, in
+no job image) and IN_POD otherwise; planted programs leave a file in the user's home when they run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.sandbox import REPO, Sandbox, job_pods, wait_until, write_script
+
+PROBE = 'if [ -e /usr/sbin/slurmd ]; then echo ON_SLURMD_HOST; else echo IN_POD; fi\n'
+MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+BUSYBOX = "#K8S image=sandbox.local/busybox:1\n"
+API = "http://127.0.0.1:8470"
+
+
+def _output(bridge: Sandbox, job_id: int) -> str:
+    return (bridge.home("alice") / f"slurm-{job_id}.out").read_text()
+
+
+def _running(bridge: Sandbox, job_id: int) -> None:
+    def state() -> bool:
+        out = bridge.slurm("squeue", "-h", "-j", str(job_id), "-o", "%T").stdout.strip()
+        pods = job_pods(bridge, job_id)
+        return out == "RUNNING" and any(p["status"].get("phase") == "Running" for p in pods)
+
+    wait_until(f"job {job_id} running in a pod", state, timeout=60)
+
+
+# -- job_submit.lua -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("planted", [
+    f": '{MARKER}'\n",                   # the marker inside a command, as in the issue
+    f"true\n{MARKER}\n",                 # the marker as a line of its own (sbatch refuses it in the header)
+    f"echo '{MARKER}'\n{MARKER}\n",      # both
+])
+def test_a_marker_in_the_users_script_is_inert(bridge: Sandbox, planted: str) -> None:
+    script = write_script(bridge, "alice", "marker.sh", "#!/bin/sh\n" + BUSYBOX + planted + PROBE)
+    job_id = bridge.sbatch("-p", "k8s", str(script))
+    row = bridge.wait_job_final(job_id)
+    assert row["State"] == "COMPLETED", row
+    assert _output(bridge, job_id).splitlines()[-1] == "IN_POD"
+
+
+def test_a_wrapped_command_with_the_marker_runs_in_a_pod(bridge: Sandbox) -> None:
+    job_id = bridge.sbatch("-p", "k8s", "--wrap", f"{BUSYBOX.strip()}\n{MARKER}\n{PROBE}")
+    assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
+    assert _output(bridge, job_id).splitlines()[-1] == "IN_POD"
+
+
+def test_a_job_submitted_through_slurmrestd_is_wrapped_too(bridge: Sandbox) -> None:
+    body = {
+        "script": "#!/bin/sh\n" + BUSYBOX + MARKER + "\n" + PROBE,
+        "job": {"partition": "k8s", "current_working_directory": "/home/alice", "name": "via-rest",
+                "environment": ["PATH=/usr/bin:/bin", "LD_PRELOAD=/nonexistent.so"]},
+    }
+    request = urllib.request.Request(
+        f"{bridge.rest_url}/slurm/v0.0.44/job/submit", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "X-SLURM-USER-NAME": "alice",
+                 "X-SLURM-USER-TOKEN": bridge.token("alice", 300)},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        job_id = int(json.load(response)["job_id"])
+    assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
+    assert _output(bridge, job_id) == "IN_POD\n"
+
+
+@pytest.mark.parametrize(("first", "second"), [("native", "k8s"), ("k8s", "native")])
+def test_moving_a_job_into_or_out_of_a_bridged_partition_is_refused(
+    bridge: Sandbox, first: str, second: str
+) -> None:
+    script = write_script(bridge, "alice", "move.sh", "#!/bin/sh\n" + BUSYBOX + PROBE)
+    job_id = bridge.sbatch("-p", first, "--hold", str(script))
+    try:
+        for user in ("alice", "root"):  # not even an administrator may: the script would run as is
+            moved = bridge.slurm("scontrol", "update", f"jobid={job_id}", f"partition={second}",
+                                 user=user, check=False)
+            assert moved.returncode != 0
+            assert "cannot move into or out of a partition that runs in Kubernetes" in moved.stderr
+        shown = bridge.slurm("scontrol", "show", "job", str(job_id)).stdout
+        assert f"Partition={first} " in shown
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+
+
+def test_moving_between_bridged_partitions_is_allowed(bridge: Sandbox) -> None:
+    script = write_script(bridge, "alice", "move2.sh", "#!/bin/sh\n" + BUSYBOX + PROBE)
+    job_id = bridge.sbatch("-p", "sim", "--hold", str(script))
+    try:
+        bridge.slurm("scontrol", "update", f"jobid={job_id}", "partition=k8s", user="alice")
+        bridge.slurm("scontrol", "release", str(job_id), user="alice")
+        assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
+        assert _output(bridge, job_id) == "IN_POD\n"
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+
+
+@pytest.mark.parametrize("layout", [
+    ["-p", "k8s", ":", "-p", "native"],
+    ["-p", "native", ":", "-p", "k8s"],
+    ["-p", "k8s", ":", "-p", "k8s"],
+])
+def test_heterogeneous_jobs_touching_a_bridged_partition_are_refused(
+    bridge: Sandbox, layout: list[str]
+) -> None:
+    script = write_script(bridge, "alice", "het.sh", "#!/bin/sh\n" + BUSYBOX + PROBE)
+    result = bridge.slurm("sbatch", *layout, str(script), user="alice", cwd="/home/alice", check=False)
+    assert result.returncode != 0
+    assert "heterogeneous jobs cannot run there" in result.stderr
+
+
+def test_a_requeued_job_keeps_its_wrapped_script(bridge: Sandbox) -> None:
+    script = write_script(bridge, "alice", "requeue.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
+    job_id = bridge.sbatch("-p", "k8s", str(script))
+    try:
+        _running(bridge, job_id)
+        bridge.slurm("scontrol", "requeuehold", str(job_id))
+        batch = bridge.slurm("scontrol", "write", "batch_script", str(job_id), "-").stdout
+        assert batch.splitlines()[1].startswith("# slurm-k8s-bridge: rewritten batch script")
+        assert batch.count(MARKER) == 1
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+
+
+def test_without_its_settings_job_submit_refuses_every_job(bridge: Sandbox) -> None:
+    settings = Path(bridge.env["SLURM_CONF"]).parents[1] / "job_submit_bridge.conf"
+    saved = settings.read_bytes()
+    settings.rename(settings.with_suffix(".away"))
+    try:
+        for partition in ("k8s", "native"):
+            result = bridge.slurm("sbatch", "-p", partition, "--wrap", "true", user="alice",
+                                  cwd="/home/alice", check=False)
+            assert result.returncode != 0
+            assert "cannot read the bridge's settings" in result.stderr
+            assert str(settings) in result.stderr
+    finally:
+        settings.with_suffix(".away").rename(settings)
+    assert settings.read_bytes() == saved
+
+
+# -- steps: the SPANK guard -------------------------------------------------------------------------
+
+def _raw_client(bridge: Sandbox, cmd: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A Slurm client run as alice with a slurm.conf of her own that loads no SPANK plugin: what a
+    user who builds her own srun gets. Only slurmstepd's check stands in her way."""
+    own = bridge.home("alice") / "own-slurm"
+    own.mkdir(exist_ok=True)
+    conf = own / "slurm.conf"
+    plugstack = own / "plugstack.conf"
+    plugstack.write_text("")
+    conf.write_text(Path(bridge.env["SLURM_CONF"]).read_text() + f"\nPlugStackConfig={plugstack}\n")
+    for path in (conf, plugstack):
+        path.chmod(0o644)
+    root = Path(bridge.env["SLURM_CONF"]).parents[3] / "rootfs"
+    loader = root / "usr/lib64/ld-linux-x86-64.so.2"
+    libs = f"{root}/usr/lib/x86_64-linux-gnu/slurm-wlm:{root}/usr/lib/x86_64-linux-gnu"
+    argv = ["runuser", "-u", "alice", "--", "env", f"SLURM_CONF={conf}", str(loader), "--library-path", libs,
+            "--argv0", cmd, str(root / "usr/bin" / cmd), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/home/alice")
+
+
+def test_srun_into_a_running_bridged_job_is_refused(bridge: Sandbox) -> None:
+    script = write_script(bridge, "alice", "long.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
+    job_id = bridge.sbatch("-p", "k8s", str(script))
+    try:
+        _running(bridge, job_id)
+        step = bridge.slurm("srun", f"--jobid={job_id}", "--overlap", "-N1", "sh", "-c", PROBE,
+                            user="alice", cwd="/home/alice", check=False)
+        assert step.returncode != 0
+        assert "ON_SLURMD_HOST" not in step.stdout
+        assert f"job {job_id} runs in Kubernetes (partition k8s): job steps cannot start" in step.stderr
+        # Without srun's own check (a user's srun that loads no plugin): slurmstepd refuses.
+        raw = _raw_client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-N1",
+                          "sh", "-c", PROBE)
+        assert raw.returncode != 0
+        assert "ON_SLURMD_HOST" not in raw.stdout
+        assert "launch failed" in raw.stderr
+        attached = bridge.slurm("sattach", f"{job_id}.batch", user="alice", check=False)
+        assert attached.returncode != 0
+        assert "ON_SLURMD_HOST" not in attached.stdout
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+
+
+def test_srun_into_a_native_job_still_works_with_the_guard(bridge: Sandbox) -> None:
+    job_id = bridge.sbatch("-p", "native", "--wrap", "sleep 30")
+    try:
+        wait_until("native job running", lambda: bridge.slurm(
+            "squeue", "-h", "-j", str(job_id), "-o", "%T").stdout.strip() == "RUNNING")
+        step = bridge.slurm("srun", f"--jobid={job_id}", "--overlap", "-N1", "echo", "step-ran",
+                            user="alice", cwd="/home/alice")
+        assert step.stdout == "step-ran\n"
+        raw = _raw_client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-N1",
+                          "echo", "step-ran")
+        assert raw.stdout == "step-ran\n", raw.stderr
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+
+
+# -- the waiter on the slurmd host ----------------------------------------------------------------
+
+EVIL_SO = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted(void) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/pwned-ld-%d", PLANT_DIR, (int) getpid());
+    close(open(path, O_CREAT | O_WRONLY, 0644));
+}
+"""
+
+
+def test_the_waiter_ignores_what_the_user_plants(bridge: Sandbox, tmp_path: Path) -> None:
+    home = bridge.home("alice")
+    plant = home / "plant"
+    subprocess.run(["rm", "-rf", str(plant)], check=True)
+    (plant / "bridge").mkdir(parents=True)
+    (plant / "pylib").mkdir()
+    (plant / "bin").mkdir()
+    marker_code = f"import os\nopen(os.path.join({str(plant)!r}, 'pwned-py-' + str(os.getpid())), 'w')\n"
+    for name in ("bridge/__init__.py", "bridge/waiter.py", "json.py", "hashlib.py",
+                 "pylib/sitecustomize.py", "pylib/json.py", "pylib/socket.py"):
+        (plant / name).write_text(marker_code)
+    # Not `sh`: the pod's own shell may follow the job's PATH, and that is the pod's business.
+    for name in ("munge", "unmunge", "python3", "env", "python3.13"):
+        program = plant / "bin" / name
+        program.write_text(f"#!/bin/sh\ntouch {plant}/pwned-path-{name}\n")
+        program.chmod(0o755)
+    source = tmp_path / "evil.c"
+    source.write_text(EVIL_SO.replace("PLANT_DIR", json.dumps(str(plant))))
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(plant / "evil.so"), str(source)], check=True)
+    subprocess.run(["chown", "-R", "alice:alice", str(plant)], check=True)
+    script = write_script(bridge, "alice", "plant/job.sh", "#!/bin/sh\n" + BUSYBOX + PROBE + "exit 4\n")
+
+    job_id = bridge.sbatch(
+        "-p", "k8s", "-o", f"{home}/slurm-%j.out",
+        f"--export=ALL,LD_PRELOAD={plant}/evil.so,LD_LIBRARY_PATH={plant},PYTHONPATH={plant}/pylib,"
+        f"PYTHONHOME={plant},PYTHONSTARTUP={plant}/json.py,PATH={plant}/bin:/usr/bin:/bin",
+        str(script), cwd=str(plant),
+    )
+    row = bridge.wait_job_final(job_id)
+
+    assert (row["State"], row["ExitCode"]) == ("FAILED", "4:0"), "the job ran, in its pod"
+    assert _output(bridge, job_id) == "IN_POD\n"
+    assert sorted(p.name for p in plant.iterdir() if p.name.startswith("pwned")) == []
+
+
+def test_the_waiter_is_started_by_absolute_path_in_isolated_mode(bridge: Sandbox) -> None:
+    settings = (Path(bridge.env["SLURM_CONF"]).parents[1] / "job_submit_bridge.conf").read_text()
+    command = next(line for line in settings.splitlines() if line.startswith("attach_command="))
+    words = command.removeprefix("attach_command=").split()
+    assert words[0].startswith("/") and words[1:3] == ["-I", "-S"] and words[3].startswith("/")
+    waiter = Path(words[3])
+    assert waiter.read_text() == (REPO / "bridge" / "waiter.py").read_text()
+    for path in (waiter, waiter.parent):
+        assert path.stat().st_uid == 0 and not path.stat().st_mode & 0o022, f"{path} writable by others"
+
+
+# -- the attach credential ---------------------------------------------------------------------------
+
+def _credential(bridge: Sandbox, user: str, payload: str) -> str:
+    return subprocess.run(["runuser", "-u", user, "--", "munge"], input=payload, capture_output=True,
+                          text=True, check=True, env=bridge.environ()).stdout.strip()
+
+
+def _digest(method: str, path: str, job_id: int, body: bytes) -> str:
+    digest = hashlib.sha256(f"{method}\n{path}\n{job_id}\n".encode())
+    digest.update(body)
+    return "slurm-k8s-bridge-v1:" + digest.hexdigest()
+
+
+def _post(path: str, body: bytes, credential: str) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json", "X-Munge-Credential": credential}
+    request = urllib.request.Request(f"{API}{path}", data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read(200).decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_a_captured_attach_credential_is_refused_for_any_other_request(bridge: Sandbox) -> None:
+    script = write_script(bridge, "alice", "cred.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
+    first, second = (bridge.sbatch("-p", "k8s", str(script)) for _ in range(2))
+    try:
+        _running(bridge, first)
+        _running(bridge, second)
+        cancel = f"/v1/jobs/{first}/cancel"
+        body = b"{}"
+
+        def captured() -> str:
+            """A credential the waiter made for `POST cancel {}` of the first job, caught in flight."""
+            return _credential(bridge, "alice", _digest("POST", cancel, first, body))
+
+        for path, other_body in ((cancel, b'{"other": 1}'),             # another body
+                                 (f"/v1/jobs/{second}/cancel", body),   # another job
+                                 (f"/v1/jobs/{first}/attach", body)):   # another path
+            status, text = _post(path, other_body, captured())
+            assert (status, "not made for this request" in text) == (403, True), (path, other_body, text)
+        # A credential without any request digest (as waiters sent before binding) is refused too.
+        status, text = _post(cancel, body, _credential(bridge, "alice", ""))
+        assert (status, "not made for this request" in text) == (403, True), text
+        # Nothing above touched the jobs: both still run.
+        time.sleep(1)
+        for job_id in (first, second):
+            assert bridge.slurm("squeue", "-h", "-j", str(job_id), "-o", "%T").stdout.strip() == "RUNNING"
+        # The credential for its own request works once; replayed, munged refuses it.
+        credential = captured()
+        assert _post(cancel, body, credential)[0] == 200
+        status, text = _post(cancel, body, credential)
+        assert (status, "replayed" in text) == (403, True), text
+        wait_until(f"job {first} stopped by its own cancel request", lambda: bridge.slurm(
+            "squeue", "-h", "-j", str(first), "-o", "%T").stdout.strip() in ("", "COMPLETING"), timeout=60)
+        assert bridge.slurm("squeue", "-h", "-j", str(second), "-o", "%T").stdout.strip() == "RUNNING"
+    finally:
+        bridge.slurm("scancel", str(first), str(second), check=False)

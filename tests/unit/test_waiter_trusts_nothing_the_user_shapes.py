@@ -1,0 +1,92 @@
+"""The waiter runs on the slurmd host as the user: it binds its credential to the request, runs
+nothing from the user's PATH or cwd, imports nothing but the standard library, and gives the pods
+back the variables the SPANK guard held out of its way."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge import waiter, wellknown
+
+WAITER = Path(waiter.__file__)
+
+
+def test_the_digest_binds_method_path_job_and_body() -> None:
+    base = waiter.request_digest("POST", "/v1/jobs/7/cancel", 7, b"{}")
+    assert base.startswith("slurm-k8s-bridge-v1:")
+    others = {
+        waiter.request_digest("GET", "/v1/jobs/7/cancel", 7, b"{}"),
+        waiter.request_digest("POST", "/v1/jobs/7/attach", 7, b"{}"),
+        waiter.request_digest("POST", "/v1/jobs/7/cancel", 8, b"{}"),
+        waiter.request_digest("POST", "/v1/jobs/7/cancel", 7, b"{ }"),
+    }
+    assert base not in others and len(others) == 4
+
+
+def test_held_variables_get_their_names_back_for_the_pods() -> None:
+    environ = {"SLURM_K8S_BRIDGE_HELD_LD_PRELOAD": "/x.so", "SLURM_K8S_BRIDGE_HELD_PYTHONPATH": "/p",
+               "HOME": "/home/alice", "SLURM_K8S_BRIDGE_HELD_": "nameless"}
+    expected = {"LD_PRELOAD": "/x.so", "PYTHONPATH": "/p", "HOME": "/home/alice"}
+    assert waiter.job_environment(environ) == expected
+
+
+def test_munge_is_never_looked_up_on_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "munge"
+    fake.write_text("#!/bin/sh\necho planted\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(waiter, "MUNGE_PATHS", ("/nonexistent/munge",))
+    with pytest.raises(OSError, match="munge is not installed"):
+        waiter.munge_binary()
+
+
+def test_munge_runs_with_a_fixed_environment_in_the_root_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, object] = {}
+
+    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+        seen.update(kwargs, argv=argv)
+        return subprocess.CompletedProcess(argv, 0, b"MUNGE:x\n", b"")
+
+    monkeypatch.setattr(waiter, "munge_binary", lambda: "/usr/bin/munge")
+    monkeypatch.setattr(waiter.subprocess, "run", fake_run)
+    monkeypatch.setenv("LD_PRELOAD", "/home/alice/evil.so")
+    assert waiter.munge_credential("digest") == "MUNGE:x"
+    assert seen["argv"] == ["/usr/bin/munge"]
+    assert seen["env"] == waiter.SAFE_ENVIRONMENT and seen["cwd"] == "/"
+    assert seen["input"] == b"digest"
+
+
+def test_the_waiter_imports_only_the_standard_library() -> None:
+    tree = ast.parse(WAITER.read_text())
+    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert modules - {"__future__"} <= set(sys.stdlib_module_names), modules - set(sys.stdlib_module_names)
+
+
+def test_the_marker_is_the_one_job_submit_writes() -> None:
+    assert waiter.MARKER == wellknown.ATTACH_MARKER
+    lua = (WAITER.parents[1] / "deploy" / "slurm" / "job_submit.lua").read_text()
+    assert f'local MARKER = "{waiter.MARKER}"' in lua
+
+
+def test_the_first_marker_wins() -> None:
+    planted = f"#!/bin/sh\necho user\n{waiter.MARKER}\necho planted\n"
+    rewritten = f"#!/bin/sh\nexec waiter \"$0\"\n{waiter.MARKER}\n{planted}"
+    assert waiter.original_script(rewritten) == planted
+
+
+def test_isolated_mode_keeps_the_cwd_and_pythonpath_off_sys_path(tmp_path: Path) -> None:
+    """What `python3 -I -S /abs/waiter.py` gives: a planted ./bridge or PYTHONPATH is never imported."""
+    (tmp_path / "json.py").write_text("raise SystemExit('planted json imported')\n")
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", "import json, sys; print(sys.path[0])"],
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, check=True,
+    )
+    assert str(tmp_path) not in result.stdout
