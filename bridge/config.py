@@ -75,6 +75,10 @@ class PartitionConfig:
     volumes: tuple[VolumeConfig, ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     """Extra pod tolerations, in Kubernetes' own shape; the bridged taint is always tolerated."""
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    """Extra annotations on every pod of the partition (cost centres, a policy engine's hints, a
+    simulator's stage). `${NAME}` in a value is replaced by the job's environment variable NAME
+    (empty when unset), e.g. `"example.com/account" = "${SLURM_JOB_ACCOUNT}"`."""
 
 
 @dataclass(frozen=True)
@@ -324,9 +328,23 @@ def _partition(t: _Table) -> PartitionConfig:
         cpu_request_fraction=_fraction(t, "cpu_request_fraction"),
         volumes=volumes,
         tolerations=tuple(_toleration(x) for x in t.tables("tolerations")),
+        pod_annotations=_pod_annotations(t.table("pod_annotations")),
     )
     t.done()
     return cfg
+
+
+def _pod_annotations(t: _Table) -> dict[str, str]:
+    annotations: dict[str, str] = {}
+    for key in t.names():
+        if not _is_label_key(key):
+            t.fail(key, "is not a valid annotation key (an optional DNS prefix/ and a name)")
+        if key.startswith(wellknown.PREFIX):
+            t.fail(key, f"keys under {wellknown.PREFIX} are the bridge's own")
+        value = t._get(key, str, "a string")
+        annotations[key] = value or ""
+    t.done()
+    return annotations
 
 
 def _fraction(t: _Table, key: str) -> float:

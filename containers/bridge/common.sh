@@ -48,6 +48,11 @@ host_path = "$SBX_SHARED_HOME"
 
 [partitions.sim]
 default_image = "sandbox.local/busybox:1"
+# kwok's pod stages (containers/kube/kwok.yaml) end a simulated pod after the delay, with the exit
+# code; a job picks them with --export=...,SIM_RUN_TIME=30s,SIM_EXIT_CODE=3.
+[partitions.sim.pod_annotations]
+"pod-complete.stage.kwok.x-k8s.io/delay" = "\${SIM_RUN_TIME:-1s}"
+"pod-complete.stage.kwok.x-k8s.io/exit-code" = "\${SIM_EXIT_CODE:-0}"
 [[partitions.sim.volumes]]
 name = "home"
 host_path = "$SBX_SHARED_HOME"
