@@ -28,6 +28,19 @@ _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
 
+DEFAULT_ATTACH_COMMAND = "/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py"
+"""The waiter as the slurmds start it: one root-owned copy of bridge/waiter.py, by absolute path, in
+isolated mode (-I: no PYTHON* variables, no user site, no script or cwd directory on sys.path)."""
+_SHELL_SPECIAL = frozenset("$`;|&<>(){}*?[]~#!\\\n")
+_PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+# Programs whose business is to start another program, found on the PATH (the job's, i.e. the
+# user's) unless named by absolute path: the waiter must not be started through them.
+_PROGRAM_RUNNERS = frozenset({
+    "env", "sh", "bash", "dash", "zsh", "ksh", "csh", "tcsh", "fish", "busybox", "nice", "nohup",
+    "setsid", "stdbuf", "timeout", "ionice", "chrt", "taskset", "numactl", "xargs", "sudo", "su",
+    "runuser", "doas", "exec", "command", "time", "flock", "unshare", "nsenter", "chroot", "strace",
+})
+
 T = TypeVar("T")
 
 
@@ -124,9 +137,10 @@ class WaiterConfig:
 
     unmunge_command: tuple[str, ...] = ("unmunge",)
     """Command that decodes a waiter's munge credential (it talks to this host's munged)."""
-    attach_command: str = "slurm-k8s-bridge attach"
-    """Command line, as run on the slurmds, that starts a waiter; job_submit.lua puts it into
-    every rewritten batch script, followed by `--api <api_url>` and the script's path."""
+    attach_command: str = DEFAULT_ATTACH_COMMAND
+    """Command line, as run on the slurmds (as the job's user), that starts a waiter;
+    job_submit.lua puts it into every rewritten batch script, followed by `--api <api_url>` and
+    the script's path. Validated: nothing in it may be looked up on the user's PATH or cwd."""
     api_url: str = "http://127.0.0.1:8470"
     """URL of this daemon's API as the slurmds reach it."""
 
@@ -292,14 +306,76 @@ def _leader(t: _Table) -> LeaderConfig:
 
 def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:
     unmunge = t.get_str("unmunge_command", "unmunge")
-    attach = t.get_str("attach_command", "slurm-k8s-bridge attach")
+    attach = t.get_str("attach_command", DEFAULT_ATTACH_COMMAND)
     host = f"[{api.host}]" if ":" in api.host else api.host
     url = t.get_str("api_url", f"http://{host}:{api.port}")
     assert unmunge is not None and attach is not None and url is not None
     if not re.match(r"^https?://[^/\s]+", url):
         t.fail("api_url", f"{url!r} is not an http:// or https:// URL")
+    problem = attach_command_problem(attach)
+    if problem:
+        t.fail("attach_command", problem)
     t.done()
     return WaiterConfig(unmunge_command=tuple(shlex.split(unmunge)), attach_command=attach, api_url=url)
+
+
+def attach_command_problem(command: str) -> str | None:
+    """Why `command` may not start the waiter, or None. It runs as the job's user, in the user's
+    environment and submit directory: whatever it names relatively (a program on the PATH, a
+    script beside the cwd) the user can plant, and Python without -I reads PYTHONPATH & co."""
+    special = sorted(set(command) & _SHELL_SPECIAL)
+    if special:
+        # job_submit.lua writes it into a /bin/sh script: `$HOME`, a glob or a `;` would be expanded
+        # in the user's environment and directory.
+        return f"{command!r} holds {''.join(special)!r}, which the batch script's shell would interpret"
+    try:
+        words = shlex.split(command)
+    except ValueError as error:
+        return f"{command!r} is not a valid command line ({error})"
+    if not words or not words[0].startswith("/"):
+        return (f"{command!r} does not start with an absolute path: the job's PATH is the user's to "
+                f"shape. Use e.g. {DEFAULT_ATTACH_COMMAND!r}")
+    program = words[0].rsplit("/", 1)[1]
+    if program in _PROGRAM_RUNNERS:
+        return (f"{command!r} starts {program}, which runs another program looked up on the user's "
+                "PATH; name the interpreter itself by absolute path")
+    if _PYTHON.match(program):
+        isolated, target = _python_options(words[1:])
+        if not isolated:
+            return (f"{command!r} runs Python without -I: PYTHONPATH, the user site and the cwd would "
+                    "decide what it imports. Add -I -S before the waiter's path")
+        if target is not None and not target.startswith("/"):
+            return f"{command!r}: the script {target!r} is not an absolute path (it would be the cwd's)"
+    return None
+
+
+def attach_command_files(command: str) -> list[str]:
+    """The files a valid attach command runs: its program and, for Python, the script."""
+    words = shlex.split(command)
+    files = words[:1]
+    if _PYTHON.match(words[0].rsplit("/", 1)[-1]):
+        script = _python_options(words[1:])[1]
+        files += [script] if script else []
+    return files
+
+
+def _python_options(args: list[str]) -> tuple[bool, str | None]:
+    """(is -I among the interpreter's options, the script path if one follows them)."""
+    isolated, rest = False, iter(args)
+    for arg in rest:
+        if arg in ("--", "-") or not arg.startswith("-"):
+            return isolated, (None if arg in ("--", "-") else arg)
+        if arg.startswith("--"):
+            continue  # --version & co.: no short options inside
+        for at, letter in enumerate(arg[1:], start=1):
+            isolated = isolated or letter == "I"
+            if letter in "cm":  # a program text or a module follows, not a script path
+                return isolated, None
+            if letter in "WX":  # the option's argument: the rest of this word, or the next one
+                if at == len(arg) - 1:
+                    next(rest, None)
+                break
+    return isolated, None
 
 
 def _partition(t: _Table) -> PartitionConfig:
