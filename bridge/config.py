@@ -7,6 +7,7 @@ so that no configuration object can leak the token through a repr or a log line.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tomllib
@@ -129,6 +130,14 @@ class ApiConfig:
     host: str = "127.0.0.1"
     """Listen address; the default only serves slurmds on the same host."""
     port: int = 8470
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain) to serve the API over TLS with; None serves plain HTTP."""
+    tls_key_file: Path | None = None
+    """Its private key (set with tls_cert_file); readable by the daemon only."""
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,10 @@ class WaiterConfig:
     job_submit.lua puts it into every rewritten batch script, followed by `--api <api_url>` and
     the script's path. Validated: nothing in it may be looked up on the user's PATH or cwd."""
     api_url: str = "http://127.0.0.1:8470"
-    """URL of this daemon's API as the slurmds reach it."""
+    """URL of this daemon's API as the slurmds reach it (https:// when the API serves TLS)."""
+    ca_file: Path | None = None
+    """CA bundle, on the slurmd hosts, that the waiters verify the API's certificate with
+    (`--ca`); None: the system's CAs."""
 
 
 @dataclass(frozen=True)
@@ -284,8 +296,35 @@ def _api(t: _Table) -> ApiConfig:
     host = host.removeprefix("[").removesuffix("]")  # [::1]:6830
     if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
         t.fail("listen", f"{listen!r} is not HOST:PORT")
+    cert, key = t.get_str("tls_cert_file"), t.get_str("tls_key_file")
+    if (cert is None) != (key is None):
+        t.fail("tls_cert_file" if cert is None else "tls_key_file",
+               "set both tls_cert_file and tls_key_file, or neither")
+    if cert is not None and key is not None:
+        for name, path in (("tls_cert_file", cert), ("tls_key_file", key)):
+            if not Path(path).is_file():
+                t.fail(name, f"{path} does not exist (or is not a file)")
+        # Checked like the JWT file (doctor): whoever reads the key can impersonate the daemon to
+        # the waiters, which hand it their jobs' scripts and environments.
+        info = Path(key).stat()
+        exposed_to = secret_file_exposure(info.st_mode & 0o777, info.st_gid, {os.getegid(), *os.getgroups()})
+        if exposed_to:
+            t.fail("tls_key_file", f"{key} is readable by {exposed_to} (mode {info.st_mode & 0o777:o}); "
+                                   f"chmod 600 {key}")
     t.done()
-    return ApiConfig(host=host, port=int(port_s))
+    return ApiConfig(host=host, port=int(port_s), tls_cert_file=Path(cert) if cert else None,
+                     tls_key_file=Path(key) if key else None)
+
+
+def secret_file_exposure(mode: int, gid: int, own_gids: set[int]) -> str | None:
+    """Who besides the daemon may read a secret file, or None when nobody may. A group bit is
+    fine when the group is one of the daemon's own (a Kubernetes Secret volume with fsGroup is
+    mode 0440, group = the pod's own group)."""
+    if mode & 0o007:
+        return "every user"
+    if mode & 0o070 and gid not in own_gids:
+        return f"group {gid}"
+    return None
 
 
 def _leader(t: _Table) -> LeaderConfig:
@@ -308,15 +347,27 @@ def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:
     unmunge = t.get_str("unmunge_command", "unmunge")
     attach = t.get_str("attach_command", DEFAULT_ATTACH_COMMAND)
     host = f"[{api.host}]" if ":" in api.host else api.host
-    url = t.get_str("api_url", f"http://{host}:{api.port}")
+    url = t.get_str("api_url", f"{'https' if api.tls else 'http'}://{host}:{api.port}")
     assert unmunge is not None and attach is not None and url is not None
     if not re.match(r"^https?://[^/\s]+", url):
         t.fail("api_url", f"{url!r} is not an http:// or https:// URL")
+    https = url.lower().startswith("https://")
+    if api.tls and not https:
+        t.fail("api_url", f"{url!r} must be https://: the API is served over TLS (api.tls_cert_file)")
     problem = attach_command_problem(attach)
     if problem:
         t.fail("attach_command", problem)
+    ca_file = t.get_str("ca_file")
+    if ca_file is not None:
+        if not https:
+            t.fail("ca_file", f"only used with an https:// api_url, not {url!r}")
+        # A path on the slurmd hosts (not necessarily this one), written into the waiter's command
+        # line: absolute, and nothing the batch script's shell would split or expand.
+        if not ca_file.startswith("/") or set(ca_file) & (_SHELL_SPECIAL | set(" \t'\"")):
+            t.fail("ca_file", f"{ca_file!r} is not an absolute path without spaces or shell characters")
     t.done()
-    return WaiterConfig(unmunge_command=tuple(shlex.split(unmunge)), attach_command=attach, api_url=url)
+    return WaiterConfig(unmunge_command=tuple(shlex.split(unmunge)), attach_command=attach, api_url=url,
+                        ca_file=Path(ca_file) if ca_file else None)
 
 
 def attach_command_problem(command: str) -> str | None:

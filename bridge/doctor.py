@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from bridge import hostlist, wellknown
-from bridge.config import BridgeConfig, attach_command_files
+from bridge.config import BridgeConfig, attach_command_files, secret_file_exposure
 from bridge.errors import BridgeError
 from bridge.kube.client import make_api_client, request_json
 from bridge.kube.leader_pod import OwnPod
@@ -52,17 +52,6 @@ def needed_access(job_namespace: str, own_namespace: str | None) -> list[tuple[s
 
 
 TOKEN_WARN_S = 24 * 3600
-
-
-def secret_file_exposure(mode: int, gid: int, own_gids: set[int]) -> str | None:
-    """Who besides the daemon may read a secret file, or None when nobody may. A group bit is
-    fine when the group is one of the daemon's own (a Kubernetes Secret volume with fsGroup is
-    mode 0440, group = the pod's own group)."""
-    if mode & 0o007:
-        return "every user"
-    if mode & 0o070 and gid not in own_gids:
-        return f"group {gid}"
-    return None
 
 
 def waiter_install_problems(command: str, trusted_uids: frozenset[int] = frozenset({0})) -> list[str]:
