@@ -23,6 +23,8 @@ from bridge.errors import PermanentError
 BACKENDS = ("rest", "pyslurm")
 GPU_MODES = ("env", "device-plugin")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SUPPLEMENTAL_GROUPS = ("nss", "none")
+SUPPLEMENTAL_GROUPS_POLICIES = ("Strict", "Merge", "")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -158,6 +160,19 @@ class WaiterConfig:
 
 
 @dataclass(frozen=True)
+class PodsConfig:
+    """What every job pod gets, whatever its partition."""
+
+    supplemental_groups: str = "nss"
+    """`nss`: the job user's groups as the daemon's host resolves them (getgrouplist of the user
+    name Slurm reports) become the pod's supplementalGroups; `none`: no supplementary groups."""
+    supplemental_groups_policy: str = ""
+    """supplementalGroupsPolicy of the pods: `Strict` (only the groups above: the image's
+    /etc/group adds none; needs containerd >= 2.0 or CRI-O >= 1.31, else the kubelet refuses the
+    pod), `Merge` (Kubernetes' default), or "" to leave the field unset."""
+
+
+@dataclass(frozen=True)
 class LeaderConfig:
     """Leader election among replicas (a coordination.k8s.io Lease): only the leader acts."""
 
@@ -188,6 +203,7 @@ class BridgeConfig:
     kube: KubeConfig = field(default_factory=KubeConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     waiter: WaiterConfig = field(default_factory=WaiterConfig)
+    pods: PodsConfig = field(default_factory=PodsConfig)
     leader: LeaderConfig = field(default_factory=LeaderConfig)
     termination_grace_s: int = 10
     """Seconds between SIGTERM and SIGKILL when a job's pods are deleted."""
@@ -240,6 +256,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
     api = _api(top.table("api"))
     waiter = _waiter(top.table("waiter"), api)
     leader = _leader(top.table("leader_election"))
+    pods = _pods(top.table("pods"))
 
     parts_table = top.table("partitions")
     partitions = {name: _partition(parts_table.table(name)) for name in parts_table.names()}
@@ -257,6 +274,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
         kube=kube,
         api=api,
         waiter=waiter,
+        pods=pods,
         leader=leader,
         partitions=partitions,
     )
@@ -325,6 +343,18 @@ def secret_file_exposure(mode: int, gid: int, own_gids: set[int]) -> str | None:
     if mode & 0o070 and gid not in own_gids:
         return f"group {gid}"
     return None
+
+
+def _pods(t: _Table) -> PodsConfig:
+    cfg = PodsConfig(
+        supplemental_groups=t.choice("supplemental_groups", SUPPLEMENTAL_GROUPS, "nss"),
+        # "" is a value here: leave the field to the API server's default.
+        supplemental_groups_policy=t.choice(
+            "supplemental_groups_policy", SUPPLEMENTAL_GROUPS_POLICIES, "", allow_empty=True
+        ),
+    )
+    t.done()
+    return cfg
 
 
 def _leader(t: _Table) -> LeaderConfig:
@@ -559,11 +589,13 @@ class _Table:
         result: T = value
         return result
 
-    def get_str(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+    def get_str(
+        self, key: str, default: str | None = None, *, required: bool = False, allow_empty: bool = False
+    ) -> str | None:
         value = self._get(key, str, "a string")
         if value is None and required:
             self.fail(key, "required")
-        if value == "":
+        if value == "" and not allow_empty:
             self.fail(key, "must not be empty")
         return default if value is None else value
 
@@ -585,8 +617,8 @@ class _Table:
             self.fail(key, f"must be greater than {minimum_exclusive}")
         return result
 
-    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.get_str(key, default)
+    def choice(self, key: str, choices: tuple[str, ...], default: str, *, allow_empty: bool = False) -> str:
+        value = self.get_str(key, default, allow_empty=allow_empty)
         assert value is not None
         if value not in choices:
             self.fail(key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
