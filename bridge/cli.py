@@ -74,7 +74,9 @@ def _job_submit_conf(path: str) -> int:
 
     cfg = _load(path)
     print("# Written from the bridge config by `slurm-k8s-bridge job-submit-conf`; read by job_submit.lua.")
-    print(f"attach_command={cfg.waiter.attach_command} --api {cfg.waiter.api_url}")
+    # The waiter takes --ca before the script path, which job_submit.lua appends.
+    ca = f" --ca {cfg.waiter.ca_file}" if cfg.waiter.ca_file else ""
+    print(f"attach_command={cfg.waiter.attach_command} --api {cfg.waiter.api_url}{ca}")
     print(f"directive_keys={','.join(KEYS)}")
     for name, part in sorted(cfg.partitions.items()):
         default = f" default_image={part.default_image}" if part.default_image else ""

@@ -7,6 +7,7 @@ so that no configuration object can leak the token through a repr or a log line.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tomllib
@@ -22,11 +23,26 @@ from bridge.errors import PermanentError
 BACKENDS = ("rest", "pyslurm")
 GPU_MODES = ("env", "device-plugin")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SUPPLEMENTAL_GROUPS = ("nss", "none")
+SUPPLEMENTAL_GROUPS_POLICIES = ("Strict", "Merge", "")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+
+DEFAULT_ATTACH_COMMAND = "/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py"
+"""The waiter as the slurmds start it: one root-owned copy of bridge/waiter.py, by absolute path, in
+isolated mode (-I: no PYTHON* variables, no user site, no script or cwd directory on sys.path)."""
+_SHELL_SPECIAL = frozenset("$`;|&<>(){}*?[]~#!\\\n")
+_PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+# Programs whose business is to start another program, found on the PATH (the job's, i.e. the
+# user's) unless named by absolute path: the waiter must not be started through them.
+_PROGRAM_RUNNERS = frozenset({
+    "env", "sh", "bash", "dash", "zsh", "ksh", "csh", "tcsh", "fish", "busybox", "nice", "nohup",
+    "setsid", "stdbuf", "timeout", "ionice", "chrt", "taskset", "numactl", "xargs", "sudo", "su",
+    "runuser", "doas", "exec", "command", "time", "flock", "unshare", "nsenter", "chroot", "strace",
+})
 
 T = TypeVar("T")
 
@@ -116,6 +132,14 @@ class ApiConfig:
     host: str = "127.0.0.1"
     """Listen address; the default only serves slurmds on the same host."""
     port: int = 8470
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain) to serve the API over TLS with; None serves plain HTTP."""
+    tls_key_file: Path | None = None
+    """Its private key (set with tls_cert_file); readable by the daemon only."""
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
 
 
 @dataclass(frozen=True)
@@ -124,11 +148,28 @@ class WaiterConfig:
 
     unmunge_command: tuple[str, ...] = ("unmunge",)
     """Command that decodes a waiter's munge credential (it talks to this host's munged)."""
-    attach_command: str = "slurm-k8s-bridge attach"
-    """Command line, as run on the slurmds, that starts a waiter; job_submit.lua puts it into
-    every rewritten batch script, followed by `--api <api_url>` and the script's path."""
+    attach_command: str = DEFAULT_ATTACH_COMMAND
+    """Command line, as run on the slurmds (as the job's user), that starts a waiter;
+    job_submit.lua puts it into every rewritten batch script, followed by `--api <api_url>` and
+    the script's path. Validated: nothing in it may be looked up on the user's PATH or cwd."""
     api_url: str = "http://127.0.0.1:8470"
-    """URL of this daemon's API as the slurmds reach it."""
+    """URL of this daemon's API as the slurmds reach it (https:// when the API serves TLS)."""
+    ca_file: Path | None = None
+    """CA bundle, on the slurmd hosts, that the waiters verify the API's certificate with
+    (`--ca`); None: the system's CAs."""
+
+
+@dataclass(frozen=True)
+class PodsConfig:
+    """What every job pod gets, whatever its partition."""
+
+    supplemental_groups: str = "nss"
+    """`nss`: the job user's groups as the daemon's host resolves them (getgrouplist of the user
+    name Slurm reports) become the pod's supplementalGroups; `none`: no supplementary groups."""
+    supplemental_groups_policy: str = ""
+    """supplementalGroupsPolicy of the pods: `Strict` (only the groups above: the image's
+    /etc/group adds none; needs containerd >= 2.0 or CRI-O >= 1.31, else the kubelet refuses the
+    pod), `Merge` (Kubernetes' default), or "" to leave the field unset."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +203,7 @@ class BridgeConfig:
     kube: KubeConfig = field(default_factory=KubeConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     waiter: WaiterConfig = field(default_factory=WaiterConfig)
+    pods: PodsConfig = field(default_factory=PodsConfig)
     leader: LeaderConfig = field(default_factory=LeaderConfig)
     termination_grace_s: int = 10
     """Seconds between SIGTERM and SIGKILL when a job's pods are deleted."""
@@ -214,6 +256,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
     api = _api(top.table("api"))
     waiter = _waiter(top.table("waiter"), api)
     leader = _leader(top.table("leader_election"))
+    pods = _pods(top.table("pods"))
 
     parts_table = top.table("partitions")
     partitions = {name: _partition(parts_table.table(name)) for name in parts_table.names()}
@@ -231,6 +274,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
         kube=kube,
         api=api,
         waiter=waiter,
+        pods=pods,
         leader=leader,
         partitions=partitions,
     )
@@ -270,8 +314,47 @@ def _api(t: _Table) -> ApiConfig:
     host = host.removeprefix("[").removesuffix("]")  # [::1]:6830
     if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
         t.fail("listen", f"{listen!r} is not HOST:PORT")
+    cert, key = t.get_str("tls_cert_file"), t.get_str("tls_key_file")
+    if (cert is None) != (key is None):
+        t.fail("tls_cert_file" if cert is None else "tls_key_file",
+               "set both tls_cert_file and tls_key_file, or neither")
+    if cert is not None and key is not None:
+        for name, path in (("tls_cert_file", cert), ("tls_key_file", key)):
+            if not Path(path).is_file():
+                t.fail(name, f"{path} does not exist (or is not a file)")
+        # Checked like the JWT file (doctor): whoever reads the key can impersonate the daemon to
+        # the waiters, which hand it their jobs' scripts and environments.
+        info = Path(key).stat()
+        exposed_to = secret_file_exposure(info.st_mode & 0o777, info.st_gid, {os.getegid(), *os.getgroups()})
+        if exposed_to:
+            t.fail("tls_key_file", f"{key} is readable by {exposed_to} (mode {info.st_mode & 0o777:o}); "
+                                   f"chmod 600 {key}")
     t.done()
-    return ApiConfig(host=host, port=int(port_s))
+    return ApiConfig(host=host, port=int(port_s), tls_cert_file=Path(cert) if cert else None,
+                     tls_key_file=Path(key) if key else None)
+
+
+def secret_file_exposure(mode: int, gid: int, own_gids: set[int]) -> str | None:
+    """Who besides the daemon may read a secret file, or None when nobody may. A group bit is
+    fine when the group is one of the daemon's own (a Kubernetes Secret volume with fsGroup is
+    mode 0440, group = the pod's own group)."""
+    if mode & 0o007:
+        return "every user"
+    if mode & 0o070 and gid not in own_gids:
+        return f"group {gid}"
+    return None
+
+
+def _pods(t: _Table) -> PodsConfig:
+    cfg = PodsConfig(
+        supplemental_groups=t.choice("supplemental_groups", SUPPLEMENTAL_GROUPS, "nss"),
+        # "" is a value here: leave the field to the API server's default.
+        supplemental_groups_policy=t.choice(
+            "supplemental_groups_policy", SUPPLEMENTAL_GROUPS_POLICIES, "", allow_empty=True
+        ),
+    )
+    t.done()
+    return cfg
 
 
 def _leader(t: _Table) -> LeaderConfig:
@@ -292,14 +375,88 @@ def _leader(t: _Table) -> LeaderConfig:
 
 def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:
     unmunge = t.get_str("unmunge_command", "unmunge")
-    attach = t.get_str("attach_command", "slurm-k8s-bridge attach")
+    attach = t.get_str("attach_command", DEFAULT_ATTACH_COMMAND)
     host = f"[{api.host}]" if ":" in api.host else api.host
-    url = t.get_str("api_url", f"http://{host}:{api.port}")
+    url = t.get_str("api_url", f"{'https' if api.tls else 'http'}://{host}:{api.port}")
     assert unmunge is not None and attach is not None and url is not None
     if not re.match(r"^https?://[^/\s]+", url):
         t.fail("api_url", f"{url!r} is not an http:// or https:// URL")
+    https = url.lower().startswith("https://")
+    if api.tls and not https:
+        t.fail("api_url", f"{url!r} must be https://: the API is served over TLS (api.tls_cert_file)")
+    problem = attach_command_problem(attach)
+    if problem:
+        t.fail("attach_command", problem)
+    ca_file = t.get_str("ca_file")
+    if ca_file is not None:
+        if not https:
+            t.fail("ca_file", f"only used with an https:// api_url, not {url!r}")
+        # A path on the slurmd hosts (not necessarily this one), written into the waiter's command
+        # line: absolute, and nothing the batch script's shell would split or expand.
+        if not ca_file.startswith("/") or set(ca_file) & (_SHELL_SPECIAL | set(" \t'\"")):
+            t.fail("ca_file", f"{ca_file!r} is not an absolute path without spaces or shell characters")
     t.done()
-    return WaiterConfig(unmunge_command=tuple(shlex.split(unmunge)), attach_command=attach, api_url=url)
+    return WaiterConfig(unmunge_command=tuple(shlex.split(unmunge)), attach_command=attach, api_url=url,
+                        ca_file=Path(ca_file) if ca_file else None)
+
+
+def attach_command_problem(command: str) -> str | None:
+    """Why `command` may not start the waiter, or None. It runs as the job's user, in the user's
+    environment and submit directory: whatever it names relatively (a program on the PATH, a
+    script beside the cwd) the user can plant, and Python without -I reads PYTHONPATH & co."""
+    special = sorted(set(command) & _SHELL_SPECIAL)
+    if special:
+        # job_submit.lua writes it into a /bin/sh script: `$HOME`, a glob or a `;` would be expanded
+        # in the user's environment and directory.
+        return f"{command!r} holds {''.join(special)!r}, which the batch script's shell would interpret"
+    try:
+        words = shlex.split(command)
+    except ValueError as error:
+        return f"{command!r} is not a valid command line ({error})"
+    if not words or not words[0].startswith("/"):
+        return (f"{command!r} does not start with an absolute path: the job's PATH is the user's to "
+                f"shape. Use e.g. {DEFAULT_ATTACH_COMMAND!r}")
+    program = words[0].rsplit("/", 1)[1]
+    if program in _PROGRAM_RUNNERS:
+        return (f"{command!r} starts {program}, which runs another program looked up on the user's "
+                "PATH; name the interpreter itself by absolute path")
+    if _PYTHON.match(program):
+        isolated, target = _python_options(words[1:])
+        if not isolated:
+            return (f"{command!r} runs Python without -I: PYTHONPATH, the user site and the cwd would "
+                    "decide what it imports. Add -I -S before the waiter's path")
+        if target is not None and not target.startswith("/"):
+            return f"{command!r}: the script {target!r} is not an absolute path (it would be the cwd's)"
+    return None
+
+
+def attach_command_files(command: str) -> list[str]:
+    """The files a valid attach command runs: its program and, for Python, the script."""
+    words = shlex.split(command)
+    files = words[:1]
+    if _PYTHON.match(words[0].rsplit("/", 1)[-1]):
+        script = _python_options(words[1:])[1]
+        files += [script] if script else []
+    return files
+
+
+def _python_options(args: list[str]) -> tuple[bool, str | None]:
+    """(is -I among the interpreter's options, the script path if one follows them)."""
+    isolated, rest = False, iter(args)
+    for arg in rest:
+        if arg in ("--", "-") or not arg.startswith("-"):
+            return isolated, (None if arg in ("--", "-") else arg)
+        if arg.startswith("--"):
+            continue  # --version & co.: no short options inside
+        for at, letter in enumerate(arg[1:], start=1):
+            isolated = isolated or letter == "I"
+            if letter in "cm":  # a program text or a module follows, not a script path
+                return isolated, None
+            if letter in "WX":  # the option's argument: the rest of this word, or the next one
+                if at == len(arg) - 1:
+                    next(rest, None)
+                break
+    return isolated, None
 
 
 def _partition(t: _Table) -> PartitionConfig:
@@ -432,11 +589,13 @@ class _Table:
         result: T = value
         return result
 
-    def get_str(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+    def get_str(
+        self, key: str, default: str | None = None, *, required: bool = False, allow_empty: bool = False
+    ) -> str | None:
         value = self._get(key, str, "a string")
         if value is None and required:
             self.fail(key, "required")
-        if value == "":
+        if value == "" and not allow_empty:
             self.fail(key, "must not be empty")
         return default if value is None else value
 
@@ -458,8 +617,8 @@ class _Table:
             self.fail(key, f"must be greater than {minimum_exclusive}")
         return result
 
-    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.get_str(key, default)
+    def choice(self, key: str, choices: tuple[str, ...], default: str, *, allow_empty: bool = False) -> str:
+        value = self.get_str(key, default, allow_empty=allow_empty)
         assert value is not None
         if value not in choices:
             self.fail(key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")

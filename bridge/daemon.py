@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from aiohttp import web
 
 from bridge import wellknown
 from bridge.api import Api
-from bridge.config import BridgeConfig
+from bridge.config import ApiConfig, BridgeConfig, ConfigError
 from bridge.errors import BridgeError
 from bridge.kube.actions import KubeActions
 from bridge.kube.cache import PodCache
@@ -76,6 +77,23 @@ async def make_elector(cfg: BridgeConfig) -> LeaderElector:
     return LeaderElector(client, lease_settings(cfg), owns_client=True)
 
 
+def server_ssl_context(api: ApiConfig) -> ssl.SSLContext | None:
+    """The API's TLS context, None for plain HTTP. Read once at start: a renewed certificate
+    needs a restart (the waiters reconnect and resume)."""
+    if api.tls_cert_file is None or api.tls_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(api.tls_cert_file, api.tls_key_file)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(
+            f"api.tls_cert_file, api.tls_key_file: cannot load {api.tls_cert_file} with its key "
+            f"{api.tls_key_file}: {error}"
+        ) from None
+    return context
+
+
 def pod_selector(cfg: BridgeConfig) -> str:
     return f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER},{wellknown.LABEL_CLUSTER}={cfg.cluster}"
 
@@ -83,6 +101,7 @@ def pod_selector(cfg: BridgeConfig) -> str:
 async def run(cfg: BridgeConfig) -> int:
     """Run until SIGTERM/SIGINT (exit code 0) or until leadership is lost (exit code 1: the
     supervisor restarts us as a standby, with fresh state)."""
+    tls = server_ssl_context(cfg.api)  # first: a bad certificate or key is a config error
     metrics = Metrics()
     slurm = make_slurm_client(cfg)
     api_client = await make_api_client(
@@ -129,8 +148,9 @@ async def run(cfg: BridgeConfig) -> int:
     api = Api(reconciler, metrics, queue.add, ready, cfg.waiter.unmunge_command, synced=synced)
     runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, cfg.api.host, cfg.api.port).start()
-    log.info("daemon.listening", host=cfg.api.host, port=cfg.api.port, cluster=cfg.cluster)
+    await web.TCPSite(runner, cfg.api.host, cfg.api.port, ssl_context=tls).start()
+    log.info("daemon.listening", host=cfg.api.host, port=cfg.api.port, tls=tls is not None,
+             cluster=cfg.cluster)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

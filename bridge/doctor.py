@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from bridge import hostlist, wellknown
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, attach_command_files, secret_file_exposure
 from bridge.errors import BridgeError
 from bridge.kube.client import make_api_client, request_json
 from bridge.kube.leader_pod import OwnPod
@@ -54,15 +54,22 @@ def needed_access(job_namespace: str, own_namespace: str | None) -> list[tuple[s
 TOKEN_WARN_S = 24 * 3600
 
 
-def secret_file_exposure(mode: int, gid: int, own_gids: set[int]) -> str | None:
-    """Who besides the daemon may read a secret file, or None when nobody may. A group bit is
-    fine when the group is one of the daemon's own (a Kubernetes Secret volume with fsGroup is
-    mode 0440, group = the pod's own group)."""
-    if mode & 0o007:
-        return "every user"
-    if mode & 0o070 and gid not in own_gids:
-        return f"group {gid}"
-    return None
+def waiter_install_problems(command: str, trusted_uids: frozenset[int] = frozenset({0})) -> list[str]:
+    """What is wrong with the files `attach_command` runs, as far as this host has them (config
+    already checked its form). The waiter runs as the job's user: a program or script that anyone
+    but root may replace, or that sits in a directory anyone may write, is a way to run code
+    there. A missing file is not a problem here: the slurmds may run on other hosts."""
+    problems = []
+    for path in map(Path, attach_command_files(command)):
+        if not path.exists():
+            continue
+        for item in (path, path.parent):
+            info = item.stat()
+            if info.st_uid not in trusted_uids:
+                problems.append(f"{item} is owned by uid {info.st_uid}, not root")
+            if info.st_mode & 0o022:
+                problems.append(f"{item} is writable by group or others (mode {info.st_mode & 0o777:o})")
+    return problems
 
 
 class CheckFailed(Exception):
@@ -207,6 +214,23 @@ class Doctor:
             )
         return f"{lua} and {settings.name} in place"
 
+    async def check_waiter(self) -> str:
+        command = self.cfg.waiter.attach_command
+        if OwnPod.from_environment() is not None:
+            return f"the waiter runs on the slurmd hosts, not in this pod: run doctor there ({command})"
+        problems = waiter_install_problems(command)
+        if problems:
+            raise CheckFailed(
+                f"waiter.attach_command {command!r}: " + "; ".join(problems) + ". Install it as root: "
+                "install -D -m 644 bridge/waiter.py /usr/libexec/slurm-k8s-bridge/waiter.py"
+            )
+        missing = [f for f in attach_command_files(command) if not Path(f).exists()]
+        if missing:
+            # Not a failure: doctor also runs where no slurmd does (an image, another host).
+            return (f"{', '.join(missing)} not on this host: install it on every host of a bridged "
+                    "slurmd (root-owned, mode 644) and run doctor there")
+        return f"{command} is in place, root-owned, writable by root only"
+
     async def check_munge(self) -> str:
         if shutil.which("munge") is None:
             return "munge not on this host's PATH; skipped the round trip (waiters encode on the slurmds)"
@@ -307,6 +331,7 @@ class Doctor:
             ("config", self.check_config),
             ("slurm", self.check_slurm),
             ("job_submit.lua", self.check_job_submit),
+            ("waiter", self.check_waiter),
             ("munge", self.check_munge),
             ("kubernetes", self.check_kubernetes),
             ("node mapping", self.check_node_mapping),

@@ -30,6 +30,7 @@ from bridge.config import BridgeConfig
 from bridge.directives import DirectiveError, parse_directives
 from bridge.errors import PermanentError
 from bridge.expectations import CreateExpectations
+from bridge.identity import SupplementalGroups
 from bridge.jobstore import JobStore
 from bridge.kube.actions import KubeActions
 from bridge.kube.cache import PodCache
@@ -77,6 +78,8 @@ class Reconciler:
         self.sessions = SessionRegistry()
         self.expectations = expectations if expectations is not None else CreateExpectations()
         cache.on_seen(self.expectations.observed)
+        self.groups = SupplementalGroups(cfg.pods.supplemental_groups)
+        """The job user's supplementary groups, from Slurm's user name via NSS (cached)."""
 
     def is_bridged(self, alloc: JobAllocation) -> bool:
         return self.cfg.partition(alloc.partition) is not None
@@ -208,9 +211,11 @@ class Reconciler:
         # Partitions that map nodes by label look the labels up at each start: rare next to
         # pod events, and a relabelled node is seen at once.
         k8s_nodes = await self.kube.nodes_by_label(part.node_label) if part.node_label else None
+        groups = await self.groups.of(alloc)
         try:
             directives = parse_directives(session.payload.script)
-            manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes)
+            manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes,
+                                     supplemental_groups=groups)
         except (DirectiveError, TranslateError) as error:
             await self._fail(session, alloc, str(error), bound)
             return

@@ -16,7 +16,7 @@ Decisions worth knowing (each explained where it is made):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge import wellknown
@@ -231,11 +231,15 @@ def desired_pods(
     part: PartitionConfig,
     cfg: BridgeConfig,
     k8s_nodes: Mapping[str, str] | None = None,
+    *,
+    supplemental_groups: Sequence[int] = (),
 ) -> list[dict[str, Any]]:
     """One Pod manifest per allocated node, in node order.
 
     `k8s_nodes` maps Slurm node names to Kubernetes node names; it is required when the partition
     has a `node_label` (the caller looks the labels up), and ignored otherwise (same names).
+    `supplemental_groups`: the job user's other groups, as the caller resolved them from Slurm's
+    user name (bridge.identity), never from the payload.
     """
     _check_identity(alloc, payload)
     if not alloc.nodes:
@@ -250,8 +254,9 @@ def desired_pods(
         )
     image = resolve_image(directives, part)
     k8s_names = [_k8s_node(name, part, k8s_nodes) for name in alloc.node_names]
+    groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     return [
-        _pod(alloc, payload, directives, part, cfg, image, index, k8s_names)
+        _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups)
         for index in range(len(alloc.nodes))
     ]
 
@@ -327,6 +332,7 @@ def _pod(
     image: str,
     index: int,
     k8s_names: list[str],
+    groups: list[int],
 ) -> dict[str, Any]:
     node = alloc.nodes[index]
     env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0])
@@ -424,12 +430,7 @@ def _pod(
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
-        "securityContext": {
-            "runAsUser": alloc.uid,
-            "runAsGroup": alloc.gid,
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(alloc, cfg, groups),
         "tolerations": [
             {
                 "key": wellknown.TAINT_BRIDGED,
@@ -466,6 +467,21 @@ def _pod(
         },
         "spec": spec,
     }
+
+
+def _pod_security(alloc: JobAllocation, cfg: BridgeConfig, groups: list[int]) -> dict[str, Any]:
+    security: dict[str, Any] = {
+        "runAsUser": alloc.uid,
+        "runAsGroup": alloc.gid,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if groups:
+        security["supplementalGroups"] = groups
+    if cfg.pods.supplemental_groups_policy:
+        # Strict: the image's /etc/group adds no groups to the job's uid (Merge, the default, would).
+        security["supplementalGroupsPolicy"] = cfg.pods.supplemental_groups_policy
+    return security
 
 
 def _escape(value: str) -> str:

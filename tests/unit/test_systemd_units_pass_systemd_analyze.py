@@ -50,3 +50,10 @@ def test_the_daemon_runs_unprivileged_and_hardened() -> None:
     for setting in ("User=slurm-k8s-bridge", "NoNewPrivileges=yes", "ProtectSystem=strict",
                     "CapabilityBoundingSet=\n", "ReadOnlyPaths=/etc/slurm-k8s-bridge", "UMask=0077"):
         assert setting in text, setting
+
+
+def test_the_bridged_slurmd_keeps_files_users_copy_there_off_the_hosts_tmp() -> None:
+    # sbcast to a bridged job's node still writes, as the user, on the slurmds' (= slurmctld's) host.
+    text = (UNITS / "slurmd-bridged@.service").read_text()
+    for setting in ("PrivateTmp=yes", "ProtectSystem=full"):
+        assert f"\n{setting}\n" in text, setting

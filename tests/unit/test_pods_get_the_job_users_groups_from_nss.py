@@ -1,0 +1,235 @@
+"""Pods get the job user's supplementary groups, resolved by the daemon through NSS from the user
+name Slurm reports (never from the waiter's payload), cached for a bounded time and number of
+users; supplementalGroupsPolicy only when configured."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from bridge import identity
+from bridge.config import ConfigError, PartitionConfig, PodsConfig, parse_config
+from bridge.directives import parse_directives
+from bridge.identity import Resolution, SupplementalGroups, nss_groups
+from bridge.kube.cache import PodCache
+from bridge.metrics import Metrics
+from bridge.reconcile import Reconciler
+from bridge.translate import desired_pods
+
+from .builders import SCRIPT, allocation, config, payload
+
+MINIMAL = 'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n[partitions.k8s]\n'
+
+
+# -- config ----------------------------------------------------------------------------------------
+
+def test_pods_default_to_nss_groups_and_leave_the_policy_unset() -> None:
+    assert parse_config(MINIMAL).pods == PodsConfig(supplemental_groups="nss", supplemental_groups_policy="")
+
+
+@pytest.mark.parametrize(("mode", "policy"), [("none", "Strict"), ("nss", "Merge"), ("nss", "")])
+def test_pods_settings_are_read(mode: str, policy: str) -> None:
+    text = MINIMAL + f'[pods]\nsupplemental_groups = "{mode}"\nsupplemental_groups_policy = "{policy}"\n'
+    assert parse_config(text).pods == PodsConfig(mode, policy)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ('supplemental_groups = "ldap"', "pods.supplemental_groups: must be one of 'nss', 'none'"),
+        ('supplemental_groups = ""', "pods.supplemental_groups: must not be empty"),
+        ('supplemental_groups_policy = "strict"', "pods.supplemental_groups_policy: must be one of 'Strict'"),
+        ('supplementalGroups = "nss"', "pods.supplementalGroups: unknown key"),
+    ],
+)
+def test_bad_pods_settings_name_the_key(keys: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(MINIMAL + f"[pods]\n{keys}\n")
+
+
+# -- translate (pure) ----------------------------------------------------------------------------------
+
+def _pods(groups: tuple[int, ...] = (), policy: str = "") -> list[dict[str, Any]]:
+    cfg = config(pods=PodsConfig(supplemental_groups_policy=policy))
+    return desired_pods(allocation(), payload(), parse_directives(SCRIPT), PartitionConfig(), cfg,
+                        supplemental_groups=groups)
+
+
+def test_every_pod_gets_the_groups_sorted_without_the_primary_gid_and_never_0() -> None:
+    pods = _pods((3000, 100, 0, 27, 3000))  # 100 is the job's gid
+
+    assert [p["spec"]["securityContext"]["supplementalGroups"] for p in pods] == [[27, 3000], [27, 3000]]
+    assert pods[0]["spec"]["securityContext"]["runAsGroup"] == 100
+
+
+def test_without_groups_and_policy_the_fields_are_absent() -> None:
+    security = _pods((100, 0))[0]["spec"]["securityContext"]
+    assert "supplementalGroups" not in security
+    assert "supplementalGroupsPolicy" not in security
+
+
+def test_the_configured_policy_is_set_even_without_groups() -> None:
+    # Strict matters most then: the image's /etc/group must not add any.
+    assert _pods((), "Strict")[0]["spec"]["securityContext"]["supplementalGroupsPolicy"] == "Strict"
+    assert _pods((27,), "Merge")[1]["spec"]["securityContext"]["supplementalGroupsPolicy"] == "Merge"
+
+
+# -- NSS -----------------------------------------------------------------------------------------------
+
+class _Passwd:
+    def __init__(self, uid: int) -> None:
+        self.pw_uid = uid
+
+
+def test_nss_groups_of_a_known_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(identity.pwd, "getpwnam", lambda name: _Passwd(1000))
+    monkeypatch.setattr(identity.os, "getgrouplist", lambda name, gid: [gid, 3000, 27, 0])
+
+    assert nss_groups("alice", 1000, 100) == Resolution((27, 3000))
+
+
+def test_an_unknown_user_or_another_uid_gets_no_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    def getpwnam(name: str) -> _Passwd:
+        if name == "ghost":
+            raise KeyError(name)
+        return _Passwd(1234)
+
+    monkeypatch.setattr(identity.pwd, "getpwnam", getpwnam)
+    monkeypatch.setattr(identity.os, "getgrouplist", lambda name, gid: [gid, 3000])
+
+    assert nss_groups("ghost", 1000, 100) == Resolution((), "user 'ghost' is unknown to this host's NSS")
+    assert nss_groups("alice", 1000, 100) == Resolution(
+        (), "user 'alice' is uid 1234 here, but uid 1000 in Slurm"
+    )
+
+
+def test_the_real_nss_answers_for_this_process_user() -> None:
+    import os
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    expected = tuple(sorted(set(os.getgrouplist(me.pw_name, me.pw_gid)) - {me.pw_gid, 0}))
+    assert nss_groups(me.pw_name, me.pw_uid, me.pw_gid) == Resolution(expected)
+
+
+# -- the cache -------------------------------------------------------------------------------------------
+
+class FakeNss:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+        self.fail = False
+
+    def __call__(self, user: str, uid: int, gid: int) -> Resolution:
+        self.calls.append((user, uid, gid))
+        if self.fail:
+            raise OSError("sssd is down")
+        if user == "ghost":
+            return Resolution(problem="user 'ghost' is unknown to this host's NSS")
+        return Resolution((uid + 1, uid + 2))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_answers_are_cached_for_the_ttl() -> None:
+    nss, clock = FakeNss(), Clock()
+    groups = SupplementalGroups(lookup=nss, ttl_s=60, clock=clock)
+
+    assert await groups.of(allocation()) == (1001, 1002)
+    assert await groups.of(allocation(job_id=43)) == (1001, 1002)
+    clock.now += 59
+    await groups.of(allocation(job_id=44))
+    assert nss.calls == [("alice", 1000, 100)]
+    clock.now += 2
+    await groups.of(allocation(job_id=45))
+    assert len(nss.calls) == 2
+
+
+async def test_jobs_of_one_user_starting_together_share_one_lookup() -> None:
+    nss = FakeNss()
+    groups = SupplementalGroups(lookup=nss)
+
+    answers = await asyncio.gather(*(groups.of(allocation(job_id=i)) for i in range(50)))
+
+    assert set(answers) == {(1001, 1002)}
+    assert len(nss.calls) == 1
+
+
+async def test_the_cache_holds_at_most_max_entries_least_recent_out_first() -> None:
+    nss = FakeNss()
+    groups = SupplementalGroups(lookup=nss, max_entries=2)
+    alice, bob, carol = (allocation(user=u, uid=uid) for u, uid in (("alice", 1), ("bob", 2), ("carol", 3)))
+
+    await groups.of(alice)
+    await groups.of(bob)
+    await groups.of(alice)  # alice is now the most recent
+    await groups.of(carol)  # bob goes
+    assert len(groups) == 2
+    await groups.of(alice)
+    await groups.of(bob)
+    assert [c[0] for c in nss.calls] == ["alice", "bob", "carol", "bob"]
+
+
+async def test_an_unresolved_user_gets_no_groups_and_one_warning() -> None:
+    groups = SupplementalGroups(lookup=FakeNss(), ttl_s=0)  # every job asks again
+
+    with capture_logs() as logs:
+        answers = [await groups.of(allocation(job_id=i, user="ghost")) for i in (1, 2, 3)]
+
+    assert answers == [(), (), ()]
+    warnings = [entry for entry in logs if entry["event"] == "groups.unresolved"]
+    assert [(w["job_id"], w["user"], w["log_level"]) for w in warnings] == [(1, "ghost", "warning")]
+
+
+async def test_a_failed_lookup_gives_no_groups_and_is_not_remembered() -> None:
+    nss = FakeNss()
+    nss.fail = True
+    groups = SupplementalGroups(lookup=nss)
+
+    with capture_logs() as logs:
+        assert await groups.of(allocation()) == ()
+    assert [e["event"] for e in logs] == ["groups.lookup_failed"]
+    nss.fail = False
+    assert await groups.of(allocation()) == (1001, 1002)
+    assert len(nss.calls) == 2
+
+
+async def test_mode_none_or_no_user_name_looks_nothing_up() -> None:
+    nss = FakeNss()
+    assert await SupplementalGroups("none", lookup=nss).of(allocation()) == ()
+    assert await SupplementalGroups(lookup=nss).of(allocation(user="")) == ()
+    assert nss.calls == []
+
+
+# -- the reconciler passes them in -----------------------------------------------------------------------
+
+async def test_created_pods_carry_the_groups_of_slurms_user_not_the_payloads() -> None:
+    from .test_reconcile_acts_on_both_views import FakeKube, FakeSlurm, _attach, _see
+
+    cache = PodCache()
+    kube = FakeKube(cache)
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")},
+                 pods=PodsConfig(supplemental_groups_policy="Strict"))
+    reconciler = Reconciler(cfg, FakeSlurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
+    nss = FakeNss()
+    reconciler.groups = SupplementalGroups(lookup=nss)
+    _see(reconciler, allocation())
+    queue = _attach(reconciler)
+    # Whatever the waiter claims about its user (it writes the payload) does not matter.
+    reconciler.sessions.of_job(42)[-1].payload = replace(payload(), environment={"USER": "root"})
+
+    await reconciler.reconcile(42)
+
+    assert nss.calls == [("alice", 1000, 100)]
+    assert [m["spec"]["securityContext"]["supplementalGroups"] for m in kube.created] == [[1001, 1002]] * 2
+    assert {m["spec"]["securityContext"]["supplementalGroupsPolicy"] for m in kube.created} == {"Strict"}
+    assert queue.empty()  # nothing failed
