@@ -25,6 +25,9 @@ SBX_LOG="$SBX_STATE/log"       # one log file per daemon
 
 # Test users, same uid/gid on host and rootfs, each in its own Slurm account.
 SBX_USERS="alice:2001 bob:2002"
+# ...and all of them in one more group (their supplementary group, native and in pods).
+SBX_SHARED_GROUP=sbxproj
+SBX_SHARED_GID=3000
 
 # The host's address for pods: slurmrestd and kube-apiserver listen here too (as well as on
 # loopback). It sits on lo, so it does not depend on the machine's own network.

@@ -31,6 +31,21 @@ for entry in $SBX_USERS; do
   ensure_user "$ROOTFS" "$name" "$id"
   install -d -o "$id" -g "$id" -m 755 "$SBX_SHARED_HOME/$name"
 done
+# One shared project group beyond each user's own (same gid everywhere): jobs, native or bridged,
+# see it among their supplementary groups.
+ensure_member() { # ROOT GROUP GID USER
+  local root=$1 group=$2 gid=$3 user=$4
+  chroot "${root:-/}" getent group "$group" >/dev/null || chroot "${root:-/}" groupadd -g "$gid" "$group"
+  if ! chroot "${root:-/}" id -nG "$user" | tr ' ' '\n' | grep -qx "$group"; then
+    chroot "${root:-/}" usermod -aG "$group" "$user"
+    groups_changed=1
+  fi
+}
+groups_changed=0
+for entry in $SBX_USERS; do
+  ensure_member "" "$SBX_SHARED_GROUP" "$SBX_SHARED_GID" "${entry%%:*}"
+  ensure_member "$ROOTFS" "$SBX_SHARED_GROUP" "$SBX_SHARED_GID" "${entry%%:*}"
+done
 # Host-side clients resolve SlurmUser by name: mirror the rootfs's uid.
 ensure_user "" slurm "$(chroot "$ROOTFS" id -u slurm)"
 # slurmrestd refuses root and SlurmUser: it gets a user of its own.
@@ -170,6 +185,8 @@ if ! in_ns sacctmgr -n -P show cluster format=cluster | grep -qx sandbox; then
 fi
 start_bg slurmctld "$SLURM_DIR/in-ns.sh" slurmctld -D -i
 wait_for slurmctld 30 in_ns scontrol ping
+# A running slurmctld caches users' groups: a membership added above reaches jobs after this.
+if [ "$groups_changed" = 1 ]; then in_ns scontrol reconfigure; fi
 
 # Accounts: each test user in an account of its own.
 for entry in $SBX_USERS; do

@@ -326,3 +326,16 @@ def test_a_captured_attach_credential_is_refused_for_any_other_request(bridge: S
         assert bridge.slurm("squeue", "-h", "-j", str(second), "-o", "%T").stdout.strip() == "RUNNING"
     finally:
         bridge.slurm("scancel", str(first), str(second), check=False)
+
+
+# -- identity in the pod ----------------------------------------------------------------------------
+
+def test_the_pod_has_the_job_users_groups_as_a_native_job_does(bridge: Sandbox) -> None:
+    body = "id -G\n"
+    native = bridge.sbatch("-p", "native", "--wrap", body)
+    bridged = bridge.sbatch("-p", "k8s", "--wrap", BUSYBOX.strip() + "\n" + body)
+    for job_id in (native, bridged):
+        assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
+    expected = _output(bridge, native)
+    assert expected.split() == ["2001", "3000"], "the sandbox puts alice in sbxproj (3000)"
+    assert _output(bridge, bridged) == expected
