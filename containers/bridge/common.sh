@@ -25,7 +25,7 @@ install_waiter() {
   chmod -R a+rX "$BRIDGE_STATE/lib"
   # Root-owned, not writable by users: its directory is sys.path[0] when it runs.
   install -d -m 755 "$(dirname "$WAITER_FILE")"
-  install -m 644 "$SBX_REPO/bridge/waiter.py" "$WAITER_FILE.new" && mv "$WAITER_FILE.new" "$WAITER_FILE"
+  install -m 644 "$SBX_REPO/bridge/waiter/attach.py" "$WAITER_FILE.new" && mv "$WAITER_FILE.new" "$WAITER_FILE"
 }
 
 # mint_jwt FILE: a slurmrestd token for the daemon (SlurmUser may see and modify every job).
@@ -75,7 +75,7 @@ TOML
 # sandbox can write it before any venv exists. Replaced atomically: both readers fail closed.
 write_job_submit_settings() {
   local out="$SLURM_ETC/job_submit_bridge.conf"
-  python3 -I -c 'import sys; sys.path.insert(0, sys.argv[1]); from bridge.cli import main
+  python3 -I -c 'import sys; sys.path.insert(0, sys.argv[1]); from bridge.manager.cli import main
 sys.exit(main(["job-submit-conf", "-c", sys.argv[2]]))' "$SBX_REPO" "$1" >"$out.new"
   chmod 644 "$out.new" && mv "$out.new" "$out"
 }

@@ -17,7 +17,7 @@ mint_jwt "$BRIDGE_STATE/slurm.jwt"
 if [ "$SBX_BRIDGE_BACKEND" = pyslurm ]; then
   "$SBX_REPO/containers/pyslurm/build.sh" >/dev/null
   unmunge="unmunge"                          # the daemon runs in the rootfs, beside munged
-  daemon=("$SLURM_DIR/in-ns.sh" env "PYTHONPATH=$BRIDGE_STATE/lib" /opt/pyslurm-venv/bin/python -m bridge.cli)
+  daemon=("$SLURM_DIR/in-ns.sh" env "PYTHONPATH=$BRIDGE_STATE/lib" /opt/pyslurm-venv/bin/python -m bridge.manager.cli)
 else
   unmunge="$SLURM_DIR/cli.sh unmunge"       # the host has no munge of its own: the rootfs's
   daemon=("$VENV/bin/slurm-k8s-bridge")

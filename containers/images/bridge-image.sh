@@ -77,12 +77,12 @@ if [ ! -f "$OUT" ] || [ "$(cat "$OUT.key" 2>/dev/null)" != "$image_key" ]; then
   # as it loads: give it the sandbox's for the check, then take it away).
   cp "$SLURM_CONF" "$work/root/tmp/slurm.conf"
   chroot "$work/root" env -i PYTHONPATH="$LIB" PYTHONDONTWRITEBYTECODE=1 SLURM_CONF=/tmp/slurm.conf /usr/bin/python3 -c \
-    'import bridge.cli, aiohttp, kubernetes_asyncio, pyslurm, bridge_pyslurm_ext' ||
+    'import bridge.manager.cli, aiohttp, kubernetes_asyncio, pyslurm, bridge_pyslurm_ext' ||
     die "the image's Python cannot import the bridge, its dependencies or pyslurm"
   rm -f "$work/root/tmp/slurm.conf"
 
   python3 "$IMAGES_SRC/mkimage.py" --rootfs "$work/root" --name "$REF" \
-    --entrypoint '["/usr/bin/python3","-m","bridge.cli"]' --cmd '["--help"]' \
+    --entrypoint '["/usr/bin/python3","-m","bridge.manager.cli"]' --cmd '["--help"]' \
     --env PYTHONPATH=$LIB --env LANG=C.UTF-8 --env PYTHONDONTWRITEBYTECODE=1 \
     --out "$work/image.tar" >/dev/null
   mkdir -p "$(dirname "$OUT")" && mv "$work/image.tar" "$OUT"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from bridge.slurm import SlurmClient
-from bridge.slurm.rest import RestSlurmClient
+from bridge.clients.slurm import SlurmClient
+from bridge.clients.slurm.rest import RestSlurmClient
 from tests.contract.jobs import Jobs
 from tests.contract.pyslurm_proxy import PyslurmProxyClient, PyslurmServer, build_pyslurm, staged_code
 from tests.e2e.sandbox import Sandbox

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from bridge import gres, hostlist
+from bridge.core import gres, hostlist
 from tests.e2e.sandbox import Sandbox, wait_until
 
 # `scontrol -d show job` prints one line per allocated node:

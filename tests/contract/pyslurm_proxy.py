@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bridge.model import JobAllocation
-from bridge.slurm import JobListing
+from bridge.clients.slurm import JobListing
+from bridge.core.model import JobAllocation
 from tests.contract import wire
 
 REPO = Path(__file__).resolve().parents[2]

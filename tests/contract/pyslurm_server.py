@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from bridge.slurm.pyslurm_backend import PyslurmSlurmClient
+from bridge.clients.slurm.pyslurm_backend import PyslurmSlurmClient
 from tests.contract import wire
 
 

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from bridge.model import JobAllocation
-from bridge.slurm import SlurmClient
+from bridge.clients.slurm import SlurmClient
+from bridge.core.model import JobAllocation
 from tests.contract.jobs import Jobs
 from tests.e2e.sandbox import Sandbox, wait_until
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.errors import SlurmAuthError
-from bridge.model import JobAllocation, NodeAllocation
-from bridge.slurm import SlurmClient
-from bridge.slurm.rest import RestSlurmClient
+from bridge.clients.slurm import SlurmClient
+from bridge.clients.slurm.rest import RestSlurmClient
+from bridge.core.errors import SlurmAuthError
+from bridge.core.model import JobAllocation, NodeAllocation
 from tests.contract.jobs import Jobs
 from tests.e2e.sandbox import Sandbox, wait_until
 

@@ -2,7 +2,7 @@
 
 Lossless for JobAllocation and JobListing (a decoded record compares equal to the original), so the
 tests compare what the pyslurm backend really returned. Imports nothing but the bridge's pure layer,
-bridge.errors and bridge.slurm's records: this file also runs in the rootfs.
+bridge.core.errors and bridge.clients.slurm's records: this file also runs in the rootfs.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bridge import errors
-from bridge.model import JobAllocation, NodeAllocation
-from bridge.slurm import JobListing
+from bridge.clients.slurm import JobListing
+from bridge.core import errors
+from bridge.core.model import JobAllocation, NodeAllocation
 
 
 def allocation_to_json(alloc: JobAllocation) -> dict[str, Any]:

@@ -91,7 +91,7 @@ def test_two_replicas_are_ready_and_exactly_one_leads(deployed: Sandbox) -> None
 def test_doctor_passes_inside_the_leader_pod(deployed: Sandbox) -> None:
     # In the pod: in-cluster credentials, the ServiceAccount's RBAC (its own namespace too, for
     # the leader label), munge through the sidecar, slurmrestd at the host's control address.
-    doctor = ["python3", "-m", "bridge.cli", "doctor", "-c", "/etc/slurm-k8s-bridge/config.toml"]
+    doctor = ["python3", "-m", "bridge.manager.cli", "doctor", "-c", "/etc/slurm-k8s-bridge/config.toml"]
     result = deployed.kubectl("exec", "-n", NAMESPACE, f"pod/{_leader_name(deployed)}", "-c", "bridge",
                               "--", *doctor, check=False)
 

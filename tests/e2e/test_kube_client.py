@@ -1,4 +1,4 @@
-"""bridge.kube against the sandbox's real API server, kubelet and containerd.
+"""bridge.clients.kube against the sandbox's real API server, kubelet and containerd.
 
 Each test gets a fresh namespace `bridge-test-<random>` (deleted afterwards) and pins its pods to
 a real node (`type=real`), tolerating the bridged-node taint, as the bridge does.
@@ -17,8 +17,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
 
-from bridge import wellknown
-from bridge.kube import (
+from bridge.clients.kube import (
     KubeActions,
     KubeForbidden,
     LogsNotReady,
@@ -27,7 +26,8 @@ from bridge.kube import (
     make_api_client,
     server_version,
 )
-from bridge.kube.lines import rfc3339_to_ns
+from bridge.clients.kube.lines import rfc3339_to_ns
+from bridge.core import wellknown
 from tests.e2e.sandbox import Sandbox, wait_until
 
 SELECTOR = f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER}"

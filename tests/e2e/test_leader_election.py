@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bridge.kube.client import make_api_client
-from bridge.leader import LeaderElector, LeaseSettings
+from bridge.clients.kube.client import make_api_client
+from bridge.manager.leader import LeaderElector, LeaseSettings
 from tests.e2e.conftest import bridge_ready
 from tests.e2e.sandbox import REPO, Sandbox, wait_until
 

@@ -230,7 +230,9 @@ def test_the_waiter_ignores_what_the_user_plants(bridge: Sandbox, tmp_path: Path
     (plant / "pylib").mkdir()
     (plant / "bin").mkdir()
     marker_code = f"import os\nopen(os.path.join({str(plant)!r}, 'pwned-py-' + str(os.getpid())), 'w')\n"
-    for name in ("bridge/__init__.py", "bridge/waiter.py", "json.py", "hashlib.py",
+    (plant / "bridge" / "waiter").mkdir()
+    for name in ("bridge/__init__.py", "bridge/waiter.py", "bridge/waiter/__init__.py",
+                 "bridge/waiter/attach.py", "json.py", "hashlib.py",
                  "pylib/sitecustomize.py", "pylib/json.py", "pylib/socket.py"):
         (plant / name).write_text(marker_code)
     # Not `sh`: the pod's own shell may follow the job's PATH, and that is the pod's business.

@@ -21,7 +21,8 @@ def test_pip_install_gives_a_working_command(tmp_path: Path) -> None:
     version = subprocess.run([str(venv / "bin" / "slurm-k8s-bridge"), "version"],
                              capture_output=True, text=True, check=True).stdout.strip()
     imports = subprocess.run([str(venv / "bin" / "python"), "-c",
-                              "import bridge.daemon, bridge.doctor, bridge.waiter; print('ok')"],
+                              "import bridge.manager.daemon, bridge.manager.doctor, bridge.waiter.attach;"
+                              " print('ok')"],
                              capture_output=True, text=True)
 
     for command in ("run", "attach", "doctor", "version", "job-submit-conf"):

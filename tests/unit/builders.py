@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from bridge.config import BridgeConfig, PartitionConfig
-from bridge.model import JobAllocation, JobPayload, NodeAllocation
+from bridge.core.config import BridgeConfig, PartitionConfig
+from bridge.core.model import JobAllocation, JobPayload, NodeAllocation
 
 SCRIPT = "#!/bin/bash\n#K8S image=debian:12\necho hello\n"
 

@@ -15,14 +15,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bridge import cli, waiter
-from bridge.api import Api
-from bridge.config import ApiConfig, ConfigError, parse_config
-from bridge.daemon import server_ssl_context
-from bridge.kube.cache import PodCache
-from bridge.metrics import Metrics
-from bridge.model import JobAllocation
-from bridge.reconcile import Reconciler
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.core.config import ApiConfig, ConfigError, parse_config
+from bridge.core.model import JobAllocation
+from bridge.manager import cli
+from bridge.manager.api import Api
+from bridge.manager.daemon import server_ssl_context
+from bridge.waiter import attach as waiter
 
 from .builders import allocation, config
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge import cli, wellknown
-from bridge.directives import KEYS
+from bridge.core import wellknown
+from bridge.core.directives import KEYS
+from bridge.manager import cli
 
 REPO = Path(__file__).resolve().parents[2]
 

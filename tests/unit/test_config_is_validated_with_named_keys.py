@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import (
+from bridge.core.config import (
     ApiConfig,
     BridgeConfig,
     ConfigError,

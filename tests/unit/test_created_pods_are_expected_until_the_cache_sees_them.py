@@ -9,11 +9,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from bridge.config import PartitionConfig
-from bridge.expectations import CreateExpectations
-from bridge.kube.cache import PodCache
-from bridge.metrics import Metrics
-from bridge.reconcile import Reconciler
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.expectations import CreateExpectations
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.core.config import PartitionConfig
 
 from .builders import allocation, config, payload
 

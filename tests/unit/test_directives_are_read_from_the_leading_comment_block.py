@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.directives import DirectiveError, Directives, interpreter_of, parse_directives
+from bridge.core.directives import DirectiveError, Directives, interpreter_of, parse_directives
 
 
 @pytest.mark.parametrize(

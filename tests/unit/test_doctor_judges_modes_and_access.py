@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.doctor import needed_access, secret_file_exposure
+from bridge.manager.doctor import needed_access, secret_file_exposure
 
 OWN = {65532, 27}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.gres import GresError, gpu_indices, gpu_indices_per_node
+from bridge.core.gres import GresError, gpu_indices, gpu_indices_per_node
 
 
 @pytest.mark.parametrize(

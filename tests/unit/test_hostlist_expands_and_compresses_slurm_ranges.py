@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.hostlist import HostlistError, compress, expand
+from bridge.core.hostlist import HostlistError, compress, expand
 
 
 @pytest.mark.parametrize(

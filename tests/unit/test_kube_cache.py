@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bridge import wellknown
-from bridge.kube.cache import PodCache, trim_pod
+from bridge.clients.kube.cache import PodCache, trim_pod
+from bridge.core import wellknown
 
 JOB = wellknown.LABEL_JOB_ID
 

@@ -20,9 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient
 
-from bridge import wellknown
-from bridge.errors import KubeUnavailable
-from bridge.kube import (
+from bridge.clients.kube import (
     KubeActions,
     KubeConfigError,
     KubeForbidden,
@@ -31,6 +29,8 @@ from bridge.kube import (
     PodWatcher,
     make_api_client,
 )
+from bridge.core import wellknown
+from bridge.core.errors import KubeUnavailable
 
 NS = "slurm"
 SELECTOR = f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER}"

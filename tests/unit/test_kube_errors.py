@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from bridge.errors import KubeUnavailable, PermanentError, TemporaryError
-from bridge.kube.errors import (
+from bridge.clients.kube.errors import (
     KubeConflict,
     KubeForbidden,
     KubeInvalid,
@@ -16,6 +15,7 @@ from bridge.kube.errors import (
     ResourceVersionExpired,
     error_for_status,
 )
+from bridge.core.errors import KubeUnavailable, PermanentError, TemporaryError
 
 
 def body(code: int, reason: str, message: str) -> bytes:

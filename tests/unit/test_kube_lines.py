@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.kube.lines import LineSplitter, ns_to_rfc3339, rfc3339_to_ns, split_log_line
+from bridge.clients.kube.lines import LineSplitter, ns_to_rfc3339, rfc3339_to_ns, split_log_line
 
 
 def split(chunks: list[bytes], max_line: int = 1 << 20) -> list[bytes]:

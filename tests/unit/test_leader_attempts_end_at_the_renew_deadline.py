@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from bridge import daemon, leader
-from bridge.kube.errors import KubeNotFound
-from bridge.leader import LeaderElector, LeaseSettings
+from bridge.clients.kube.errors import KubeNotFound
+from bridge.manager import daemon, leader
+from bridge.manager.leader import LeaderElector, LeaseSettings
 
 from .builders import config
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge import wellknown
-from bridge.kube.leader_pod import OwnPod, role_patch
+from bridge.clients.kube.leader_pod import OwnPod, role_patch
+from bridge.core import wellknown
 
 
 def test_own_pod_comes_from_the_downward_api_environment() -> None:

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from bridge.config import PartitionConfig
-from bridge.errors import KubeUnavailable
-from bridge.kube.cache import PodCache
-from bridge.metrics import Metrics
-from bridge.reconcile import Reconciler
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.core.config import PartitionConfig
+from bridge.core.errors import KubeUnavailable
 
 from .builders import allocation, config, payload
 

@@ -12,13 +12,13 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from bridge.kube.cache import PodCache
-from bridge.metrics import Metrics
-from bridge.model import ModelError
-from bridge.reconcile import Reconciler
-from bridge.slurm import JobListing, parse_listing
-from bridge.slurm.pyslurm_backend import PyslurmSlurmClient
-from bridge.sources import SlurmPoller
+from bridge.clients.kube.cache import PodCache
+from bridge.clients.slurm import JobListing, parse_listing
+from bridge.clients.slurm.pyslurm_backend import PyslurmSlurmClient
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.controller.sources import SlurmPoller
+from bridge.core.model import ModelError
 
 from .builders import allocation, config
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bridge.outcome import FailedBeforeStart, Finished, Outcome, Running, job_outcome, pod_view
+from bridge.core.outcome import FailedBeforeStart, Finished, Outcome, Running, job_outcome, pod_view
 
 NOW = datetime(2025, 12, 1, 12, 0, 0, tzinfo=UTC)
 RECENT = (NOW - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")

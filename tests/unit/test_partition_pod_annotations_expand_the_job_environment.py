@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bridge import wellknown
-from bridge.config import ConfigError, PartitionConfig, parse_config
-from bridge.directives import Directives
-from bridge.translate import desired_pods, expand_annotations
+from bridge.core import wellknown
+from bridge.core.config import ConfigError, PartitionConfig, parse_config
+from bridge.core.directives import Directives
+from bridge.core.translate import desired_pods, expand_annotations
 
 from .builders import allocation, config, payload
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from bridge import identity
-from bridge.config import ConfigError, PartitionConfig, PodsConfig, parse_config
-from bridge.directives import parse_directives
-from bridge.identity import Resolution, SupplementalGroups, nss_groups
-from bridge.kube.cache import PodCache
-from bridge.metrics import Metrics
-from bridge.reconcile import Reconciler
-from bridge.translate import desired_pods
+from bridge.clients import identity
+from bridge.clients.identity import Resolution, SupplementalGroups, nss_groups
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.core.config import ConfigError, PartitionConfig, PodsConfig, parse_config
+from bridge.core.directives import parse_directives
+from bridge.core.translate import desired_pods
 
 from .builders import SCRIPT, allocation, config, payload
 

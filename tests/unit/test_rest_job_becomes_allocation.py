@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bridge.model import JobAllocation, ModelError, NodeAllocation, allocation_from_rest
+from bridge.core.model import JobAllocation, ModelError, NodeAllocation, allocation_from_rest
 
 DATA = Path(__file__).parent / "data"
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from bridge.config import PartitionConfig
-from bridge.kube.cache import PodCache
-from bridge.metrics import Metrics
-from bridge.model import JobAllocation
-from bridge.reconcile import Reconciler
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.core.config import PartitionConfig
+from bridge.core.model import JobAllocation
 
 from .builders import allocation, config, payload
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bridge.errors import SlurmAuthError
-from bridge.slurm.rest import RestSlurmClient
+from bridge.clients.slurm.rest import RestSlurmClient
+from bridge.core.errors import SlurmAuthError
 
 DATA = Path(__file__).parent / "data" / "rest_job_running.json"
 

@@ -11,14 +11,14 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
-from bridge.config import PartitionConfig
-from bridge.jobstore import JobStore
-from bridge.kube.cache import PodCache
-from bridge.metrics import Metrics
-from bridge.model import JobAllocation
-from bridge.reconcile import Reconciler
-from bridge.slurm import JobListing
-from bridge.sources import SlurmPoller
+from bridge.clients.kube.cache import PodCache
+from bridge.clients.slurm import JobListing
+from bridge.controller.jobstore import JobStore
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.controller.sources import SlurmPoller
+from bridge.core.config import PartitionConfig
+from bridge.core.model import JobAllocation
 
 from .builders import allocation, config, payload
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from bridge import wellknown
-from bridge.config import PartitionConfig, VolumeConfig
-from bridge.directives import Directives
-from bridge.model import NodeAllocation
-from bridge.translate import (
+from bridge.core import wellknown
+from bridge.core.config import PartitionConfig, VolumeConfig
+from bridge.core.directives import Directives
+from bridge.core.model import NodeAllocation
+from bridge.core.translate import (
     DEADLINE_MARGIN_S,
     MAX_SCRIPT_BYTES,
     TranslateError,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from bridge.config import PartitionConfig
-from bridge.directives import Directives
-from bridge.model import NodeAllocation
-from bridge.translate import desired_pods, gpu_environment, job_environment
+from bridge.core.config import PartitionConfig
+from bridge.core.directives import Directives
+from bridge.core.model import NodeAllocation
+from bridge.core.translate import desired_pods, gpu_environment, job_environment
 
 from .builders import allocation, config, payload
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge import cli
-from bridge.config import DEFAULT_ATTACH_COMMAND, ConfigError, attach_command_files, parse_config
-from bridge.doctor import CheckFailed, Doctor, waiter_install_problems
+from bridge.core.config import DEFAULT_ATTACH_COMMAND, ConfigError, attach_command_files, parse_config
+from bridge.manager import cli
+from bridge.manager.doctor import CheckFailed, Doctor, waiter_install_problems
 
 MINIMAL = 'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n[partitions.k8s]\n'
 
@@ -69,7 +69,7 @@ def test_a_command_the_user_could_redirect_is_refused_naming_the_key(command: st
         "/usr/bin/python3 -IS /usr/libexec/slurm-k8s-bridge/waiter.py",
         "/usr/bin/python3.11 -X importtime -I /usr/libexec/w.py",
         "/usr/bin/python3 -W ignore -I -S /usr/libexec/w.py",
-        "/usr/bin/python3 -I -m bridge.waiter",  # -I: the module is not looked up in the cwd
+        "/usr/bin/python3 -I -m bridge.waiter.attach",  # -I: the module is not looked up in the cwd
         "/opt/slurm-k8s-bridge/bin/slurm-k8s-bridge attach",
     ],
 )

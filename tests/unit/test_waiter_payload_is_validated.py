@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bridge.model import JobPayload, ModelError, payload_from_json, payload_to_json
+from bridge.core.model import JobPayload, ModelError, payload_from_json, payload_to_json
 
 GOOD: dict[str, Any] = {
     "script": "#!/bin/sh\necho hi\n",

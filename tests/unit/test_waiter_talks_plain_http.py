@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge import waiter, wellknown
+from bridge.core import wellknown
+from bridge.waiter import attach as waiter
 
 
 def test_original_script_is_what_follows_the_marker() -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import waiter, wellknown
+from bridge.core import wellknown
+from bridge.waiter import attach as waiter
 
 WAITER = Path(waiter.__file__)
 
@@ -72,7 +73,7 @@ def test_the_waiter_imports_only_the_standard_library() -> None:
 
 def test_the_marker_is_the_one_job_submit_writes() -> None:
     assert waiter.MARKER == wellknown.ATTACH_MARKER
-    lua = (WAITER.parents[1] / "deploy" / "slurm" / "job_submit.lua").read_text()
+    lua = (WAITER.parents[2] / "deploy" / "slurm" / "job_submit.lua").read_text()
     assert f'local MARKER = "{waiter.MARKER}"' in lua
 
 

@@ -1,0 +1,1 @@
+"""One door to each outside system: Slurm (slurmrestd, pyslurm), Kubernetes, munge."""

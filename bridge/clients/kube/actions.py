@@ -1,0 +1,194 @@
+"""The verbs reconcile and attach use on Kubernetes: create/delete pods, follow logs, explain failures.
+
+Every verb is idempotent in the way reconcile needs: creating a pod that exists and deleting one
+that is gone both succeed (they return False to say "nothing to do"), so a restarted daemon that
+re-plans from scratch never makes duplicates and never fails on a half-done previous attempt.
+Retrying temporary errors is the caller's job (the work queue requeues with backoff).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import structlog
+from kubernetes_asyncio.client import ApiClient
+
+from bridge.clients.kube.client import iter_lines, request, request_json
+from bridge.clients.kube.errors import KubeConflict, KubeForbidden, KubeInvalid, KubeNotFound, LogsNotReady
+from bridge.clients.kube.lines import ns_to_rfc3339, rfc3339_to_ns, split_log_line
+from bridge.core import wellknown
+
+log = structlog.get_logger(__name__)
+
+LOG_READ_TIMEOUT_S = 60.0
+"""A followed log silent this long is broken off: a half-open connection (a restarted API server or
+kubelet, a lost network path) would otherwise hang for ever. A job that computes quietly for hours
+is fine: its relay resumes after the last line it saw (reconcile._relay_logs)."""
+
+
+class KubeActions:
+    """Pod verbs in one namespace."""
+
+    def __init__(
+        self, api_client: ApiClient, namespace: str, *, log_read_timeout_s: float = LOG_READ_TIMEOUT_S
+    ) -> None:
+        self._api = api_client
+        self.namespace = namespace
+        self._pods = f"/api/v1/namespaces/{namespace}/pods"
+        self._log_timeout = aiohttp.ClientTimeout(connect=10, sock_read=log_read_timeout_s)
+
+    async def create_pod(self, manifest: dict[str, Any]) -> bool:
+        """Create the pod; True if created, False if a pod of that name already exists (not an error)."""
+        meta = manifest.get("metadata") or {}
+        name = meta.get("name")
+        bound = log.bind(pod=name, job_id=(meta.get("labels") or {}).get(wellknown.LABEL_JOB_ID))
+        what = f"create pods in namespace {self.namespace}"
+        try:
+            response = await request(self._api, "POST", self._pods, what, body=manifest)
+        except KubeConflict:
+            bound.debug("kube.pod_exists")
+            return False
+        response.release()
+        bound.info("kube.pod_created", node=(manifest.get("spec") or {}).get("nodeName"))
+        return True
+
+    async def delete_pod(
+        self, name: str, grace_seconds: int | None = None, *, uid: str | None = None
+    ) -> bool:
+        """Delete the pod (in the background); True if a deletion was requested, False if already gone.
+
+        With `uid`, only that incarnation is deleted: a newer pod with the same name is left alone
+        (and False is returned). Careful with `grace_seconds=0`: the API server then forgets the pod
+        at once (a force delete) although its container may still run on the node for a while;
+        the pod's own terminationGracePeriodSeconds (None here) or >= 1 waits for the kubelet.
+        """
+        options: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
+        }
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        what = f"delete pods in namespace {self.namespace}"
+        try:
+            response = await request(self._api, "DELETE", f"{self._pods}/{name}", what, body=options)
+        except (KubeNotFound, KubeConflict):
+            log.debug("kube.pod_already_gone", pod=name, uid=uid)
+            return False
+        response.release()
+        log.info("kube.pod_deleted", pod=name, grace_s=grace_seconds)
+        return True
+
+    async def get_pod(self, name: str) -> dict[str, Any] | None:
+        """The pod as the API server has it now (raw dict), or None. Reconcile reads the cache instead."""
+        try:
+            return await request_json(
+                self._api, "GET", f"{self._pods}/{name}", f"get pods in namespace {self.namespace}"
+            )
+        except KubeNotFound:
+            return None
+
+    async def nodes_by_label(self, label: str) -> dict[str, str]:
+        """Map each value of node label `label` to the name of the node carrying it."""
+        body = await request_json(
+            self._api, "GET", "/api/v1/nodes", "list nodes", query={"labelSelector": label}
+        )
+        return {
+            node["metadata"]["labels"][label]: node["metadata"]["name"]
+            for node in body.get("items") or []
+            if label in (node["metadata"].get("labels") or {})
+        }
+
+    async def ensure_namespace(self) -> bool:
+        """Create the namespace if it does not exist; True if it was created.
+
+        If the bridge may not read namespaces (a namespaced Role only), assume it exists: creating
+        a pod in a missing one then fails with a clear NotFound.
+        """
+        path = f"/api/v1/namespaces/{self.namespace}"
+        try:
+            await request_json(self._api, "GET", path, f"get namespace {self.namespace}")
+            return False
+        except KubeNotFound:
+            pass
+        except KubeForbidden as error:
+            log.warning("kube.namespace_unchecked", namespace=self.namespace, error=str(error))
+            return False
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+        try:
+            await request_json(self._api, "POST", "/api/v1/namespaces", "create namespaces", body=body)
+        except KubeConflict:
+            return False
+        log.info("kube.namespace_created", namespace=self.namespace)
+        return True
+
+    async def stream_logs(
+        self, pod_name: str, container: str = wellknown.CONTAINER_NAME, since_time: str | None = None
+    ) -> AsyncIterator[tuple[str, str]]:
+        """Follow the container's log: yield (RFC 3339 nano timestamp, line without its newline).
+
+        Ends when the container exits (the server closes the stream), or raises KubeUnavailable when
+        the connection breaks or stays silent for `log_read_timeout_s`; to resume, call again with
+        `since_time` = the last timestamp seen: only lines stamped strictly after it are yielded
+        (the server keeps whole seconds, so lines of that second are filtered here). Raises
+        LogsNotReady while the container has not started. Consumers that may stop early should
+        wrap it in `contextlib.aclosing` so the connection is closed at once rather than when the
+        generator is garbage-collected.
+        """
+        query: dict[str, str | int] = {"container": container, "follow": "true", "timestamps": "true"}
+        after_ns: int | None = None
+        if since_time:
+            after_ns = rfc3339_to_ns(since_time)
+            query["sinceTime"] = ns_to_rfc3339(after_ns)
+        what = f"read the log of container {container} of pod {pod_name} in namespace {self.namespace}"
+        try:
+            response = await request(
+                self._api, "GET", f"{self._pods}/{pod_name}/log", what, query=query, timeout=self._log_timeout
+            )
+        except KubeInvalid as error:
+            raise LogsNotReady(str(error)) from error
+        async with contextlib.aclosing(iter_lines(response, what)) as lines:
+            async for line in lines:
+                stamp, text = split_log_line(line)
+                if after_ns is not None:
+                    stamp_ns = _ns_or_none(stamp) if stamp else None
+                    if stamp_ns is not None and stamp_ns <= after_ns:
+                        continue
+                yield stamp, text
+
+    async def pod_events_reason(self, pod_name: str, uid: str | None = None) -> str | None:
+        """"Reason: message" of the latest Warning event about the pod (FailedScheduling, image pull...).
+
+        With `uid`, only events of that incarnation of the pod. None if there is no warning.
+        """
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod_name},type=Warning"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
+        body = await request_json(
+            self._api, "GET", f"/api/v1/namespaces/{self.namespace}/events",
+            f"list events in namespace {self.namespace}", query={"fieldSelector": selector},
+        )
+        events = body.get("items") or []
+        if not events:
+            return None
+        latest = max(events, key=_event_time_ns)
+        return f"{latest.get('reason') or 'Warning'}: {(latest.get('message') or '').strip()}"
+
+
+def _ns_or_none(stamp: str) -> int | None:
+    try:
+        return rfc3339_to_ns(stamp)
+    except ValueError:
+        return None
+
+
+def _event_time_ns(event: dict[str, Any]) -> int:
+    """When the event last happened: lastTimestamp, else eventTime, else creation; 0 if none parse."""
+    meta = event.get("metadata") or {}
+    for stamp in (event.get("lastTimestamp"), event.get("eventTime"), meta.get("creationTimestamp")):
+        if stamp and (ns := _ns_or_none(str(stamp))) is not None:
+            return ns
+    return 0

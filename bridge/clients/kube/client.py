@@ -1,0 +1,162 @@
+"""The one door to the Kubernetes API: configuration, raw requests, error classification.
+
+kubernetes_asyncio does the configuration (kubeconfig or in-cluster service account), TLS, auth
+(token refresh, exec plugins) and owns the aiohttp session. The bridge then sends every request
+through `ApiClient.call_api(..., _preload_content=False)` and reads the JSON itself: pods stay plain
+dicts (no V1Pod models: deserializing 10,000 of them is slow and heavy), and streams (watch, logs)
+are read chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+
+import bridge
+from bridge.clients.kube.errors import KubeConfigError, error_for_status
+from bridge.clients.kube.lines import LineSplitter
+from bridge.core.errors import KubeUnavailable
+
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
+"""Ordinary (non-streaming) requests: the API server answers these in milliseconds when healthy."""
+
+_TRUST_ERRORS = (aiohttp.ClientConnectorCertificateError, aiohttp.ServerFingerprintMismatch)
+"""Transport errors that retrying cannot fix: the server's certificate is not the one we trust."""
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+async def make_api_client(
+    kubeconfig: str | None, *, context: str | None = None, max_connections: int = 256
+) -> ApiClient:
+    """An ApiClient for the kubeconfig file `kubeconfig`, or for the in-cluster service account if None.
+
+    The configuration is private to the returned client (the library's global default is not
+    touched). `max_connections` caps concurrent HTTP connections: every followed log stream and the
+    watch hold one for as long as they run. The caller closes the client (`await client.close()`).
+    """
+    config = Configuration()
+    try:
+        if kubeconfig is None:
+            load_incluster_config(client_configuration=config)
+        else:
+            await load_kube_config(config_file=kubeconfig, context=context, client_configuration=config)
+    except (ConfigException, OSError, ValueError) as error:
+        source = kubeconfig or "the in-cluster service account (KUBERNETES_SERVICE_HOST, token, ca.crt)"
+        raise KubeConfigError(f"cannot load Kubernetes configuration from {source}: {error}") from error
+    config.connection_pool_maxsize = max_connections
+    client = ApiClient(configuration=config)
+    client.user_agent = f"slurm-k8s-bridge/{bridge.__version__}"
+    return client
+
+
+async def request(
+    api: ApiClient,
+    method: str,
+    path: str,
+    what: str,
+    *,
+    query: Mapping[str, str | int] | None = None,
+    body: Any = None,
+    timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
+    content_type: str | None = None,
+) -> aiohttp.ClientResponse:
+    """Send one request; return the open response if it is 2xx, else raise the classified error.
+
+    `what` describes the request for error messages ("create pods in namespace slurm"). The caller
+    must release the returned response (`async with response:` or `response.release()`).
+    `content_type` is for PATCH bodies (application/merge-patch+json, ...).
+    """
+    headers = {"Accept": "application/json, */*"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    try:
+        response: aiohttp.ClientResponse = await api.call_api(
+            path,
+            method,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+    except _TRUST_ERRORS as error:
+        raise KubeConfigError(
+            f"cannot {what}: the API server's TLS certificate is not trusted: {error}"
+        ) from error
+    except _TRANSPORT_ERRORS as error:
+        raise KubeUnavailable(f"cannot {what}: {type(error).__name__}: {error}") from error
+    if 200 <= response.status < 300:
+        return response
+    async with response:
+        try:
+            error_body = await response.read()
+        except _TRANSPORT_ERRORS:
+            error_body = b""
+    raise error_for_status(response.status, error_body, what)
+
+
+async def request_json(
+    api: ApiClient,
+    method: str,
+    path: str,
+    what: str,
+    *,
+    query: Mapping[str, str | int] | None = None,
+    body: Any = None,
+    timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
+    content_type: str | None = None,
+) -> dict[str, Any]:
+    """`request`, then read and parse the JSON body."""
+    response = await request(
+        api, method, path, what, query=query, body=body, timeout=timeout, content_type=content_type
+    )
+    async with response:
+        try:
+            raw = await response.read()
+        except _TRANSPORT_ERRORS as error:
+            raise KubeUnavailable(f"cannot {what}: reading the answer: {error}") from error
+    try:
+        parsed = json.loads(raw)
+    except ValueError as error:
+        raise KubeUnavailable(f"cannot {what}: the answer is not JSON: {raw[:200]!r}") from error
+    return parsed if isinstance(parsed, dict) else {}
+
+
+async def iter_lines(response: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
+    """The lines of a streamed response body (without `\\n`), including a last unterminated one.
+
+    Transport errors while reading become KubeUnavailable. Ends when the server ends the stream.
+    The response is released when the iteration ends, fails or is abandoned.
+    """
+    splitter = LineSplitter()
+    finished = False
+    try:
+        try:
+            async for chunk in response.content.iter_any():
+                for line in splitter.feed(chunk):
+                    yield line
+        except _TRANSPORT_ERRORS as error:
+            raise KubeUnavailable(f"cannot {what}: stream broke: {type(error).__name__}: {error}") from error
+        finished = True
+        last = splitter.flush()
+        if last is not None:
+            yield last
+    finally:
+        # A fully read response may go back to the pool; an abandoned one must not.
+        if finished:
+            response.release()
+        else:
+            response.close()
+
+
+async def server_version(api: ApiClient) -> str:
+    """The API server's gitVersion (e.g. "v1.32.4"): a cheap reachability and credentials check."""
+    body = await request_json(api, "GET", "/version", "read the API server version")
+    return str(body.get("gitVersion", "unknown"))

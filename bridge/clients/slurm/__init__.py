@@ -1,0 +1,105 @@
+"""Slurm access: one small interface, two backends (slurmrestd, pyslurm).
+
+Wire records are parsed here, inside the client, one by one and only for the partitions the caller
+wants: a malformed job elsewhere in the cluster (or a bad one among ours) is logged and skipped,
+it never fails a whole listing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import structlog
+
+from bridge.core.model import JobAllocation
+
+log = structlog.get_logger(__name__)
+
+# slurmctld's "Job can not be altered now, try again later" (a job in a transition, e.g. still
+# configuring right after a controller restart): worth a few retries for a signal.
+ESLURM_TRANSITION_STATE_NO_UPDATE = 2020
+SIGNAL_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 3.0)
+
+Record = TypeVar("Record")
+
+
+@dataclass(frozen=True)
+class JobListing:
+    """One full answer of slurmctld, cut to the wanted partitions and parsed record by record."""
+
+    read_at: float
+    """`time.monotonic()` when the request was sent: the version of everything in the listing,
+    including the absence of a job (see JobAllocation.read_at)."""
+    jobs: tuple[JobAllocation, ...]
+    unreadable: frozenset[int] = frozenset()
+    """Ids of jobs in the wanted partitions whose record could not be parsed: listed, so not gone,
+    but without a usable view (logged once per job and skipped)."""
+
+
+class SlurmClient(Protocol):
+    """The few verbs the reconciler needs from Slurm."""
+
+    async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
+        """All jobs (of `partitions` only, if given) if anything changed since the previous call,
+        else None (cheap when idle)."""
+
+    async def job(self, job_id: int) -> JobAllocation | None:
+        """One job's current view, or None when slurmctld no longer knows it."""
+
+    async def signal_job(self, job_id: int, signal: str) -> None:
+        """Send a signal to the job's batch step (e.g. to stop a stuck waiter)."""
+
+    async def set_comment(self, job_id: int, comment: str) -> None:
+        """Record a short message in the job's comment (visible in `scontrol show job`)."""
+
+    async def close(self) -> None: ...
+
+
+def parse_listing(
+    records: Iterable[Record],
+    *,
+    read_at: float,
+    partitions: Collection[str] | None,
+    partition_of: Callable[[Record], str],
+    job_id_of: Callable[[Record], object],
+    parse: Callable[[Record], JobAllocation],
+    reported: set[int],
+) -> JobListing:
+    """Filter `records` by their raw partition field, then parse each one on its own.
+
+    `reported` (owned by the client) holds the ids already logged as unreadable, so a bad record
+    is logged once, not at every poll; an id that parses again is forgotten.
+    """
+    jobs: list[JobAllocation] = []
+    unreadable: set[int] = set()
+    for record in records:
+        try:
+            partition = partition_of(record)
+        except Exception:  # cannot even tell its partition: not known to be ours
+            partition = ""
+        if partitions is not None and partition not in partitions:
+            continue
+        try:
+            jobs.append(parse(record))
+        except Exception as error:  # any one record's failure must not fail the listing
+            job_id = _int_or_none(job_id_of, record)
+            if job_id is not None:
+                unreadable.add(job_id)
+            if job_id is None or job_id not in reported:
+                log.warning("slurm.record_skipped", job_id=job_id, partition=partition, error=repr(error))
+                if job_id is not None:
+                    reported.add(job_id)
+    reported.difference_update({job.job_id for job in jobs})
+    return JobListing(read_at=read_at, jobs=tuple(jobs), unreadable=frozenset(unreadable))
+
+
+def _int_or_none(job_id_of: Callable[[Record], object], record: Record) -> int | None:
+    try:
+        value = job_id_of(record)
+    except Exception:
+        return None
+    if isinstance(value, dict):  # slurmrestd's {set, number} form
+        value = value.get("number")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,194 @@
+"""slurmrestd backend: JWT over aiohttp, polling with `update_time`.
+
+slurmrestd answers `GET /jobs/?update_time=T` in ~2 ms with an empty list when
+nothing changed since T, so the poll is cheap when idle; after any change it
+returns the full list (not a delta), which the caller diffs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from bridge.clients.slurm import (
+    ESLURM_TRANSITION_STATE_NO_UPDATE,
+    SIGNAL_RETRY_DELAYS_S,
+    JobListing,
+    parse_listing,
+)
+from bridge.core.errors import SlurmAuthError, SlurmUnavailable
+from bridge.core.model import JobAllocation, allocation_from_rest
+
+log = structlog.get_logger(__name__)
+
+API_VERSION = "v0.0.45"
+GET_ATTEMPTS = 3
+
+
+class RestSlurmClient:
+    """Talks to slurmrestd as one Slurm user (an operator: SlurmUser or root)."""
+
+    def __init__(self, url: str, user: str, token_file: Path, timeout_s: float = 10.0) -> None:
+        self._url = url.rstrip("/")
+        self._user = user
+        self._token_file = token_file
+        self._token: str | None = None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._last_update = 0
+        self._recheck_second: int | None = None
+        self._reported: set[int] = set()
+
+    # -- plumbing ---------------------------------------------------------
+    def _read_token(self) -> str:
+        """Read the JWT from its file each time it may have been rotated."""
+        text = self._token_file.read_text().strip()
+        return text.removeprefix("SLURM_JWT=")
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method != "GET":
+            return await self._request_once(method, path, **kwargs)
+        # Reads are idempotent: ride out a slurmctld/slurmrestd blip before failing the caller.
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(SlurmUnavailable),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            stop=stop_after_attempt(GET_ATTEMPTS),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._request_once(method, path, **kwargs)
+        raise AssertionError("unreachable")
+
+    async def _request_once(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        for attempt in (1, 2):
+            if self._token is None:
+                self._token = self._read_token()
+            headers = {"X-SLURM-USER-NAME": self._user, "X-SLURM-USER-TOKEN": self._token}
+            try:
+                async with self._session.request(
+                    method, f"{self._url}{path}", headers=headers, **kwargs
+                ) as response:
+                    if response.status in (401, 403, 511):
+                        # The token file may have been rotated: re-read it once.
+                        self._token = None
+                        if attempt == 1:
+                            continue
+                        raise SlurmAuthError(
+                            f"slurmrestd refused the token for user {self._user!r} "
+                            f"(HTTP {response.status}); check {self._token_file} (expired?)"
+                        )
+                    body = await response.json(content_type=None)
+                    if response.status >= 500:
+                        raise SlurmRequestFailed(method, path, response.status, body)
+                    return body if isinstance(body, dict) else {}
+            except aiohttp.ClientResponseError as error:
+                # slurmrestd 26.05 sends more than its Content-Length on some error answers (a
+                # refused token; an unknown job id gets a second response on the connection), so
+                # aiohttp rejects them before their status is seen.
+                raise MalformedAnswer(
+                    f"slurmrestd sent a malformed answer to {method} {path} ({error.message}); it does "
+                    f"that when it refuses the token: check {self._token_file} (expired? wrong user?)"
+                ) from error
+            except (aiohttp.ClientError, TimeoutError) as error:
+                raise SlurmUnavailable(f"slurmrestd {method} {path}: {error}") from error
+        raise AssertionError("unreachable")
+
+    # -- the SlurmClient verbs --------------------------------------------
+    async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
+        since = self._last_update
+        if self._recheck_second is not None and time.time() >= self._recheck_second + 1:
+            # update_time has one-second resolution: a change made later in the
+            # same second as our last full read would look "unchanged". Once that
+            # second is over, read once more from just before it.
+            since, self._recheck_second = self._recheck_second - 1, None
+        read_at = time.monotonic()
+        body = await self._request("GET", f"/slurm/{API_VERSION}/jobs/", params={"update_time": str(since)})
+        if _says_unchanged(body):
+            return None
+        # slurmctld's own clock, so skew between hosts cannot lose a change.
+        last = int((body.get("last_update") or {}).get("number") or time.time())
+        # Re-read a second once it is over, unless this read already was that re-read.
+        self._recheck_second = None if last == self._last_update else last
+        self._last_update = last
+        return parse_listing(
+            body.get("jobs") or [], read_at=read_at, partitions=partitions,
+            partition_of=lambda raw: str(_field(raw, "partition") or ""),
+            job_id_of=lambda raw: _field(raw, "job_id"),
+            parse=lambda raw: allocation_from_rest(raw, read_at), reported=self._reported,
+        )
+
+    async def job(self, job_id: int) -> JobAllocation | None:
+        read_at = time.monotonic()
+        try:
+            body = await self._request("GET", f"/slurm/{API_VERSION}/job/{job_id}")
+        except MalformedAnswer:
+            # Either the token was refused or the job is unknown: the state endpoint answers
+            # an unknown id cleanly (and raises MalformedAnswer again for a refused token).
+            state = await self._request("GET", f"/slurm/{API_VERSION}/jobs/state/", params={"job_id": job_id})
+            if not state.get("jobs"):
+                return None
+            raise
+
+        for job in body.get("jobs") or []:
+            if int(job.get("job_id", 0)) == job_id:
+                return allocation_from_rest(job, read_at)
+        return None
+
+    async def signal_job(self, job_id: int, signal: str) -> None:
+        params = {"signal": signal, "flags": "BATCH_JOB"}
+        for delay in (*SIGNAL_RETRY_DELAYS_S, None):
+            try:
+                body = await self._request("DELETE", f"/slurm/{API_VERSION}/job/{job_id}", params=params)
+            except SlurmRequestFailed as failure:
+                body = failure.body
+            errors = body.get("errors") or []
+            if ESLURM_TRANSITION_STATE_NO_UPDATE not in {e.get("error_number") for e in errors}:
+                return
+            if delay is None:
+                log.warning("slurm.signal_failed", job_id=job_id, signal=signal, errors=errors)
+                return
+            await asyncio.sleep(delay)
+
+    async def set_comment(self, job_id: int, comment: str) -> None:
+        body = await self._request("POST", f"/slurm/{API_VERSION}/job/{job_id}", json={"comment": comment})
+        errors = body.get("errors") or []
+        if errors:
+            log.warning("slurm.comment_failed", job_id=job_id, errors=errors)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class SlurmRequestFailed(SlurmUnavailable):
+    """slurmrestd answered 5xx; `body` keeps its `errors` (slurmctld's error numbers)."""
+
+    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
+        self.body: dict[str, Any] = body if isinstance(body, dict) else {}
+        detail = "; ".join(str(e.get("description") or e.get("error")) for e in self.body.get("errors") or [])
+        super().__init__(f"slurmrestd {method} {path}: HTTP {status}" + (f": {detail}" if detail else ""))
+
+
+class MalformedAnswer(SlurmAuthError):
+    """slurmrestd's answer could not be parsed; in practice a refused token or an unknown job."""
+
+
+def _field(raw: object, key: str) -> object:
+    return raw.get(key) if isinstance(raw, Mapping) else None
+
+
+def _says_unchanged(body: dict[str, Any]) -> bool:
+    """slurmrestd's answer to update_time when no job changed: a warning, no jobs."""
+    if body.get("jobs"):
+        return False
+    return any("No job changes" in str(w.get("description", "")) for w in body.get("warnings") or [])

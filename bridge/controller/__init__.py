@@ -1,0 +1,1 @@
+"""The controller: sources, the work queue, the state owners and reconcile."""

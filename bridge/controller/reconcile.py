@@ -1,0 +1,401 @@
+"""reconcile(job_id): make Kubernetes match what Slurm says about one job.
+
+Level-triggered: whatever woke us up, re-read the Slurm view, the cached pods and the waiters'
+sessions, then act. Every action is idempotent, so running it twice, or after a restart, is
+harmless (pod names are deterministic, a create that finds the pod already there is success, a
+delete of a missing pod too).
+
+The reconciler owns no state of its own; it reads three owners:
+- the job store (bridge.controller.jobstore): the newest Slurm view per job, versioned. An absence there is
+  only a hint: before anything is stopped for it, the store asks Slurm about that one job;
+- the session registry (bridge.controller.sessions): one session per run (job id + restart count). The runs
+  that Slurm shows over are ended here and dropped;
+- the pod cache, plus create expectations (bridge.controller.expectations): a pod created but not yet seen
+  by the cache is neither missing nor created twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from bridge.clients.identity import SupplementalGroups
+from bridge.clients.kube.actions import KubeActions
+from bridge.clients.kube.cache import PodCache
+from bridge.clients.slurm import SlurmClient
+from bridge.controller.expectations import CreateExpectations
+from bridge.controller.jobstore import JobStore
+from bridge.controller.metrics import Metrics
+from bridge.controller.sessions import JobSession, SessionRegistry
+from bridge.core import outcome as outcomes
+from bridge.core import wellknown
+from bridge.core.config import BridgeConfig
+from bridge.core.directives import DirectiveError, parse_directives
+from bridge.core.errors import PermanentError
+from bridge.core.model import JobAllocation, JobPayload
+from bridge.core.translate import TranslateError, desired_pods, node_index_of, pod_name, run_of
+
+log = structlog.get_logger(__name__)
+
+EXIT_CODE_NOT_STARTED = 1
+# Slurm states in which the job's pods may exist; any other state means the job is over.
+LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+CANCEL_GRACE_S = 1
+# A log relay whose stream ended while its container still runs resumes after these pauses.
+LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
+# Failed reads tolerated once the container has ended, before its remaining lines are given up.
+LOG_ATTEMPTS_AFTER_END = 3
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cfg: BridgeConfig,
+        slurm: SlurmClient,
+        kube: KubeActions,
+        cache: PodCache,
+        metrics: Metrics,
+        requeue: Callable[[int], None],
+        requeue_after: Callable[[int, float], None] | None = None,
+        *,
+        jobs: JobStore | None = None,
+        expectations: CreateExpectations | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.slurm = slurm
+        self.kube = kube
+        self.cache = cache
+        self.metrics = metrics
+        self.requeue = requeue
+        self.requeue_after = requeue_after or (lambda key, _delay: requeue(key))
+        self.jobs = jobs if jobs is not None else JobStore(slurm)
+        """The versioned Slurm view (the poller and attaches write it; reconcile only reads)."""
+        self.sessions = SessionRegistry()
+        self.expectations = expectations if expectations is not None else CreateExpectations()
+        cache.on_seen(self.expectations.observed)
+        self.groups = SupplementalGroups(cfg.pods.supplemental_groups)
+        """The job user's supplementary groups, from Slurm's user name via NSS (cached)."""
+
+    def is_bridged(self, alloc: JobAllocation) -> bool:
+        return self.cfg.partition(alloc.partition) is not None
+
+    # -- sessions, for the API -------------------------------------------------------------------
+    def attach_session(self, job_id: int, payload: JobPayload) -> JobSession:
+        """The session of the run whose waiter attaches (made if new).
+
+        The attach has just recorded a fresh view, so the store knows the current run. A waiter of
+        an earlier run (the job was requeued meanwhile) gives its own in SLURM_RESTART_COUNT, which
+        Slurm sets for every run but the first; the smaller of the two is right in both cases (an
+        inherited, stale value can only be too big, and only for run 0).
+        """
+        view = self.jobs.get(job_id)
+        current = view.alloc.run if view is not None and view.alloc is not None else 0
+        return self.sessions.open(job_id, min(current, _restart_count(payload)))
+
+    def cancel_session(self, job_id: int) -> JobSession | None:
+        """The session a waiter's cancel applies to: its job's newest one. Without one (the daemon
+        restarted), one is made for the current run only while Slurm shows that run running: a
+        late cancel from the waiter of a requeued run must not cancel the next run in advance
+        (its pods are stopped anyway, that run being over). None when there is nothing to cancel."""
+        existing = self.sessions.of_job(job_id)
+        if existing:
+            return existing[-1]
+        view = self.jobs.get(job_id)
+        alloc = view.alloc if view is not None else None
+        if alloc is not None and alloc.state == "RUNNING" and not _over(alloc):
+            return self.sessions.open(job_id, alloc.run)
+        return None
+
+    # -- the loop body ---------------------------------------------------------
+    async def reconcile(self, job_id: int) -> None:
+        self.metrics.inc("reconciles_total")
+        bound = log.bind(job_id=job_id)
+        view = self.jobs.get(job_id)
+        pods = self.cache.pods_of(job_id)
+        sessions = self.sessions.of_job(job_id)
+        if view is None or not view.listed:
+            if not pods and not sessions:
+                return  # nothing of ours: an absence needs no confirmation
+            # Absence alone never stops anything: ask Slurm about this one job first.
+            self.metrics.inc("slurm_confirm_reads_total")
+            view = await self.jobs.refresh(job_id)
+            bound.info("slurm.absence_checked", gone=view.alloc is None,
+                       state=view.alloc.state if view.alloc else None)
+        alloc = view.alloc
+        current = None if alloc is None or _over(alloc) else alloc.run
+
+        # Every run but a live current one is over: its pods go, then its session ends.
+        by_run: dict[int, list[dict[str, Any]]] = {}
+        for pod in pods:
+            by_run.setdefault(run_of(pod), []).append(pod)
+        runs = set(by_run) | {s.run for s in sessions}
+        for run in sorted(runs - {current} if current is not None else runs):
+            session = self.sessions.get(job_id, run)
+            await self._stop(by_run.get(run, []), session, alloc, bound.bind(run=run))
+        if current is None:
+            return
+        assert alloc is not None
+        run_pods = by_run.get(current, [])
+        session = self.sessions.get(job_id, current)
+        if session is not None and session.cancel_requested:
+            await self._stop(run_pods, session, alloc, bound.bind(run=current))
+            return
+        if alloc.state != "RUNNING":
+            return  # pending or suspended: the waiter attaches once Slurm starts the job
+        if session is None or session.payload is None:
+            return  # pods, if any, keep running; the waiter will attach and tell us what to do
+        if session.final is not None:
+            return
+        await self._run(session, alloc, run_pods, bound.bind(run=current))
+
+    async def _run(
+        self, session: JobSession, alloc: JobAllocation, pods: list[dict[str, Any]], bound: Any
+    ) -> None:
+        """The current run is live and its waiter attached: create, watch, decide its outcome."""
+        names = [pod_name(alloc.job_id, i, alloc.run) for i in range(len(alloc.nodes))]
+        present = {pod["metadata"]["name"] for pod in pods}
+        expected = self.expectations.pending(n for n in names if n not in present)
+        if expected:
+            # Created, not in the cache yet: neither gone nor to be created again. Look again
+            # when the expectation expires, in case no event ever comes.
+            self.requeue_after(alloc.job_id, max(expected.values()) + 0.1)
+        if not pods:
+            if expected:
+                return
+            if session.created:
+                await self._fail(session, alloc, "the job's pods were deleted outside Slurm", bound)
+                return
+            await self._create(session, alloc, set(), bound)
+            return
+        session.created = True
+        if len(present) + len(expected) < len(names):
+            # Creation was interrupted (restart mid-way): create the rest, idempotently.
+            await self._create(session, alloc, present | set(expected), bound)
+
+        grace = self.cfg.start_failure_grace_s
+        # Like srun: wait for every rank, then the highest non-zero exit code wins (deciding at the
+        # first failure would make the code depend on which rank happened to end first).
+        decision = outcomes.job_outcome(
+            pods, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace, wait_for_all=True
+        )
+        self._ensure_log_relays(session, pods)
+        if isinstance(decision, outcomes.FailedBeforeStart):
+            await self._fail(session, alloc, decision.reason, bound)
+        elif isinstance(decision, outcomes.Finished):
+            if self._logs_drained(session, pods):
+                bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal)
+                # A plain exit code speaks for itself (native Slurm prints nothing either);
+                # signals, OOM kills and timeouts get an explanation in slurm-<id>.out.
+                explain = decision.signal is not None or decision.oom_killed or decision.timed_out
+                session.finish({
+                    "type": "exit", "code": decision.exit_code, "signal": decision.signal,
+                    "reason": decision.reason if explain else "",
+                })
+        elif _retrying_start_error(pods):
+            # It fails the job once it outlasts the grace period; no pod event may wake us
+            # up then, so look again.
+            self.requeue_after(alloc.job_id, min(grace, 5.0))
+
+    # -- actions -------------------------------------------------------------------
+    async def _create(self, session: JobSession, alloc: JobAllocation, skip: set[str], bound: Any) -> None:
+        assert session.payload is not None
+        part = self.cfg.partition(alloc.partition)
+        if part is None:
+            await self._fail(session, alloc, f"partition {alloc.partition} is not bridged", bound)
+            return
+        # Partitions that map nodes by label look the labels up at each start: rare next to
+        # pod events, and a relabelled node is seen at once.
+        k8s_nodes = await self.kube.nodes_by_label(part.node_label) if part.node_label else None
+        groups = await self.groups.of(alloc)
+        try:
+            directives = parse_directives(session.payload.script)
+            manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes,
+                                     supplemental_groups=groups)
+        except (DirectiveError, TranslateError) as error:
+            await self._fail(session, alloc, str(error), bound)
+            return
+        manifests = [m for m in manifests if m["metadata"]["name"] not in skip]
+        names = [m["metadata"]["name"] for m in manifests]
+        # Expected before the first request: its ADDED event may be applied before it returns.
+        self.expectations.expect(names)
+        for done, manifest in enumerate(manifests):
+            try:
+                created = await self.kube.create_pod(manifest)
+            except BaseException:
+                self.expectations.forget(names[done:])
+                raise
+            if created:
+                self.metrics.inc("pods_created_total")
+                bound.info("pod.created", pod=manifest["metadata"]["name"], node=manifest["spec"]["nodeName"])
+        session.created = True
+
+    async def _stop(
+        self, pods: list[dict[str, Any]], session: JobSession | None, alloc: JobAllocation | None, bound: Any
+    ) -> None:
+        """A run is over in Slurm, or its waiter asked to stop: remove its pods; once they are gone,
+        tell the waiter, and end the session if Slurm shows the run over."""
+        cancelled = session is not None and session.cancel_requested
+        grace = CANCEL_GRACE_S if cancelled else None
+        state = _describe(alloc, run_of(pods[0]) if pods else session.run if session else None)
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            stopped = _containers_stopped(pod)
+            if pod["metadata"].get("deletionTimestamp") and not stopped:
+                continue  # the kubelet is stopping it
+            # Once its containers have stopped, removing the object at once is safe: nothing
+            # runs any more, and it saves the kubelet's volume clean-up from the waiter's wait.
+            if await self.kube.delete_pod(name, 0 if stopped else grace):
+                self.metrics.inc("pods_deleted_total")
+                bound.info("pod.deleted", pod=name, slurm_state=state)
+        if session is None or pods:
+            return  # the waiter leaves only once the pods are gone: Slurm frees what they used
+        reason = f"this run of the job is over ({state})"
+        if cancelled:
+            reason = "cancelled: the job's pods are gone"
+        event = {"type": "exit", "code": 0, "signal": 15, "reason": reason}
+        run_over = alloc is None or _over(alloc) or alloc.run != session.run
+        if run_over:
+            bound.info("session.ended", slurm_state=state)
+            self.metrics.inc("sessions_ended_total")
+            self.sessions.end(session, event)
+        else:
+            session.finish(event)  # kept (and re-sent on re-attach) until Slurm shows the run over
+
+    async def _fail(self, session: JobSession, alloc: JobAllocation, reason: str, bound: Any) -> None:
+        """The script could not run: tell the user where they look, end the job non-zero."""
+        bound.warning("job.failed_before_start", reason=reason)
+        self.metrics.inc("jobs_failed_before_start_total")
+        session.finish({"type": "exit", "code": EXIT_CODE_NOT_STARTED, "signal": None, "reason": reason})
+        try:
+            await self.slurm.set_comment(alloc.job_id, f"slurm-k8s-bridge: {reason}"[:1000])
+        except Exception as error:  # the comment is a courtesy; the exit code carries the failure
+            bound.warning("slurm.comment_failed", error=repr(error))
+        for pod in self.cache.pods_of(alloc.job_id):
+            if run_of(pod) == session.run:
+                await self.kube.delete_pod(pod["metadata"]["name"], 0)
+
+    # -- logs ------------------------------------------------------------------------
+    def _ensure_log_relays(self, session: JobSession, pods: list[dict[str, Any]]) -> None:
+        if not session.attached:
+            return
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if name in session.log_tasks or name in session.logs_done or not _container_started(pod):
+                continue
+            index = node_index_of(pod) or 0
+            session.log_tasks[name] = asyncio.create_task(
+                self._relay_logs(session, name, index), name=f"logs:{name}"
+            )
+
+    def _logs_drained(self, session: JobSession, pods: list[dict[str, Any]]) -> bool:
+        if not session.attached:
+            return False
+        return all(pod["metadata"]["name"] in session.logs_done for pod in pods if _container_started(pod))
+
+    async def _relay_logs(self, session: JobSession, pod_name: str, index: int) -> None:
+        """Relay one pod's log to the waiter until its container has terminated and every line is out.
+
+        A stream can end, or stall (stream_logs has a read deadline), while the container still runs:
+        the kubelet or API server restarted, a half-open connection. Then the relay resumes after the
+        last line it relayed (stream_logs yields only lines after `since`, so nothing is printed
+        twice). It is done after a read that began once the container had terminated and ran to
+        its end: only such a read is sure to have every line.
+        """
+        bound = log.bind(job_id=session.job_id, pod=pod_name)
+        pauses = failures_after_end = 0
+        while True:
+            pod = self.cache.get(pod_name)
+            if pod is None:
+                break  # deleted: nothing left to read
+            ended = _container_terminated(pod)
+            since = session.last_log.get(str(index))
+            try:
+                async for stamp, line in self.kube.stream_logs(pod_name, since_time=since):
+                    session.last_log[str(index)] = stamp
+                    session.publish({"type": "log", "pod": index, "ts": stamp, "line": line})
+                    self.metrics.inc("log_lines_total")
+                    pauses = 0
+            except asyncio.CancelledError:
+                raise
+            except PermanentError as error:  # the pod is gone, or its log can never be read
+                bound.warning("logs.unavailable", error=repr(error))
+                break
+            except Exception as error:
+                if ended:
+                    failures_after_end += 1
+                    if failures_after_end >= LOG_ATTEMPTS_AFTER_END:
+                        bound.warning("logs.unavailable", error=repr(error), attempts=failures_after_end)
+                        break
+                bound.info("logs.resuming", error=repr(error), container_ended=ended)
+            else:
+                if ended:
+                    break
+            self.metrics.inc("log_relay_resumes_total")
+            await asyncio.sleep(LOG_RESUME_DELAYS_S[min(pauses, len(LOG_RESUME_DELAYS_S) - 1)])
+            pauses += 1
+        session.log_tasks.pop(pod_name, None)
+        session.logs_done.add(pod_name)
+        self.requeue(session.job_id)
+
+
+def _over(alloc: JobAllocation) -> bool:
+    """Slurm shows the job's current run over (or ending: COMPLETING)."""
+    return alloc.state not in LIVE_STATES or "COMPLETING" in alloc.state_flags
+
+
+def _describe(alloc: JobAllocation | None, run: int | None) -> str:
+    """The Slurm state that ends a run, for logs and the waiter."""
+    if alloc is None:
+        return "gone"
+    if run is not None and run != alloc.run:
+        return f"requeued (now run {alloc.run})"
+    return alloc.state
+
+
+def _restart_count(payload: JobPayload) -> int:
+    value = payload.environment.get("SLURM_RESTART_COUNT", "0")
+    with contextlib.suppress(ValueError):
+        return max(0, int(value))
+    return 0
+
+
+def _job_container(pod: dict[str, Any]) -> dict[str, Any]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == wellknown.CONTAINER_NAME:
+            return status.get("state") or {}
+    return {}
+
+
+def _container_started(pod: dict[str, Any]) -> bool:
+    state = _job_container(pod)
+    return "running" in state or "terminated" in state
+
+
+def _container_terminated(pod: dict[str, Any]) -> bool:
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in ("Succeeded", "Failed") or "terminated" in _job_container(pod)
+
+
+_RETRIED_START_ERRORS = outcomes.IMAGE_ERRORS_RETRIED | outcomes.CREATE_ERRORS_RETRIED
+
+
+def _retrying_start_error(pods: list[dict[str, Any]]) -> bool:
+    for pod in pods:
+        view = outcomes.pod_view(pod)
+        if view.waiting_reason in _RETRIED_START_ERRORS or view.unschedulable:
+            return True
+    return False
+
+
+def _containers_stopped(pod: dict[str, Any]) -> bool:
+    """The pod ran and every container of it has terminated (nothing uses its resources)."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    statuses = status.get("containerStatuses") or []
+    return bool(statuses) and all("terminated" in (c.get("state") or {}) for c in statuses)

@@ -1,0 +1,108 @@
+"""Per-run runtime state of attached waiters, and the registry that owns it.
+
+A session belongs to one run of a job: (job id, run), the run being Slurm's restart count. It is
+made when that run's waiter attaches and ended (its waiter told, its log relays stopped) and dropped
+once Slurm shows that run over: finished, cancelled, timed out, gone, or requeued (a requeued job
+keeps its id but gets a new run, hence a new, clean session that never replays the old exit).
+
+Lost on restart by design: the waiter re-attaches and re-sends everything here (payload, log
+positions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.core.model import JobPayload
+
+Event = dict[str, Any]
+
+
+@dataclass
+class JobSession:
+    job_id: int
+    run: int = 0
+    """Slurm's restart count of the run this session serves (JobAllocation.run)."""
+    payload: JobPayload | None = None
+    cancel_requested: bool = False
+    last_log: dict[str, str] = field(default_factory=dict)
+    """Timestamp of the last log line the waiter printed, by pod index."""
+    listener: asyncio.Queue[Event] | None = None
+    log_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    logs_done: set[str] = field(default_factory=set)
+    created: bool = False
+    """This daemon created (or found) the pods; a missing pod afterwards is a failure."""
+    final: Event | None = None
+    """The exit event, once decided; re-sent to a waiter that re-attaches."""
+
+    def attach(self, last_log: dict[str, str]) -> asyncio.Queue[Event]:
+        """A new waiter connection replaces any older one (and its log relays)."""
+        self.detach()
+        self.last_log = dict(last_log)
+        self.listener = asyncio.Queue()
+        if self.final is not None:
+            self.listener.put_nowait(self.final)
+        return self.listener
+
+    def detach(self, queue: asyncio.Queue[Event] | None = None) -> None:
+        if queue is not None and queue is not self.listener:
+            return
+        self.listener = None
+        for task in self.log_tasks.values():
+            task.cancel()
+        self.log_tasks.clear()
+        self.logs_done.clear()
+
+    @property
+    def attached(self) -> bool:
+        return self.listener is not None
+
+    def publish(self, event: Event) -> None:
+        if self.listener is not None:
+            self.listener.put_nowait(event)
+
+    def finish(self, event: Event) -> None:
+        """Decide the run's end once; the waiter exits when it reads it."""
+        if self.final is None:
+            self.final = event
+            self.publish(event)
+
+
+class SessionRegistry:
+    """The sessions by (job id, run). The API opens them; the reconciler ends them."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[int, int], JobSession] = {}
+
+    def get(self, job_id: int, run: int) -> JobSession | None:
+        return self._sessions.get((job_id, run))
+
+    def open(self, job_id: int, run: int) -> JobSession:
+        """The session of this run, made if it is new."""
+        session = self._sessions.get((job_id, run))
+        if session is None:
+            session = self._sessions[(job_id, run)] = JobSession(job_id, run)
+        return session
+
+    def of_job(self, job_id: int) -> list[JobSession]:
+        """Every session of the job, oldest run first."""
+        return sorted((s for (j, _), s in self._sessions.items() if j == job_id), key=lambda s: s.run)
+
+    def end(self, session: JobSession, event: Event) -> None:
+        """The run is over: tell its waiter `event` (unless its end was decided before), stop its
+        log relays and forget it. A waiter still connected reads the event and leaves."""
+        session.finish(event)
+        if self._sessions.get((session.job_id, session.run)) is session:
+            del self._sessions[(session.job_id, session.run)]
+        for task in session.log_tasks.values():
+            task.cancel()
+        session.log_tasks.clear()
+
+    def __iter__(self) -> Iterator[JobSession]:
+        return iter(list(self._sessions.values()))
+
+    def __len__(self) -> int:
+        return len(self._sessions)

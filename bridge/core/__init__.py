@@ -1,0 +1,1 @@
+"""The pure core: translation, outcome, directives, hostlist, config; data in, data out."""

@@ -1,0 +1,301 @@
+"""A job's outcome from the observed state of its pods. Pure.
+
+Pods come as Kubernetes API dicts (camelCase, as kubernetes_asyncio's
+`ApiClient.sanitize_for_serialization` or a raw watch event gives them). The answer is one of:
+`Running` (wait), `Finished` (tell the waiter the exit code / signal), `FailedBeforeStart` (the
+script never ran; tell the user why).
+
+Rules, and why:
+- Multi-node jobs report the highest exit code of their pods, as srun does for its tasks.
+- The first pod that fails decides at once (like KillOnBadExit=1): the other ranks of a
+  distributed job usually hang without it, holding GPUs until the time limit. Pass
+  `wait_for_all=True` to wait for every pod instead.
+- Container runtimes report a process killed by signal N as exit code 128+N (137 for SIGKILL) and
+  rarely fill the `signal` field. With reason Error or OOMKilled such a code is read as signal N.
+  A script that itself ends with `exit 137` looks the same; that case is rare and is reported as a
+  signal too.
+- Image and container-creation errors that the kubelet retries (ErrImagePull, ImagePullBackOff,
+  CreateContainerConfigError, ...) fail the job only once they have lasted `grace_s` since the pod
+  started, so that a registry hiccup does not kill a job; InvalidImageName and ErrImageNeverPull
+  never heal and fail at once.
+"""
+
+from __future__ import annotations
+
+import signal as signals
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bridge.core import wellknown
+
+IMAGE_ERRORS_PERMANENT = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+IMAGE_ERRORS_RETRIED = frozenset({"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable"})
+CREATE_ERRORS_RETRIED = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+# Terminated reasons meaning the process never started (exec of the interpreter failed, ...).
+START_FAILURES = frozenset({"StartError", "ContainerCannotRun"})
+# Terminated reasons under which an exit code 128+N means "killed by signal N".
+SIGNAL_REASONS = frozenset({"Error", "OOMKilled"})
+MAX_SIGNAL = 64
+_UNSCHEDULABLE = ("PodScheduled", "False", "Unschedulable")
+DEFAULT_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Running:
+    """The job still runs (or its pods still start)."""
+
+    detail: str = ""
+    """What is being waited for, for status output (e.g. "slurm-7-0: ContainerCreating")."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The script ran and ended; the waiter exits with `exit_code`, or dies by `signal`."""
+
+    exit_code: int
+    signal: int | None = None
+    reason: str = ""
+    """Explanation for the job's stderr; empty for a clean exit 0."""
+    timed_out: bool = False
+    oom_killed: bool = False
+
+
+@dataclass(frozen=True)
+class FailedBeforeStart:
+    """The script never ran: image missing, kubelet refused the pod, interpreter not found, ..."""
+
+    reason: str
+
+
+Outcome = Running | Finished | FailedBeforeStart
+
+
+@dataclass(frozen=True)
+class Terminated:
+    """A container's terminated state."""
+
+    exit_code: int
+    signal: int | None
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The parts of a pod that decide the outcome."""
+
+    name: str
+    index: int
+    phase: str
+    reason: str
+    """status.reason: Evicted, DeadlineExceeded, NodeLost, OutOfcpu, ..."""
+    message: str
+    deleting: bool
+    image: str
+    waiting_reason: str
+    waiting_message: str
+    running: bool
+    terminated: Terminated | None
+    unschedulable: str | None
+    """Message of a PodScheduled=False/Unschedulable condition, if any."""
+    since: datetime | None
+    """When the pod started (status.startTime), else when it was created."""
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    """Read the outcome-relevant fields of a pod dict; missing fields read as empty."""
+    meta = _map(pod.get("metadata"))
+    spec = _map(pod.get("spec"))
+    status = _map(pod.get("status"))
+    annotations = _map(meta.get("annotations"))
+    index_s = annotations.get(wellknown.ANNOTATION_NODE_INDEX)
+    index = int(index_s) if isinstance(index_s, str) and index_s.isdigit() else 0
+
+    containers = [_map(c) for c in _list(spec.get("containers"))]
+    spec_job = next((c for c in containers if c.get("name") == wellknown.CONTAINER_NAME), {})
+    statuses = [_map(c) for c in _list(status.get("containerStatuses"))]
+    job = next((c for c in statuses if c.get("name") == wellknown.CONTAINER_NAME), {})
+    state = _map(job.get("state"))
+    waiting = _map(state.get("waiting"))
+    term = state.get("terminated")
+    terminated = None
+    if isinstance(term, Mapping):
+        raw_signal = term.get("signal")
+        terminated = Terminated(
+            exit_code=_int(term.get("exitCode")),
+            signal=raw_signal if isinstance(raw_signal, int) and raw_signal > 0 else None,
+            reason=_str(term.get("reason")),
+            message=_str(term.get("message")).strip(),
+        )
+
+    unschedulable = None
+    for cond in map(_map, _list(status.get("conditions"))):
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == _UNSCHEDULABLE:
+            unschedulable = _str(cond.get("message")) or "Unschedulable"
+
+    return PodView(
+        name=_str(meta.get("name")),
+        index=index,
+        phase=_str(status.get("phase")),
+        reason=_str(status.get("reason")),
+        message=_str(status.get("message")),
+        deleting=meta.get("deletionTimestamp") is not None,
+        image=_str(job.get("image")) or _str(spec_job.get("image")),
+        waiting_reason=_str(waiting.get("reason")),
+        waiting_message=_str(waiting.get("message")),
+        running=isinstance(state.get("running"), Mapping),
+        terminated=terminated,
+        unschedulable=unschedulable,
+        since=_time(status.get("startTime")) or _time(meta.get("creationTimestamp")),
+    )
+
+
+def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -> Outcome:
+    """The outcome of one pod on its own."""
+    persisted = pod.since is None or (_aware(now) - pod.since).total_seconds() >= grace_s
+
+    if pod.terminated is not None:
+        return _from_terminated(pod, pod.terminated)
+    if pod.phase == "Succeeded":
+        return Finished(0)
+    if pod.phase == "Failed":
+        if pod.reason == "DeadlineExceeded":
+            return _timeout(pod, 128 + signals.SIGTERM, int(signals.SIGTERM))
+        if pod.running:
+            # It ran, but the kubelet lost or killed it without a recorded exit status.
+            return Finished(1, None, f"{pod.name}: {_because(pod.reason, pod.message) or 'failed'}")
+        # Failed before the container ever ran: the kubelet refused it (OutOfcpu, NodeAffinity, ...).
+        why = _because(pod.reason, pod.message) or "phase Failed"
+        return FailedBeforeStart(f"{pod.name}: Kubernetes refused the pod: {why}")
+    if pod.deleting:
+        return Finished(
+            128 + signals.SIGTERM,
+            int(signals.SIGTERM),
+            f"{pod.name}: the pod was deleted in Kubernetes before the job ended",
+        )
+
+    waiting = pod.waiting_reason
+    if waiting in IMAGE_ERRORS_PERMANENT or (waiting in IMAGE_ERRORS_RETRIED and persisted):
+        return FailedBeforeStart(
+            f"{pod.name}: cannot pull image {pod.image!r}: {_because(waiting, pod.waiting_message)}"
+        )
+    if waiting in CREATE_ERRORS_RETRIED and persisted:
+        return FailedBeforeStart(
+            f"{pod.name}: cannot create the container: {_because(waiting, pod.waiting_message)}"
+        )
+    if pod.unschedulable is not None and persisted:
+        return FailedBeforeStart(f"{pod.name}: cannot be placed on its node: {pod.unschedulable}")
+    detail = waiting or pod.reason or pod.phase or "Pending"
+    return Running(f"{pod.name}: {detail}")
+
+
+def job_outcome(
+    pods: Iterable[Mapping[str, Any]],
+    node_count: int,
+    *,
+    now: datetime,
+    grace_s: float = DEFAULT_GRACE_S,
+    wait_for_all: bool = False,
+) -> Outcome:
+    """The outcome of a job with `node_count` nodes from the pods observed for it.
+
+    Pods not observed yet count as still starting; the caller knows whether it created them.
+    """
+    views = sorted((pod_view(p) for p in pods), key=lambda v: (v.index, v.name))
+    outcomes = [(view, pod_outcome(view, now, grace_s)) for view in views]
+
+    for _, outcome in outcomes:
+        if isinstance(outcome, FailedBeforeStart):
+            return outcome
+    finished = [o for _, o in outcomes if isinstance(o, Finished)]
+    failed = [o for o in finished if o.exit_code != 0 or o.signal is not None or o.timed_out]
+    everyone_done = len(finished) >= node_count and len(finished) == len(outcomes)
+    if failed and (everyone_done or not wait_for_all):
+        return _worst(failed)
+    if everyone_done and node_count > 0:
+        return Finished(0)
+
+    for _, outcome in outcomes:
+        if isinstance(outcome, Running):
+            return outcome
+    return Running(f"{len(outcomes)} of {node_count} pods exist")
+
+
+def _worst(failed: list[Finished]) -> Finished:
+    """A timeout first (it explains the others' kills), else the highest exit code."""
+    timeouts = [f for f in failed if f.timed_out]
+    if timeouts:
+        return timeouts[0]
+    return max(failed, key=lambda f: f.exit_code)  # max keeps the first (lowest index) of equals
+
+
+def _from_terminated(pod: PodView, term: Terminated) -> Outcome:
+    if term.reason in START_FAILURES:
+        return FailedBeforeStart(
+            f"{pod.name}: the container could not start: {_because(term.reason, term.message)}"
+        )
+    sig = term.signal
+    if sig is None and term.reason in SIGNAL_REASONS and 128 < term.exit_code <= 128 + MAX_SIGNAL:
+        sig = term.exit_code - 128
+    if pod.reason == "DeadlineExceeded":
+        return _timeout(pod, term.exit_code, sig)
+    oom = term.reason == "OOMKilled"
+    if term.exit_code == 0 and sig is None:
+        return Finished(0)
+    if oom:
+        text = f"{pod.name}: out of memory: killed by the kernel on reaching the job's memory limit"
+    elif sig is not None:
+        text = f"{pod.name}: killed by signal {sig} ({_signal_name(sig)})"
+    else:
+        text = f"{pod.name}: exited with code {term.exit_code}"
+    if pod.reason:
+        text += f" ({_because(pod.reason, pod.message)})"
+    return Finished(term.exit_code, sig, text, oom_killed=oom)
+
+
+def _timeout(pod: PodView, exit_code: int, sig: int | None) -> Finished:
+    return Finished(exit_code, sig, f"{pod.name}: time limit reached", timed_out=True)
+
+
+def _because(reason: str, message: str) -> str:
+    return f"{reason}: {message}" if reason and message else reason or message
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signals.Signals(sig).name
+    except ValueError:
+        return "unknown signal"
+
+
+def _time(value: object) -> datetime | None:
+    """A timestamp from an RFC 3339 string (raw API dict) or a datetime (client objects)."""
+    if isinstance(value, str) and value:
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return _aware(value) if isinstance(value, datetime) else None
+
+
+def _aware(value: datetime) -> datetime:
+    """Naive times are UTC (the API's zone), so that naive and aware times can be compared."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,505 @@
+"""Allocation -> desired pods: one plain-dict Pod manifest per allocated node. Pure.
+
+The manifests are deterministic (same input, same dicts: no timestamps, sorted environment), so a
+planner can compare them with what exists and a restarted daemon rebuilds the same state.
+
+Decisions worth knowing (each explained where it is made):
+- the script reaches the container through an annotation and a downward API volume, and runs
+  with the interpreter of its shebang;
+- the job's environment is passed on minus what describes the slurmd host, then per-node Slurm
+  variables are set; every `$` is escaped because the kubelet expands `$(VAR)` in env values;
+- GPUs are pinned by NVIDIA_VISIBLE_DEVICES (physical indices Slurm chose); CUDA_VISIBLE_DEVICES
+  counts from 0 because the container only sees its own GPUs;
+- the pause container is PID 1 (shareProcessNamespace) so that the script gets SIGTERM on delete.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bridge.core import wellknown
+from bridge.core.config import BridgeConfig, PartitionConfig
+from bridge.core.directives import Directives, interpreter_of
+from bridge.core.errors import PermanentError
+from bridge.core.model import JobAllocation, JobPayload
+
+MAX_SCRIPT_BYTES = 240 * 1024
+"""Largest script accepted: Kubernetes caps all annotations of an object at 256 KiB together."""
+
+MASTER_PORT_BASE = 20000
+
+# Seconds past the Slurm time limit before Kubernetes' own deadline stops a pod.
+DEADLINE_MARGIN_S = 300
+"""MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
+
+DEFAULT_PULL_POLICY = "IfNotPresent"
+
+# Variables that describe the slurmd host, the waiter process or the login session, not the job.
+# PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's.
+# LD_* point at host libraries and would break (or hijack) binaries in the image.
+HOST_ONLY_ENV = frozenset(
+    {
+        "PATH",
+        "HOSTNAME",
+        "HOST",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "TMPDIR",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "XDG_RUNTIME_DIR",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "DISPLAY",
+        "XAUTHORITY",
+        "KRB5CCNAME",
+        "MAIL",
+    }
+)
+HOST_ONLY_PREFIXES = (
+    "SLURM_K8S_",  # the waiter's own settings
+    "KUBERNETES_",  # the kubelet sets the pod's own API endpoint
+    "BASH_FUNC_",  # exported shell functions: invalid env names for Kubernetes anyway
+    "SSH_",
+    "XDG_SESSION_",
+    "SLURM_STEP_",  # the batch step on the slurmd; pods are not that step
+)
+
+# Slurm's values for the batch host that the bridge replaces with per-node values (or drops).
+PER_NODE_ENV = frozenset(
+    {
+        "SLURMD_NODENAME",
+        "SLURM_NODEID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_GTIDS",
+        "SLURM_TASK_PID",
+        "SLURM_STEPID",
+        "SLURM_CPUS_ON_NODE",
+        "SLURM_TOPOLOGY_ADDR",
+        "SLURM_TOPOLOGY_ADDR_PATTERN",
+        "SLURM_CONF",
+        "SLURM_SCRIPT_CONTEXT",
+        "SLURM_LAUNCH_NODE_IPADDR",
+        "SLURM_SRUN_COMM_HOST",
+        "SLURM_SRUN_COMM_PORT",
+        "SLURM_NODE_ALIASES",
+        "SLURM_JOB_GPUS",
+        "SLURM_GPUS_ON_NODE",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ZE_AFFINITY_MASK",
+    }
+)
+
+# What Kubernetes accepts as an env var name without the RelaxedEnvironmentVariableValidation gate.
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class TranslateError(PermanentError, ValueError):
+    """The job cannot be expressed as pods (no image, root job, unknown node, ...)."""
+
+
+def pod_name(job_id: int, index: int, run: int = 0) -> str:
+    """Name of the pod for node `index` of run `run` of job `job_id` (array tasks have their own
+    job id): `slurm-<jobid>-<index>` for the first run (the name users and scripts know), and
+    `slurm-<jobid>-r<run>-<index>` once Slurm requeued the job, so no name is shared between runs."""
+    return f"slurm-{job_id}-{index}" if run == 0 else f"slurm-{job_id}-r{run}-{index}"
+
+
+def run_of(pod: Mapping[str, Any]) -> int:
+    """The job run a pod manifest belongs to (label LABEL_RUN); 0 when unlabelled."""
+    return _int_or_none(_metadata(pod, "labels").get(wellknown.LABEL_RUN)) or 0
+
+
+def job_id_of(pod: Mapping[str, Any]) -> int | None:
+    """The Slurm job id a pod manifest belongs to, None if it is not a bridge pod."""
+    return _int_or_none(_metadata(pod, "labels").get(wellknown.LABEL_JOB_ID))
+
+
+def node_index_of(pod: Mapping[str, Any]) -> int | None:
+    """The node index a pod manifest stands for, None if unknown."""
+    return _int_or_none(_metadata(pod, "annotations").get(wellknown.ANNOTATION_NODE_INDEX))
+
+
+def resolve_image(directives: Directives, part: PartitionConfig) -> str:
+    """The job's image: its `#K8S image=` directive, else the partition's default."""
+    image = directives.image or part.default_image
+    if not image:
+        raise TranslateError(
+            "no container image: add a line '#K8S image=IMAGE' to the job script's leading comments"
+        )
+    return image
+
+
+def job_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """The payload's environment minus host-only, per-node and invalidly named variables."""
+    return {
+        name: value
+        for name, value in environment.items()
+        if name not in HOST_ONLY_ENV
+        and name not in PER_NODE_ENV
+        and not name.startswith(HOST_ONLY_PREFIXES)
+        and _ENV_NAME.match(name)
+    }
+
+
+def node_environment(
+    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, index: int, master_addr: str
+) -> dict[str, str]:
+    """The full environment of node `index`'s container (before `$` escaping)."""
+    node = alloc.nodes[index]
+    count = len(alloc.nodes)
+    env = job_environment(payload.environment)
+    env.setdefault("SLURM_SUBMIT_DIR", payload.work_dir)
+    env.update(
+        {
+            "SLURM_JOB_ID": str(alloc.job_id),
+            "SLURM_JOBID": str(alloc.job_id),
+            "SLURM_JOB_NAME": alloc.name,
+            "SLURM_JOB_PARTITION": alloc.partition,
+            "SLURM_JOB_USER": alloc.user,
+            "SLURM_JOB_UID": str(alloc.uid),
+            "SLURM_JOB_GID": str(alloc.gid),
+            "SLURM_NNODES": str(count),
+            "SLURM_JOB_NUM_NODES": str(count),
+            "SLURM_JOB_NODELIST": alloc.nodelist,
+            "SLURM_NODELIST": alloc.nodelist,
+            "SLURMD_NODENAME": node.name,
+            "SLURM_NODEID": str(index),
+            # One script instance per node, so node index = task rank, local rank 0.
+            "SLURM_PROCID": str(index),
+            "SLURM_LOCALID": "0",
+            # torch.distributed & co.: one process per node; torchrun overrides RANK/WORLD_SIZE for
+            # its workers and reads NODE_RANK. MASTER_ADDR is the first Kubernetes node: reachable
+            # only with the partition's host_network (pod IPs are not known in advance and the
+            # bridge creates no Service).
+            "RANK": str(index),
+            "NODE_RANK": str(index),
+            "WORLD_SIZE": str(count),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(MASTER_PORT_BASE + alloc.job_id % 10000),
+        }
+    )
+    if node.cpus > 0:
+        env["SLURM_CPUS_ON_NODE"] = str(node.cpus)
+    if alloc.is_array_task:
+        env["SLURM_ARRAY_JOB_ID"] = str(alloc.array_job_id)
+        env["SLURM_ARRAY_TASK_ID"] = str(alloc.array_task_id)
+    env.update(gpu_environment(node.gpu_indices, part.gpu_mode))
+    return env
+
+
+def gpu_environment(indices: tuple[int, ...], gpu_mode: str) -> dict[str, str]:
+    """GPU variables for a container given the node's GPU indices Slurm allocated.
+
+    - SLURM_JOB_GPUS: the physical indices, as Slurm sets it.
+    - NVIDIA_VISIBLE_DEVICES: the physical indices (env mode), read by the NVIDIA runtime to expose
+      exactly these devices; `void` when the node has none, because CUDA base images set `all`
+      in their ENV and would otherwise get every GPU of the node. In device-plugin mode the
+      plugin sets it for the devices it picked.
+    - CUDA_VISIBLE_DEVICES / GPU_DEVICE_ORDINAL: 0..n-1, because inside the container only the
+      exposed GPUs exist, numbered from 0 (Slurm does the same with ConstrainDevices=yes). Left
+      unset without GPUs, as Slurm does.
+    """
+    if not indices:
+        return {"NVIDIA_VISIBLE_DEVICES": "void"}
+    local = ",".join(str(i) for i in range(len(indices)))
+    env = {
+        "SLURM_JOB_GPUS": ",".join(map(str, indices)),
+        "SLURM_GPUS_ON_NODE": str(len(indices)),
+        "CUDA_VISIBLE_DEVICES": local,
+        "GPU_DEVICE_ORDINAL": local,
+    }
+    if gpu_mode == "env":
+        env["NVIDIA_VISIBLE_DEVICES"] = env["SLURM_JOB_GPUS"]
+    return env
+
+
+def desired_pods(
+    alloc: JobAllocation,
+    payload: JobPayload,
+    directives: Directives,
+    part: PartitionConfig,
+    cfg: BridgeConfig,
+    k8s_nodes: Mapping[str, str] | None = None,
+    *,
+    supplemental_groups: Sequence[int] = (),
+) -> list[dict[str, Any]]:
+    """One Pod manifest per allocated node, in node order.
+
+    `k8s_nodes` maps Slurm node names to Kubernetes node names; it is required when the partition
+    has a `node_label` (the caller looks the labels up), and ignored otherwise (same names).
+    `supplemental_groups`: the job user's other groups, as the caller resolved them from Slurm's
+    user name (bridge.clients.identity), never from the payload.
+    """
+    _check_identity(alloc, payload)
+    if not alloc.nodes:
+        raise TranslateError(f"job {alloc.job_id} has no allocated nodes (state {alloc.state or '?'})")
+    try:
+        script_bytes = len(payload.script.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise TranslateError("the job script is not valid UTF-8") from None
+    if script_bytes > MAX_SCRIPT_BYTES:
+        raise TranslateError(
+            f"the job script has {script_bytes} bytes; at most {MAX_SCRIPT_BYTES} fit into a pod"
+        )
+    image = resolve_image(directives, part)
+    k8s_names = [_k8s_node(name, part, k8s_nodes) for name in alloc.node_names]
+    groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
+    return [
+        _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups)
+        for index in range(len(alloc.nodes))
+    ]
+
+
+def _check_identity(alloc: JobAllocation, payload: JobPayload) -> None:
+    if alloc.uid is None or alloc.gid is None:
+        raise TranslateError(f"Slurm did not report the uid/gid of job {alloc.job_id}")
+    if alloc.uid == 0:
+        # A root job would run as root on a Kubernetes node; job_submit.lua rejects it too.
+        raise TranslateError("jobs of root (uid 0) are not run on Kubernetes")
+    if (payload.uid, payload.gid) != (alloc.uid, alloc.gid):
+        raise TranslateError(
+            f"payload identity {payload.uid}:{payload.gid} differs from job {alloc.job_id}'s "
+            f"{alloc.uid}:{alloc.gid}"
+        )
+
+
+def _k8s_node(slurm_name: str, part: PartitionConfig, k8s_nodes: Mapping[str, str] | None) -> str:
+    if part.node_label is None:
+        return slurm_name
+    found = (k8s_nodes or {}).get(slurm_name)
+    if not found:
+        raise TranslateError(f"no Kubernetes node has label {part.node_label}={slurm_name}")
+    return found
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def expand_annotations(templates: Mapping[str, str], environment: Mapping[str, str]) -> dict[str, str]:
+    """The partition's pod annotations with `${NAME}` replaced by the job's variable NAME, and
+    `${NAME:-default}` by the default (which may hold `${...}` itself) when NAME is unset or
+    empty, as in sh. Values from the job are inserted as they are, never expanded again."""
+    return {key: _expand(value, environment) for key, value in templates.items()}
+
+
+def _expand(text: str, environment: Mapping[str, str]) -> str:
+    out, _ = _expand_until(text, 0, environment, closing=False)
+    return out
+
+
+def _expand_until(text: str, pos: int, env: Mapping[str, str], *, closing: bool) -> tuple[str, int]:
+    """Expand from `pos` to the end, or (closing) to the `}` that ends a default; return the text
+    and the position after it."""
+    out: list[str] = []
+    while pos < len(text):
+        if closing and text[pos] == "}":
+            return "".join(out), pos + 1
+        name = _NAME.match(text, pos + 2) if text.startswith("${", pos) else None
+        if name is None:
+            out.append(text[pos])
+            pos += 1
+            continue
+        pos = name.end()
+        default = ""
+        if text.startswith(":-", pos):
+            default, pos = _expand_until(text, pos + 2, env, closing=True)
+        elif text.startswith("}", pos):
+            pos += 1
+        else:  # not a reference after all: keep it literally
+            out.append(text[name.start() - 2:pos])
+            continue
+        out.append(env.get(name.group()) or default)
+    return "".join(out), pos
+
+
+def _pod(
+    alloc: JobAllocation,
+    payload: JobPayload,
+    directives: Directives,
+    part: PartitionConfig,
+    cfg: BridgeConfig,
+    image: str,
+    index: int,
+    k8s_names: list[str],
+    groups: list[int],
+) -> dict[str, Any]:
+    node = alloc.nodes[index]
+    env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0])
+    script_path = f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
+
+    labels = {
+        wellknown.LABEL_MANAGED_BY: wellknown.MANAGER,
+        wellknown.LABEL_CLUSTER: cfg.cluster,
+        wellknown.LABEL_JOB_ID: str(alloc.job_id),
+        wellknown.LABEL_RUN: str(alloc.run),
+    }
+    if alloc.is_array_task:
+        labels[wellknown.LABEL_ARRAY_JOB_ID] = str(alloc.array_job_id)
+    annotations = {
+        **expand_annotations(part.pod_annotations, payload.environment),
+        wellknown.ANNOTATION_NODE_INDEX: str(index),
+        wellknown.ANNOTATION_NODE_COUNT: str(len(alloc.nodes)),
+        wellknown.ANNOTATION_SLURM_NODE: node.name,
+        wellknown.ANNOTATION_USER: alloc.user,
+        wellknown.ANNOTATION_SCRIPT: payload.script,
+    }
+
+    quantities: dict[str, str] = {}
+    if node.cpus > 0:
+        quantities["cpu"] = str(node.cpus)
+    if node.memory_mb > 0:
+        quantities["memory"] = f"{node.memory_mb}Mi"
+    if part.gpu_mode == "device-plugin" and node.gpu_indices:
+        quantities[wellknown.GPU_RESOURCE] = str(len(node.gpu_indices))
+    requests = dict(quantities)
+    if node.cpus > 0 and part.cpu_request_fraction < 1.0:
+        # Slurm already decided the job fits; a site that tells Slurm more CPUs than the
+        # kubelet reports (oversubscription) must keep the kubelet from refusing the pod.
+        requests["cpu"] = f"{max(1, round(node.cpus * 1000 * part.cpu_request_fraction))}m"
+
+    # The script arrives as a file: an annotation projected by a downward API volume. Unlike an env
+    # var it does not leak into every child process's environment or hit the 128 KiB limit of one
+    # env string; unlike writing it out from a shell wrapper it needs no shell and no writable
+    # directory in the image. The file is read by the shebang's interpreter, so it needs no
+    # exec permission (volume mounts may be noexec).
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": wellknown.SCRIPT_VOLUME,
+            "downwardAPI": {
+                "defaultMode": 0o444,
+                "items": [
+                    {
+                        "path": wellknown.SCRIPT_FILE,
+                        "fieldRef": {"fieldPath": f"metadata.annotations['{wellknown.ANNOTATION_SCRIPT}']"},
+                    }
+                ],
+            },
+        }
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": wellknown.SCRIPT_VOLUME, "mountPath": wellknown.SCRIPT_DIR, "readOnly": True}
+    ]
+    for vol in part.volumes:
+        # type Directory: a missing host directory fails the pod instead of being created as root.
+        volumes.append({"name": vol.name, "hostPath": {"path": vol.host_path, "type": "Directory"}})
+        mounts.append({"name": vol.name, "mountPath": vol.mount_path, "readOnly": vol.read_only})
+    if directives.shm_size:
+        volumes.append(
+            {"name": wellknown.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": directives.shm_size}}
+        )
+        mounts.append({"name": wellknown.SHM_VOLUME, "mountPath": "/dev/shm"})
+
+    container: dict[str, Any] = {
+        "name": wellknown.CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": directives.pull_policy or part.image_pull_policy or DEFAULT_PULL_POLICY,
+        "command": [_escape(arg) for arg in (*interpreter_of(payload.script), script_path)],
+        "workingDir": directives.workdir or payload.work_dir,
+        "env": [{"name": name, "value": _escape(env[name])} for name in sorted(env)],
+        "resources": {"requests": requests, "limits": dict(quantities)},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+        # A failed script's last log lines become the termination message the outcome reports.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+    spec: dict[str, Any] = {
+        "nodeName": k8s_names[index],
+        "restartPolicy": "Never",
+        # The pause container becomes PID 1, so the interpreter is an ordinary process: as PID 1
+        # it would ignore SIGTERM (no default action for PID 1) and every delete would wait the full
+        # grace period and end in SIGKILL. Pause also reaps the script's orphaned children.
+        "shareProcessNamespace": True,
+        # Service links would add MYSVC_SERVICE_HOST & co. for every Service in the namespace to the
+        # job's environment; jobs get the environment they were submitted with, nothing more.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": cfg.termination_grace_s,
+        "securityContext": _pod_security(alloc, cfg, groups),
+        "tolerations": [
+            {
+                "key": wellknown.TAINT_BRIDGED,
+                "operator": "Exists",
+                "effect": wellknown.TAINT_BRIDGED_EFFECT,
+            },
+            *(dict(t) for t in part.tolerations),
+        ],
+        "volumes": volumes,
+        "containers": [container],
+    }
+    if alloc.time_limit_s:
+        # A backstop only: Slurm enforces the limit itself (it signals the waiter, which deletes the
+        # pods), but only when its periodic check runs (every ~30 s) and after KillWait. A deadline
+        # equal to the limit would beat Slurm and turn TIMEOUT into FAILED, hence the margin.
+        spec["activeDeadlineSeconds"] = alloc.time_limit_s + DEADLINE_MARGIN_S
+    if part.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    elif _DNS_LABEL.match(node.name):
+        # `hostname` in the job prints the Slurm node name, as it would under Slurm.
+        spec["hostname"] = node.name
+    if part.runtime_class:
+        spec["runtimeClassName"] = part.runtime_class
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(alloc.job_id, index, alloc.run),
+            "namespace": cfg.namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def _pod_security(alloc: JobAllocation, cfg: BridgeConfig, groups: list[int]) -> dict[str, Any]:
+    security: dict[str, Any] = {
+        "runAsUser": alloc.uid,
+        "runAsGroup": alloc.gid,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if groups:
+        security["supplementalGroups"] = groups
+    if cfg.pods.supplemental_groups_policy:
+        # Strict: the image's /etc/group adds no groups to the job's uid (Merge, the default, would).
+        security["supplementalGroupsPolicy"] = cfg.pods.supplemental_groups_policy
+    return security
+
+
+def _escape(value: str) -> str:
+    """Protect a value from the kubelet's `$(VAR)` expansion in command and env.
+
+    The kubelet turns `$$` into `$` and `$(NAME)` into NAME's value; doubling every `$` makes it
+    give back exactly the original string.
+    """
+    return value.replace("$", "$$")
+
+
+def _metadata(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    value = meta.get(key) if isinstance(meta, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _int_or_none(value: object) -> int | None:
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None

@@ -1,0 +1,1 @@
+"""The manager: the daemon, leader election, the HTTP API, metrics, the CLI."""

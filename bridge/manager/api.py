@@ -1,0 +1,165 @@
+"""The daemon's HTTP API: health, metrics, and the waiters' attach/cancel calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+
+import structlog
+from aiohttp import web
+
+from bridge.clients import munge
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.controller.sessions import JobSession
+from bridge.core.errors import BridgeError, TemporaryError
+from bridge.core.model import ModelError, payload_from_json
+from bridge.waiter.attach import request_digest
+
+log = structlog.get_logger(__name__)
+
+HEARTBEAT_S = 10.0
+"""Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
+HEARTBEAT = {"type": "heartbeat"}
+
+
+class Api:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        metrics: Metrics,
+        enqueue: Callable[[int], None],
+        ready: Callable[[], bool],
+        unmunge_command: Sequence[str],
+        synced: Callable[[], bool] | None = None,
+    ) -> None:
+        self.reconciler = reconciler
+        self.metrics = metrics
+        self.enqueue = enqueue
+        self.ready = ready
+        self.synced = synced or ready
+        self.unmunge_command = tuple(unmunge_command)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.add_routes([
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics_text),
+            web.post("/v1/jobs/{job_id:\\d+}/attach", self.attach),
+            web.post("/v1/jobs/{job_id:\\d+}/cancel", self.cancel),
+        ])
+        return app
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """200 when this replica acts. With ?role=any, 200 once its caches are synced, leader or
+        standby: a Deployment's readiness (rollouts wait for every replica to be Ready; waiters
+        find the leader by its pod label, not by readiness)."""
+        if request.query.get("role") == "any":
+            if self.synced():
+                return web.Response(text="ready (synced)\n")
+            return web.Response(status=503, text="not ready: caches syncing\n")
+        if self.ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: caches syncing or not the leader\n")
+
+    async def metrics_text(self, _request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    # -- waiters -------------------------------------------------------------------
+    async def _identify(self, request: web.Request, job_id: int, body: bytes) -> int:
+        """The job's uid, once the caller proved with munge that it runs as that uid and that the
+        credential was made for this very request (method, path, job id and body).
+
+        Errors are classified once: what may pass (a standby, munged or Slurm restarting) is 503 and
+        the waiter retries; 4xx only for what can never succeed."""
+        if not self.ready():
+            # A standby (or a replica still syncing) must not act; the waiter retries, and the
+            # Service (selecting the leader's pod label, or routing on /readyz) finds the leader.
+            raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
+        credential = request.headers.get("X-Munge-Credential", "")
+        try:
+            who = await munge.verify(credential, self.unmunge_command)
+        except munge.MungeUnavailable as error:
+            raise web.HTTPServiceUnavailable(text=str(error)) from None
+        except munge.MungeError as error:
+            raise web.HTTPForbidden(text=str(error)) from None
+        expected = request_digest(request.method, request.path, job_id, body)
+        if who.payload.strip() != expected.encode():
+            raise web.HTTPForbidden(
+                text=f"munge credential of uid {who.uid} was not made for this request ({request.method} "
+                f"{request.path}): credentials are bound to one request and cannot be reused"
+            )
+        try:
+            alloc = await self.reconciler.slurm.job(job_id)
+        except BridgeError as error:
+            # Down, or the daemon's own token refused: either way the operator's to fix, and the
+            # job will run once it is (the waiter keeps retrying).
+            kind = "unavailable" if isinstance(error, TemporaryError) else "refuses the bridge"
+            raise web.HTTPServiceUnavailable(text=f"Slurm {kind}: {error}") from None
+        if alloc is None:
+            raise web.HTTPNotFound(text=f"Slurm does not know job {job_id}")
+        if not self.reconciler.is_bridged(alloc):
+            raise web.HTTPBadRequest(text=f"job {job_id} is in partition {alloc.partition}, not bridged")
+        if alloc.uid != who.uid:
+            raise web.HTTPForbidden(text=f"job {job_id} belongs to uid {alloc.uid}, not to uid {who.uid}")
+        self.reconciler.jobs.record(alloc)
+        return who.uid
+
+    async def attach(self, request: web.Request) -> web.StreamResponse:
+        job_id = int(request.match_info["job_id"])
+        bound = log.bind(job_id=job_id)
+        try:
+            raw = await request.read()
+            uid = await self._identify(request, job_id, raw)
+            body = json.loads(raw)
+            payload = payload_from_json(body)
+        except web.HTTPException as error:
+            self.metrics.inc("attach_rejected_total")
+            bound.warning("attach.rejected", status=error.status, reason=error.text)
+            raise
+        except (ModelError, ValueError) as error:
+            self.metrics.inc("attach_rejected_total")
+            raise web.HTTPBadRequest(text=f"bad attach request: {error}") from None
+        if payload.uid != uid:
+            raise web.HTTPForbidden(text="payload uid differs from the caller's uid")
+        self.metrics.inc("attach_requests_total")
+
+        session = self.reconciler.attach_session(job_id, payload)
+        session.payload = payload
+        if body.get("cancel"):
+            session.cancel_requested = True
+        queue = session.attach({str(k): str(v) for k, v in (body.get("last_log") or {}).items()})
+        self.enqueue(job_id)
+        bound.info("attach.accepted")
+
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
+                except TimeoutError:
+                    # Lets the waiter tell a quiet job from a half-open connection, and lets us
+                    # find a waiter that went away (the write fails).
+                    event = HEARTBEAT
+                await response.write(json.dumps(event).encode() + b"\n")
+                if event["type"] == "exit":
+                    break
+        finally:
+            session.detach(queue)
+        await response.write_eof()
+        return response
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        job_id = int(request.match_info["job_id"])
+        await self._identify(request, job_id, await request.read())
+        session = self.reconciler.cancel_session(job_id) or JobSession(job_id)
+        session.cancel_requested = True
+        self.enqueue(job_id)
+        log.info("cancel.requested", job_id=job_id)
+        return web.json_response({"cancelling": job_id})

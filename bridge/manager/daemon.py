@@ -1,0 +1,233 @@
+"""The daemon: wires clients, sources, the work queue and the API; owns start-up and shutdown.
+
+Start-up order matters: nothing is reconciled before both the pod cache and the
+first Slurm snapshot are in, otherwise "no pods" or "no job" would be believed
+while it only means "not read yet" (and pods would be deleted or duplicated).
+The reconciler's state owners (job store, sessions, create expectations) are made
+by the Reconciler itself; the leader elector gets its own API client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from bridge.clients.kube.actions import KubeActions
+from bridge.clients.kube.cache import PodCache
+from bridge.clients.kube.client import make_api_client
+from bridge.clients.kube.leader_pod import LeaderPodLabel, OwnPod
+from bridge.clients.kube.watch import PodWatcher
+from bridge.clients.slurm import SlurmClient
+from bridge.clients.slurm.rest import RestSlurmClient
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.controller.sources import SlurmPoller
+from bridge.controller.workqueue import WorkQueue
+from bridge.core import wellknown
+from bridge.core.config import ApiConfig, BridgeConfig, ConfigError
+from bridge.core.errors import BridgeError
+from bridge.manager.api import Api
+from bridge.manager.leader import LeaderElector, LeaseSettings
+
+log = structlog.get_logger(__name__)
+
+WORKERS = 16
+LEADER_CONNECTIONS = 2
+
+
+def make_slurm_client(cfg: BridgeConfig) -> SlurmClient:
+    if cfg.slurm.backend == "rest":
+        if cfg.slurm.rest_url is None or cfg.slurm.token_file is None:
+            raise ValueError("slurm.rest_url and slurm.token_file are required for the rest backend")
+        return RestSlurmClient(cfg.slurm.rest_url, cfg.slurm.rest_user or "slurm", Path(cfg.slurm.token_file))
+    if cfg.slurm.backend == "pyslurm":
+        from bridge.clients.slurm.pyslurm_backend import (
+            PyslurmSlurmClient,  # needs pyslurm: imported only here
+        )
+
+        return PyslurmSlurmClient(cfg.slurm.slurm_conf)
+    raise ValueError(f"unknown slurm backend {cfg.slurm.backend!r}")
+
+
+def lease_settings(cfg: BridgeConfig) -> LeaseSettings:
+    lead = cfg.leader
+    return LeaseSettings(
+        namespace=lead.namespace or cfg.namespace,
+        name=lead.lease_name or f"slurm-k8s-bridge-{cfg.cluster}",
+        identity=lead.identity or f"{socket.gethostname()}:{cfg.api.port}",
+        lease_duration_s=lead.lease_duration_s,
+        renew_deadline_s=lead.renew_deadline_s,
+        retry_period_s=lead.retry_period_s,
+    )
+
+
+async def make_elector(cfg: BridgeConfig) -> LeaderElector:
+    """The elector with an API client of its own: its few small requests must never wait behind
+    the pod watch, the log streams and the creates of the main client's connection pool (a renew
+    stuck there would cost the Lease, or worse, outlive the renew deadline)."""
+    client = await make_api_client(
+        str(cfg.kube.kubeconfig) if cfg.kube.kubeconfig else None, context=cfg.kube.context,
+        max_connections=LEADER_CONNECTIONS,
+    )
+    return LeaderElector(client, lease_settings(cfg), owns_client=True)
+
+
+def server_ssl_context(api: ApiConfig) -> ssl.SSLContext | None:
+    """The API's TLS context, None for plain HTTP. Read once at start: a renewed certificate
+    needs a restart (the waiters reconnect and resume)."""
+    if api.tls_cert_file is None or api.tls_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(api.tls_cert_file, api.tls_key_file)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(
+            f"api.tls_cert_file, api.tls_key_file: cannot load {api.tls_cert_file} with its key "
+            f"{api.tls_key_file}: {error}"
+        ) from None
+    return context
+
+
+def pod_selector(cfg: BridgeConfig) -> str:
+    return f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER},{wellknown.LABEL_CLUSTER}={cfg.cluster}"
+
+
+async def run(cfg: BridgeConfig) -> int:
+    """Run until SIGTERM/SIGINT (exit code 0) or until leadership is lost (exit code 1: the
+    supervisor restarts us as a standby, with fresh state)."""
+    tls = server_ssl_context(cfg.api)  # first: a bad certificate or key is a config error
+    metrics = Metrics()
+    slurm = make_slurm_client(cfg)
+    api_client = await make_api_client(
+        str(cfg.kube.kubeconfig) if cfg.kube.kubeconfig else None, context=cfg.kube.context
+    )
+    kube = KubeActions(api_client, cfg.namespace)
+    await kube.ensure_namespace()
+    cache = PodCache()
+    queue = WorkQueue()
+    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after)
+    watcher = PodWatcher(api_client, cfg.namespace, pod_selector(cfg), cache, queue.add)
+    poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
+    elector = await make_elector(cfg) if cfg.leader.enabled else None
+    own_pod = OwnPod.from_environment()
+    leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
+    if leader_pod is not None:
+        # Restarted in the same pod after losing the Lease: the label must not outlive that.
+        await leader_pod.unmark()
+
+    def synced() -> bool:
+        return cache.synced.is_set() and poller.synced.is_set()
+
+    def leading() -> bool:
+        return elector is None or elector.is_leader.is_set()
+
+    def ready() -> bool:
+        return synced() and leading()
+
+    metrics.gauge("queue_depth", "Job ids waiting to be reconciled.", lambda: float(len(queue)))
+    metrics.gauge("cached_pods", "Pods in the watch cache.", lambda: float(len(cache)))
+    metrics.gauge("slurm_jobs", "Jobs in bridged partitions known from Slurm.",
+                  lambda: float(len(reconciler.jobs)))
+    metrics.gauge("sessions", "Waiter sessions (one per job run) not ended yet.",
+                  lambda: float(len(reconciler.sessions)))
+    metrics.gauge("attached_waiters", "Waiters attached right now.",
+                  lambda: float(sum(s.attached for s in reconciler.sessions)))
+    metrics.gauge("create_expectations", "Pods created and not yet seen in the watch cache.",
+                  lambda: float(len(reconciler.expectations)))
+    metrics.gauge("watch_events", "Pod watch events applied.", lambda: float(watcher.events))
+    metrics.gauge("watch_relists", "Pod watch relists.", lambda: float(watcher.relists))
+    metrics.gauge("leader", "1 while this replica holds the Lease and acts.", lambda: float(leading()))
+    metrics.gauge("ready", "1 when caches are synced and this replica acts.", lambda: float(ready()))
+
+    api = Api(reconciler, metrics, queue.add, ready, cfg.waiter.unmunge_command, synced=synced)
+    runner = web.AppRunner(api.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, cfg.api.host, cfg.api.port, ssl_context=tls).start()
+    log.info("daemon.listening", host=cfg.api.host, port=cfg.api.port, tls=tls is not None,
+             cluster=cfg.cluster)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    # Standbys keep their caches warm too, so a takeover needs no initial list.
+    background = [
+        asyncio.create_task(watcher.run(), name="pod-watch"),
+        asyncio.create_task(poller.run(), name="slurm-poll"),
+    ]
+    if elector is not None:
+        background.append(asyncio.create_task(elector.run(), name="leader-election"))
+    workers: list[asyncio.Task[None]] = []
+    exit_code = 0
+    try:
+        can_act = asyncio.ensure_future(_all_set(
+            cache.synced, poller.synced, *([elector.is_leader] if elector else [])
+        ))
+        await asyncio.wait({can_act, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():
+            log.info("daemon.acting", pods=len(cache), jobs=len(reconciler.jobs))
+            # Level-triggered: look at everything once, whatever happened before we led.
+            for job_id in reconciler.jobs.job_ids() | cache.job_ids():
+                queue.add(job_id)
+            workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
+                       for i in range(WORKERS)]
+            if leader_pod is not None:
+                workers.append(asyncio.create_task(_until_done(leader_pod.mark, "leader_pod.mark"),
+                                                   name="leader-pod-label"))
+            waits = {asyncio.ensure_future(stop.wait())}
+            if elector is not None:
+                waits.add(asyncio.ensure_future(elector.lost.wait()))
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if elector is not None and elector.lost.is_set():
+                exit_code = 1
+    finally:
+        log.info("daemon.stopping", exit_code=exit_code)
+        for task in [*workers, *background]:
+            task.cancel()
+        await asyncio.gather(*workers, *background, return_exceptions=True)
+        if leader_pod is not None:
+            # Before the Lease goes: no waiter should reach us once somebody else may act.
+            await _best_effort(leader_pod.unmark(), "leader_pod.unmark")
+        if elector is not None and exit_code == 0:
+            await elector.release()
+        for session in reconciler.sessions:
+            session.detach()
+        await runner.cleanup()
+        await slurm.close()
+        await api_client.close()
+        if elector is not None:
+            await elector.close()
+        log.info("daemon.stopped")
+    return exit_code
+
+
+async def _until_done(step: Callable[[], Awaitable[None]], what: str, delay_s: float = 1.0) -> None:
+    """Retry `step` until it succeeds (a Kubernetes blip must not leave the leader unlabelled)."""
+    while True:
+        try:
+            await step()
+            return
+        except BridgeError as error:
+            log.warning(f"{what}.failed", error=str(error))
+            await asyncio.sleep(delay_s)
+
+
+async def _best_effort(step: Awaitable[None], what: str) -> None:
+    try:
+        await asyncio.wait_for(step, timeout=5)
+    except (BridgeError, TimeoutError) as error:
+        log.warning(f"{what}.failed", error=str(error))
+
+
+async def _all_set(*events: asyncio.Event) -> None:
+    for event in events:
+        await event.wait()

@@ -1,0 +1,311 @@
+"""The job-side waiter, started as `/usr/bin/python3 -I -S /path/to/waiter.py [--api URL] SCRIPT`.
+
+job_submit.lua turned the batch script of a bridged job into a call of this
+waiter, so the slurmd of a bridged node never runs user code. The waiter:
+
+1. reads the original script from its own batch script (after the marker) and
+   takes its own environment (the job's exported environment plus SLURM_*);
+2. proves to the daemon that it is this job's process with a munge credential
+   (its uid must be the job's uid) that carries a digest of the request, so a
+   captured credential cannot be replayed for another job or body;
+3. prints the pods' log lines to stdout, which Slurm writes to slurm-<id>.out;
+4. exits with the pods' exit code, or dies by the same signal, so sacct is true.
+
+On SIGTERM/SIGINT (scancel, time limit) it asks the daemon to delete the pods
+and exits only once they are gone. If the daemon restarts, it reconnects and
+resumes the logs where they stopped.
+
+It runs on the slurmd host as the user, so it trusts nothing the user shapes:
+it is started by absolute path in isolated mode, the SPANK guard strips LD_* and
+PYTHON* before it is exec'd, it runs munge by absolute path with a fixed
+environment, and it leaves the submit directory once it has read it.
+
+Only the standard library is imported: this runs once per job on the slurmd
+host and its start-up time is part of the job's start latency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import IO, Any
+
+# The waiter is installed as one file and started by absolute path with `python3 -I -S`
+# (no PYTHONPATH, no user site, no cwd on sys.path): it imports nothing from the bridge package.
+MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+"""= bridge.core.wellknown.ATTACH_MARKER (a unit test keeps them equal)."""
+HELD_PREFIX = "SLURM_K8S_BRIDGE_HELD_"
+"""The SPANK step guard moves LD_*, PYTHON*... out of the waiter's way under this prefix; the
+pods get them back under their own names."""
+DIGEST_PREFIX = "slurm-k8s-bridge-v1:"
+DEFAULT_API_URL = "http://127.0.0.1:8470"
+OUTAGE_NOTICE_S = 60.0
+MUNGE_PATHS = ("/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/bin/munge")
+SAFE_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+"""What the waiter's own helper (munge) runs with: nothing of the user's."""
+RECONNECT_BASE_S, RECONNECT_CAP_S = 0.1, 5.0
+STREAM_READ_TIMEOUT_S = 45.0
+"""The daemon sends a heartbeat every 10 s; silence this long means a half-open connection."""
+
+
+def request_digest(method: str, path: str, job_id: int, body: bytes) -> str:
+    """What the munge credential of a request carries: it binds the credential to this one request
+    (a captured credential is refused for another job, path or body). The daemon checks it."""
+    digest = hashlib.sha256(f"{method}\n{path}\n{job_id}\n".encode())
+    digest.update(body)
+    return DIGEST_PREFIX + digest.hexdigest()
+
+
+def reconnect_delay(attempt: int) -> float:
+    """Jittered exponential backoff: thousands of waiters must not retry in step after an outage."""
+    return min(RECONNECT_CAP_S, RECONNECT_BASE_S * 2 ** min(attempt, 10)) * random.uniform(0.5, 1.5)
+
+
+def job_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The job's environment as the user exported it: held variables get their names back."""
+    held = {k[len(HELD_PREFIX):]: v for k, v in environ.items() if k.startswith(HELD_PREFIX)}
+    env = {k: v for k, v in environ.items() if not k.startswith(HELD_PREFIX)}
+    env.update({k: v for k, v in held.items() if k})
+    return env
+
+
+class AttachState:
+    """What survives a reconnect: the last log timestamp printed per pod index."""
+
+    def __init__(self) -> None:
+        self.last_log: dict[str, str] = {}
+        self.cancel_requested = False
+
+
+class DaemonError(OSError):
+    """The daemon answered with an HTTP error status (5xx: retry; 4xx: refused for good)."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text}")
+        self.status, self.text = status, text
+
+
+def post(
+    url: tuple[str, str, int], path: str, job_id: int, body: dict[str, Any], timeout: float | None,
+    ca_file: str | None = None,
+) -> IO[bytes]:
+    """POST JSON over HTTP/1.0 (so the answer streams unchunked until the server closes), with a
+    munge credential bound to this request; return the body as a binary file positioned after the
+    headers. http.client would cost this short-lived process ~20 ms of imports at every job start."""
+    scheme, host, port = url
+    data = json.dumps(body).encode()
+    credential = munge_credential(request_digest("POST", path, job_id, data))
+    head = (
+        f"POST {path} HTTP/1.0\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nX-Munge-Credential: {credential}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection((host, port), timeout=10)
+    if scheme == "https":
+        import ssl  # only when the daemon serves TLS: its import costs start-up time
+
+        context = ssl.create_default_context(cafile=ca_file)
+        sock = context.wrap_socket(sock, server_hostname=host)
+    sock.settimeout(timeout)
+    sock.sendall(head + data)
+    reader = sock.makefile("rb")
+    sock.close()  # the file keeps the connection open until it is closed itself
+    status_line = reader.readline().split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        reader.close()
+        raise OSError(f"bad HTTP answer from the bridge: {status_line!r}")
+    while reader.readline() not in (b"\r\n", b"\n", b""):
+        pass  # headers: nothing in them matters here
+    status = int(status_line[1])
+    if status != 200:
+        text = reader.read().decode(errors="replace").strip()
+        reader.close()
+        raise DaemonError(status, text)
+    return reader
+
+
+def split_url(url: str) -> tuple[str, str, int]:
+    """`http[s]://host:port[/]` -> (scheme, host, port)."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower() if sep else "http"
+    rest = (rest if sep else url).rstrip("/")
+    host, _, port = rest.rpartition(":") if rest.count(":") == 1 or rest.startswith("[") else (rest, "", "")
+    host = host.strip("[]") or "127.0.0.1"
+    return scheme, host, int(port) if port else (443 if scheme == "https" else 80)
+
+
+def original_script(batch_script: str) -> str:
+    """The user's script embedded after the marker line by job_submit.lua."""
+    _, sep, tail = batch_script.partition(MARKER + "\n")
+    if not sep:
+        raise ValueError("this batch script was not rewritten by the bridge's job_submit.lua")
+    return tail
+
+
+def munge_binary() -> str:
+    """munge from the system, never from the job's PATH (which is the user's to shape)."""
+    for path in MUNGE_PATHS:
+        if os.access(path, os.X_OK):
+            return path
+    raise OSError(f"munge is not installed on this host (looked for {', '.join(MUNGE_PATHS)})")
+
+
+def munge_credential(payload: str) -> str:
+    """A munge credential for this process's uid/gid, carrying `payload` (the daemon checks both)."""
+    result = subprocess.run(
+        [munge_binary()], input=payload.encode(), capture_output=True, check=False, timeout=10,
+        env=SAFE_ENVIRONMENT, cwd="/",
+    )
+    if result.returncode != 0:
+        # munged down is an outage like the daemon's: the caller retries.
+        raise OSError(f"munge failed: {result.stderr.decode(errors='replace').strip()}")
+    return result.stdout.decode().strip()
+
+
+class Waiter:
+    def __init__(
+        self, api_url: str, job_id: int, script: str, environment: dict[str, str], work_dir: str,
+        ca_file: str | None = None,
+    ) -> None:
+        self._url = split_url(api_url)
+        self._job_id = job_id
+        self._script = script
+        self._environment = environment
+        self._work_dir = work_dir
+        self._ca_file = ca_file
+        self._state = AttachState()
+
+    def _post(self, action: str, body: dict[str, Any], timeout: float | None) -> IO[bytes]:
+        path = f"/v1/jobs/{self._job_id}/{action}"
+        return post(self._url, path, self._job_id, body, timeout, self._ca_file)
+
+    def request_cancel(self) -> None:
+        """Ask the daemon to delete the pods; the attach stream reports when they are gone."""
+        self._state.cancel_requested = True
+        try:
+            self._post("cancel", {}, timeout=5).close()
+        except OSError as error:
+            _stderr(f"could not reach the bridge to cancel: {error}")
+
+    # -- the attach loop --------------------------------------------------------
+    def run(self) -> int:
+        """Attach until the daemon reports the end; returns an exit code or raises SystemExit."""
+        attempt, outage_started, told_at = 0, 0.0, 0.0
+        while True:
+            try:
+                outcome = self._attach_once()
+            except DaemonError as error:
+                if 400 <= error.status < 500:
+                    # Refused for good (identity mismatch, unknown job...): say why and fail the job.
+                    # Whatever may pass (daemon, slurmrestd or munged restarting) answers 5xx.
+                    return self._finish({"type": "exit", "code": 1, "reason": error.text})
+                outcome, failure = None, error
+            except (OSError, ValueError) as error:  # ValueError: a garbled line (json)
+                outcome, failure = None, error
+            else:
+                failure = None
+            if failure is not None:
+                now = time.monotonic()
+                outage_started = outage_started or now
+                # A daemon restart takes seconds and needs no word in the job's output; a long
+                # outage does, now and then, so the user knows why nothing happens.
+                if now - outage_started >= OUTAGE_NOTICE_S and now - told_at >= OUTAGE_NOTICE_S * 10:
+                    _stderr(f"waiting for the bridge daemon since {now - outage_started:.0f}s ({failure})")
+                    told_at = now
+                time.sleep(reconnect_delay(attempt))
+                attempt += 1
+                continue
+            if outcome is not None:
+                return self._finish(outcome)
+            # The stream ended without an outcome: the daemon went away; reconnect.
+            attempt, outage_started = 0, 0.0
+
+    def _attach_once(self) -> dict[str, Any] | None:
+        body = {
+            "script": self._script,
+            # All of it: the daemon drops what describes the slurmd host (translate.job_environment).
+            "environment": self._environment,
+            "work_dir": self._work_dir,
+            "uid": os.getuid(),
+            "gid": os.getgid(),
+            "last_log": self._state.last_log,
+            "cancel": self._state.cancel_requested,
+        }
+        # A read timeout: the daemon sends heartbeats, so silence means a half-open connection.
+        with self._post("attach", body, timeout=STREAM_READ_TIMEOUT_S) as stream:
+            for raw in stream:
+                if not raw.endswith(b"\n"):
+                    break  # cut off mid-line: the daemon went away
+                event = json.loads(raw)
+                kind = event.get("type")
+                if kind == "log":
+                    sys.stdout.write(event["line"] + "\n")
+                    sys.stdout.flush()
+                    self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "message":
+                    _stderr(event["text"])
+                elif kind == "exit":
+                    return event
+                # "heartbeat" and unknown kinds only prove the connection is alive.
+        return None
+
+    def _finish(self, outcome: dict[str, Any]) -> int:
+        sys.stdout.flush()
+        if outcome.get("reason"):
+            _stderr(outcome["reason"])
+        signum = outcome.get("signal")
+        if signum:
+            # Die by the same signal so Slurm records it (sacct shows e.g. 0:9).
+            sys.stderr.flush()
+            with contextlib.suppress(OSError, ValueError):  # SIGKILL/SIGSTOP cannot be handled anyway
+                signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            time.sleep(1)
+        return int(outcome.get("code", 0))
+
+
+def _stderr(text: str) -> None:
+    sys.stderr.write(f"slurm-k8s-bridge: {text}\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str]) -> int:
+    # What the job runs with is taken first; then the waiter leaves the user's directory, so
+    # nothing it does afterwards can resolve a path there.
+    environment = job_environment(dict(os.environ))
+    work_dir = os.getcwd()
+    api_url, ca_file = DEFAULT_API_URL, None
+    while len(argv) >= 2 and argv[0] in ("--api", "--ca"):
+        if argv[0] == "--api":
+            api_url = argv[1]
+        else:
+            ca_file = argv[1]
+        argv = argv[2:]
+    if len(argv) != 1:
+        _stderr("usage: waiter.py [--api URL] [--ca CA_FILE] BATCH_SCRIPT")
+        return 2
+    job_id = int(environment["SLURM_JOB_ID"])
+    with open(argv[0], encoding="utf-8", errors="surrogateescape") as file:
+        script = original_script(file.read())
+    os.chdir("/")
+    waiter = Waiter(api_url, job_id, script, environment, work_dir, ca_file)
+
+    def on_terminate(signum: int, _frame: object) -> None:
+        if not waiter._state.cancel_requested:
+            _stderr(f"got signal {signum}: stopping the job's pods")
+            waiter.request_cancel()
+
+    signal.signal(signal.SIGTERM, on_terminate)
+    signal.signal(signal.SIGINT, on_terminate)
+    return waiter.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
