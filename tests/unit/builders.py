@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from bridge.clients.kube.cache import PodCache
 from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.model import JobAllocation, JobPayload, NodeAllocation
 
@@ -46,3 +47,26 @@ def payload(**changes: Any) -> JobPayload:
 
 def config(**changes: Any) -> BridgeConfig:
     return replace(BridgeConfig(cluster="sandbox", partitions={"k8s": PartitionConfig()}), **changes)
+
+
+class RecordingKube:
+    """In-memory Kubernetes for reconcile tests: a created pod reaches the cache at once, in
+    phase Running (with its container running when `container_running`); deletes are recorded."""
+
+    def __init__(self, cache: PodCache, *, container_running: bool = False) -> None:
+        self.cache = cache
+        self.container_running = container_running
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+
+    async def create_pod(self, manifest: dict[str, Any]) -> bool:
+        self.created.append(manifest["metadata"]["name"])
+        status: dict[str, Any] = {"phase": "Running"}
+        if self.container_running:
+            status["containerStatuses"] = [{"name": "job", "state": {"running": {}}}]
+        self.cache.apply("ADDED", {**manifest, "status": status})
+        return True
+
+    async def delete_pod(self, name: str, grace_seconds: int | None = None) -> bool:
+        self.deleted.append(name)
+        return True

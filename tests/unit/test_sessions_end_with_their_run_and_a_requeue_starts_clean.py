@@ -17,7 +17,7 @@ from bridge.controller.reconcile import Reconciler
 from bridge.core.config import PartitionConfig
 from bridge.core.model import JobAllocation
 
-from .builders import allocation, config, payload
+from .builders import RecordingKube, allocation, config, payload
 
 
 class Slurm:
@@ -25,21 +25,9 @@ class Slurm:
         pass
 
 
-class Kube:
+class Kube(RecordingKube):
     def __init__(self, cache: PodCache) -> None:
-        self.cache = cache
-        self.created: list[str] = []
-        self.deleted: list[str] = []
-
-    async def create_pod(self, manifest: dict[str, Any]) -> bool:
-        self.created.append(manifest["metadata"]["name"])
-        self.cache.apply("ADDED", {**manifest, "status": {"phase": "Running", "containerStatuses": [
-            {"name": "job", "state": {"running": {}}}]}})
-        return True
-
-    async def delete_pod(self, name: str, grace_seconds: int | None = None) -> bool:
-        self.deleted.append(name)
-        return True
+        super().__init__(cache, container_running=True)
 
     async def stream_logs(self, pod_name: str, since_time: str | None = None) -> Any:
         return

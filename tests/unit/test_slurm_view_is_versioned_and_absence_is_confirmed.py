@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 from dataclasses import replace
-from typing import Any
 
 from bridge.clients.kube.cache import PodCache
 from bridge.clients.slurm import JobListing
@@ -20,7 +19,7 @@ from bridge.controller.sources import SlurmPoller
 from bridge.core.config import PartitionConfig
 from bridge.core.model import JobAllocation
 
-from .builders import allocation, config, payload
+from .builders import RecordingKube, allocation, config, payload
 
 
 class Slurm:
@@ -43,20 +42,7 @@ class Slurm:
         pass
 
 
-class Kube:
-    def __init__(self, cache: PodCache) -> None:
-        self.cache = cache
-        self.created: list[str] = []
-        self.deleted: list[str] = []
-
-    async def create_pod(self, manifest: dict[str, Any]) -> bool:
-        self.created.append(manifest["metadata"]["name"])
-        self.cache.apply("ADDED", {**manifest, "status": {"phase": "Running"}})
-        return True
-
-    async def delete_pod(self, name: str, grace_seconds: int | None = None) -> bool:
-        self.deleted.append(name)
-        return True
+Kube = RecordingKube
 
 
 def world() -> tuple[Reconciler, SlurmPoller, Slurm, Kube, list[int]]:
