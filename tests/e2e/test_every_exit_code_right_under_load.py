@@ -195,9 +195,13 @@ def _requeue_once(bridge: Sandbox, partition: str) -> tuple[int, dict[str, str],
     wait_until(f"first run of job {job_id} printed", lambda: out.exists() and out.read_text() == "run 0\n",
                timeout=60)
     bridge.slurm("scontrol", "requeue", str(job_id))
-    # Slurm makes a requeued job eligible 2 minutes later; both partitions skip that wait alike.
-    wait_until(f"job {job_id} requeued", lambda: "Restarts=1" in bridge.slurm(
-        "scontrol", "show", "job", str(job_id)).stdout, timeout=60)
+    # Slurm makes a requeued job eligible 2 minutes after its first run has ended (for a bridged
+    # job: once its pods are gone); both partitions skip that wait alike, once it is pending again.
+    def requeued() -> bool:
+        shown = bridge.slurm("scontrol", "show", "job", str(job_id)).stdout
+        return "Restarts=1" in shown and "JobState=PENDING" in shown
+
+    wait_until(f"job {job_id} pending again after the requeue", requeued, timeout=60)
     bridge.slurm("scontrol", "update", f"jobid={job_id}", "starttime=now")
     row = bridge.wait_job_final(job_id, timeout=180)
     return job_id, row, out.read_text()
