@@ -265,7 +265,7 @@ def test_the_waiter_is_started_by_absolute_path_in_isolated_mode(bridge: Sandbox
     words = command.removeprefix("attach_command=").split()
     assert words[0].startswith("/") and words[1:3] == ["-I", "-S"] and words[3].startswith("/")
     waiter = Path(words[3])
-    assert waiter.read_text() == (REPO / "bridge" / "waiter.py").read_text()
+    assert waiter.read_text() == (REPO / "bridge" / "waiter" / "attach.py").read_text()
     for path in (waiter, waiter.parent):
         assert path.stat().st_uid == 0 and not path.stat().st_mode & 0o022, f"{path} writable by others"
 
