@@ -27,6 +27,7 @@ import structlog
 from bridge.clients.identity import SupplementalGroups
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
+from bridge.clients.kube.node_features import StrictGroupsNodes
 from bridge.clients.slurm import SlurmClient
 from bridge.controller.expectations import CreateExpectations
 from bridge.controller.jobstore import JobStore
@@ -79,6 +80,8 @@ class Reconciler:
         self.expectations = expectations if expectations is not None else CreateExpectations()
         cache.on_seen(self.expectations.observed)
         self.groups = SupplementalGroups(cfg.pods.supplemental_groups)
+        self.strict_groups = StrictGroupsNodes(lambda name: self.kube.get_node(name))
+        """Nodes that enforce supplementalGroupsPolicy Strict (the `auto` policy asks)."""
         """The job user's supplementary groups, from Slurm's user name via NSS (cached)."""
 
     def is_bridged(self, alloc: JobAllocation) -> bool:
@@ -212,10 +215,14 @@ class Reconciler:
         # pod events, and a relabelled node is seen at once.
         k8s_nodes = await self.kube.nodes_by_label(part.node_label) if part.node_label else None
         groups = await self.groups.of(alloc)
+        strict: set[str] = set()
+        if self.cfg.pods.supplemental_groups_policy == "auto":
+            names = [(k8s_nodes or {}).get(n, n) for n in alloc.node_names]
+            strict = await self.strict_groups.among(names)
         try:
             directives = parse_directives(session.payload.script)
             manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes,
-                                     supplemental_groups=groups)
+                                     supplemental_groups=groups, strict_groups_nodes=strict)
         except (DirectiveError, TranslateError) as error:
             await self._fail(session, alloc, str(error), bound)
             return

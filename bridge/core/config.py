@@ -24,7 +24,7 @@ BACKENDS = ("rest", "pyslurm")
 GPU_MODES = ("env", "device-plugin")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SUPPLEMENTAL_GROUPS = ("nss", "none")
-SUPPLEMENTAL_GROUPS_POLICIES = ("Strict", "Merge", "")
+SUPPLEMENTAL_GROUPS_POLICIES = ("auto", "Strict", "Merge", "")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -166,10 +166,11 @@ class PodsConfig:
     supplemental_groups: str = "nss"
     """`nss`: the job user's groups as the daemon's host resolves them (getgrouplist of the user
     name Slurm reports) become the pod's supplementalGroups; `none`: no supplementary groups."""
-    supplemental_groups_policy: str = ""
+    supplemental_groups_policy: str = "auto"
     """supplementalGroupsPolicy of the pods: `Strict` (only the groups above: the image's
     /etc/group adds none; needs containerd >= 2.0 or CRI-O >= 1.31, else the kubelet refuses the
-    pod), `Merge` (Kubernetes' default), or "" to leave the field unset."""
+    pod), `auto` (Strict on every node that reports it supports it, node.status.features, and
+    unset elsewhere), `Merge` (Kubernetes' default), or "" to leave the field unset."""
 
 
 @dataclass(frozen=True)
@@ -350,7 +351,7 @@ def _pods(t: _Table) -> PodsConfig:
         supplemental_groups=t.choice("supplemental_groups", SUPPLEMENTAL_GROUPS, "nss"),
         # "" is a value here: leave the field to the API server's default.
         supplemental_groups_policy=t.choice(
-            "supplemental_groups_policy", SUPPLEMENTAL_GROUPS_POLICIES, "", allow_empty=True
+            "supplemental_groups_policy", SUPPLEMENTAL_GROUPS_POLICIES, "auto", allow_empty=True
         ),
     )
     t.done()

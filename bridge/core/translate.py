@@ -16,7 +16,7 @@ Decisions worth knowing (each explained where it is made):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bridge.core import wellknown
@@ -233,13 +233,15 @@ def desired_pods(
     k8s_nodes: Mapping[str, str] | None = None,
     *,
     supplemental_groups: Sequence[int] = (),
+    strict_groups_nodes: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """One Pod manifest per allocated node, in node order.
 
     `k8s_nodes` maps Slurm node names to Kubernetes node names; it is required when the partition
     has a `node_label` (the caller looks the labels up), and ignored otherwise (same names).
     `supplemental_groups`: the job user's other groups, as the caller resolved them from Slurm's
-    user name (bridge.clients.identity), never from the payload.
+    user name (bridge.clients.identity), never from the payload. `strict_groups_nodes`: the
+    Kubernetes nodes that enforce supplementalGroupsPolicy Strict (for the `auto` policy).
     """
     _check_identity(alloc, payload)
     if not alloc.nodes:
@@ -256,7 +258,8 @@ def desired_pods(
     k8s_names = [_k8s_node(name, part, k8s_nodes) for name in alloc.node_names]
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     return [
-        _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups)
+        _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
+             _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes))
         for index in range(len(alloc.nodes))
     ]
 
@@ -333,6 +336,7 @@ def _pod(
     index: int,
     k8s_names: list[str],
     groups: list[int],
+    groups_policy: str,
 ) -> dict[str, Any]:
     node = alloc.nodes[index]
     env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0])
@@ -430,7 +434,7 @@ def _pod(
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
-        "securityContext": _pod_security(alloc, cfg, groups),
+        "securityContext": _pod_security(alloc, groups, groups_policy),
         "tolerations": [
             {
                 "key": wellknown.TAINT_BRIDGED,
@@ -469,7 +473,14 @@ def _pod(
     }
 
 
-def _pod_security(alloc: JobAllocation, cfg: BridgeConfig, groups: list[int]) -> dict[str, Any]:
+def _groups_policy(configured: str, node: str, strict_nodes: Collection[str]) -> str:
+    """The supplementalGroupsPolicy of a pod on `node` ("" = unset)."""
+    if configured == "auto":
+        return "Strict" if node in strict_nodes else ""
+    return configured
+
+
+def _pod_security(alloc: JobAllocation, groups: list[int], groups_policy: str) -> dict[str, Any]:
     security: dict[str, Any] = {
         "runAsUser": alloc.uid,
         "runAsGroup": alloc.gid,
@@ -478,9 +489,9 @@ def _pod_security(alloc: JobAllocation, cfg: BridgeConfig, groups: list[int]) ->
     }
     if groups:
         security["supplementalGroups"] = groups
-    if cfg.pods.supplemental_groups_policy:
+    if groups_policy:
         # Strict: the image's /etc/group adds no groups to the job's uid (Merge, the default, would).
-        security["supplementalGroupsPolicy"] = cfg.pods.supplemental_groups_policy
+        security["supplementalGroupsPolicy"] = groups_policy
     return security
 
 

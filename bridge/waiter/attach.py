@@ -43,8 +43,11 @@ from typing import IO, Any
 MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
 """= bridge.core.wellknown.ATTACH_MARKER (a unit test keeps them equal)."""
 HELD_PREFIX = "SLURM_K8S_BRIDGE_HELD_"
-"""The SPANK step guard moves LD_*, PYTHON*... out of the waiter's way under this prefix; the
-pods get them back under their own names."""
+"""The SPANK step guard moves every variable but SLURM_* out of the waiter's way under this
+prefix (LD_PRELOAD, OPENSSL_CONF, ... would steer the loader or libcrypto); the pods get them
+back under their own names."""
+HELD_MARKER = "SLURM_K8S_BRIDGE_ENV_HELD"
+"""Set by the guard once it has held the environment."""
 DIGEST_PREFIX = "slurm-k8s-bridge-v1:"
 DEFAULT_API_URL = "http://127.0.0.1:8470"
 OUTAGE_NOTICE_S = 60.0
@@ -70,9 +73,13 @@ def reconnect_delay(attempt: int) -> float:
 
 
 def job_environment(environ: dict[str, str]) -> dict[str, str]:
-    """The job's environment as the user exported it: held variables get their names back."""
+    """The job's environment as the user exported it: held variables get their names back. Where
+    the guard held the environment, any other variable but SLURM_* is the waiter's own (Python's
+    C locale coercion sets LC_CTYPE), not the user's, and stays out."""
+    guarded = environ.get(HELD_MARKER) == "1"
     held = {k[len(HELD_PREFIX):]: v for k, v in environ.items() if k.startswith(HELD_PREFIX)}
-    env = {k: v for k, v in environ.items() if not k.startswith(HELD_PREFIX)}
+    env = {k: v for k, v in environ.items()
+           if not k.startswith(HELD_PREFIX) and k != HELD_MARKER and (not guarded or k.startswith("SLURM_"))}
     env.update({k: v for k, v in held.items() if k})
     return env
 

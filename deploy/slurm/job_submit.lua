@@ -89,15 +89,36 @@ local function split_commas(text)
   return out
 end
 
--- The partitions the job asked for (or the default one when it named none).
+-- The partitions the job will run in: those it asked for, else its reservation's (slurmctld picks
+-- that after this plugin ran), else the default one; each with its Alternate partition, which
+-- slurmctld may move it to.
 local function requested_partitions(job_desc, part_list)
+  local names = {}
   if job_desc.partition ~= nil and job_desc.partition ~= "" then
-    return split_commas(job_desc.partition)
+    names = split_commas(job_desc.partition)
+  elseif job_desc.reservation ~= nil and job_desc.reservation ~= "" then
+    for _, name in ipairs(split_commas(job_desc.reservation)) do
+      local resv = slurm.reservations and slurm.reservations[name]
+      if resv ~= nil and resv.partition ~= nil and resv.partition ~= "" then
+        names[#names + 1] = resv.partition
+      end
+    end
   end
-  for _, part in pairs(part_list) do
-    if part.flag_default == 1 or part.flag_default == true then return { part.name } end
+  if #names == 0 then
+    for _, part in pairs(part_list) do
+      if part.flag_default == 1 or part.flag_default == true then names = { part.name } end
+    end
   end
-  return {}
+  local with_alternates = {}
+  for _, name in ipairs(names) do
+    with_alternates[#with_alternates + 1] = name
+    for _, part in pairs(part_list) do
+      if part.name == name and part.alternate ~= nil and part.alternate ~= "" then
+        with_alternates[#with_alternates + 1] = part.alternate
+      end
+    end
+  end
+  return with_alternates
 end
 
 -- #K8S directives live in the leading comment block, like #SBATCH.
@@ -157,6 +178,11 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     slurm.log_user(prefix .. "submit a batch script with sbatch; srun/salloc cannot start a job there")
     return slurm.ERROR
   end
+  if job_desc.container ~= nil and job_desc.container ~= "" then
+    -- An OCI bundle would run as the batch step on the slurmd host, with the user's rootfs.
+    slurm.log_user(prefix .. "--container cannot be used there; the job's image is '#K8S image=...'")
+    return slurm.ERROR
+  end
   if job_desc.user_id == 0 or submit_uid == 0 then
     slurm.log_user(prefix .. "jobs of root are refused (pods never run as root); submit as a user")
     return slurm.ERROR
@@ -172,6 +198,15 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
         .. "(partition %s has no default image)", name)
       return slurm.ERROR
     end
+  end
+  -- slurmd builds the environment of a job with SLURM_GET_USER_ENV=1 (sbatch --get-user-env,
+  -- --export=NONE or a list, scrontab) by running `su - <user>`, the user's login scripts, on its
+  -- own host. Never on a bridged node's: the pod gets the exported environment as it is.
+  local env = job_desc.environment
+  if env ~= nil and env.SLURM_GET_USER_ENV ~= nil and env.SLURM_GET_USER_ENV ~= "0" then
+    env.SLURM_GET_USER_ENV = "0"
+    slurm.log_user(prefix .. "the login environment is not built for it (--get-user-env, "
+      .. "--export=NONE); the pod gets the exported variables and the image's own")
   end
   -- Always wrapped, even if the script already holds a marker: the waiter takes the first one, so
   -- whatever the user wrote stays the pod's script and never runs here.

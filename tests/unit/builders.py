@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from bridge.clients.kube.cache import PodCache
-from bridge.core.config import BridgeConfig, PartitionConfig
+from bridge.core.config import BridgeConfig, PartitionConfig, PodsConfig
 from bridge.core.model import JobAllocation, JobPayload, NodeAllocation
 
 SCRIPT = "#!/bin/bash\n#K8S image=debian:12\necho hello\n"
@@ -46,7 +46,11 @@ def payload(**changes: Any) -> JobPayload:
 
 
 def config(**changes: Any) -> BridgeConfig:
-    return replace(BridgeConfig(cluster="sandbox", partitions={"k8s": PartitionConfig()}), **changes)
+    """A config; its pods get no supplementalGroupsPolicy unless a test asks (`auto`, the default,
+    asks Kubernetes about nodes, which the in-memory fakes answer only where a test needs it)."""
+    base = BridgeConfig(cluster="sandbox", partitions={"k8s": PartitionConfig()},
+                        pods=PodsConfig(supplemental_groups_policy=""))
+    return replace(base, **changes)
 
 
 class RecordingKube:

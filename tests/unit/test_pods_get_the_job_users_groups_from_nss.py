@@ -27,8 +27,9 @@ MINIMAL = 'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n[partitions.k
 
 # -- config ----------------------------------------------------------------------------------------
 
-def test_pods_default_to_nss_groups_and_leave_the_policy_unset() -> None:
-    assert parse_config(MINIMAL).pods == PodsConfig(supplemental_groups="nss", supplemental_groups_policy="")
+def test_pods_default_to_nss_groups_and_strict_where_the_node_enforces_it() -> None:
+    expected = PodsConfig(supplemental_groups="nss", supplemental_groups_policy="auto")
+    assert parse_config(MINIMAL).pods == expected
 
 
 @pytest.mark.parametrize(("mode", "policy"), [("none", "Strict"), ("nss", "Merge"), ("nss", "")])
@@ -42,7 +43,8 @@ def test_pods_settings_are_read(mode: str, policy: str) -> None:
     [
         ('supplemental_groups = "ldap"', "pods.supplemental_groups: must be one of 'nss', 'none'"),
         ('supplemental_groups = ""', "pods.supplemental_groups: must not be empty"),
-        ('supplemental_groups_policy = "strict"', "pods.supplemental_groups_policy: must be one of 'Strict'"),
+        ('supplemental_groups_policy = "strict"',
+         "pods.supplemental_groups_policy: must be one of 'auto', 'Strict'"),
         ('supplementalGroups = "nss"', "pods.supplementalGroups: unknown key"),
     ],
 )

@@ -36,6 +36,13 @@ def test_held_variables_get_their_names_back_for_the_pods() -> None:
     assert waiter.job_environment(environ) == expected
 
 
+def test_where_the_guard_held_the_environment_only_held_and_slurm_variables_count() -> None:
+    environ = {"SLURM_K8S_BRIDGE_ENV_HELD": "1", "LC_CTYPE": "C.UTF-8", "SLURM_JOB_ID": "7",
+               "SLURM_K8S_BRIDGE_HELD_HOME": "/home/alice", "SLURM_K8S_BRIDGE_HELD_OPENSSL_CONF": "/x"}
+    expected = {"SLURM_JOB_ID": "7", "HOME": "/home/alice", "OPENSSL_CONF": "/x"}
+    assert waiter.job_environment(environ) == expected
+
+
 def test_munge_is_never_looked_up_on_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = tmp_path / "munge"
     fake.write_text("#!/bin/sh\necho planted\n")

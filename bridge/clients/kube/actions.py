@@ -91,6 +91,9 @@ class KubeActions:
         except KubeNotFound:
             return None
 
+    async def get_node(self, name: str) -> dict[str, Any]:
+        return await request_json(self._api, "GET", f"/api/v1/nodes/{name}", f"get node {name}")
+
     async def nodes_by_label(self, label: str) -> dict[str, str]:
         """Map each value of node label `label` to the name of the node carrying it."""
         body = await request_json(

@@ -3,22 +3,24 @@
  * bridged partitions.
  *
  * A bridged job's only business on its slurmd is the batch step, which job_submit.lua turned
- * into the bridge's waiter. This plugin:
+ * into the bridge's waiter. In slurmstepd (remote context, which a user's own srun build cannot
+ * skip) this plugin, for a job whose partition slurmctld names as bridged:
  *
- *   - refuses every other step of a job in a bridged partition (srun --jobid, srun inside the
- *     allocation, an interactive step) in slurmstepd, before anything is exec'd. The check
- *     runs in slurmstepd (remote context), so a user's own srun build cannot skip it; srun
- *     (local context) checks the same thing first only to print the reason early and clearly.
+ *   - lets the batch step start only if its script begins, byte for byte, with the wrapper
+ *     job_submit.lua writes (which execs the waiter before anything else): a script that reached
+ *     a bridged partition another way (a reservation's or an Alternate partition) never runs;
+ *   - refuses every other step (srun --jobid, srun inside the allocation, an interactive step).
  *     Programs named by an `allow=` argument (absolute paths, written by the site in
- *     plugstack.conf) may run as steps: the bridge's own step launcher, if any.
- *   - strips the variables that would make the dynamic loader or Python run user code in the
- *     waiter (LD_*, PYTHON*, GLIBC_TUNABLES, ...) from the batch step of a bridged job. They are
- *     kept under SLURM_K8S_BRIDGE_HELD_<name>, so the waiter still hands the user's values to
- *     the pods, where they belong.
+ *     plugstack.conf) may run as steps: the bridge's own step launcher, if any. srun (local
+ *     context) checks the same first, only to print the reason early and clearly;
+ *   - for the waiter's batch step, moves every variable but SLURM_* out of the way, under
+ *     SLURM_K8S_BRIDGE_HELD_<name>: nothing the user exported (LD_PRELOAD, OPENSSL_CONF, LOCPATH,
+ *     ...) can steer the dynamic loader, libcrypto or the shell that start the waiter. The
+ *     waiter hands the user's values to the pods, where they belong.
  *
- * Which partitions are bridged comes from the same settings file job_submit.lua reads
- * (`settings=` argument, lines `partition=<name> ...`). If that file cannot be read, every
- * step other than batch and extern steps is refused: the guard fails closed.
+ * Which partitions are bridged, and the waiter's command, come from the settings file that
+ * job_submit.lua reads (`settings=` argument), parsed the same way. If it cannot be read, or
+ * slurmctld cannot be asked, every step but extern steps is refused: the guard fails closed.
  *
  * plugstack.conf:
  *   required /path/slurm_k8s_bridge_guard.so settings=/etc/slurm/job_submit_bridge.conf
@@ -35,16 +37,29 @@
 
 SPANK_PLUGIN(slurm_k8s_bridge_guard, 1);
 
-#define MAX_PARTITIONS 64
+#define MAX_PARTITIONS 256
 #define MAX_ALLOWED 8
 #define NAME_LEN 256
 #define HELD_PREFIX "SLURM_K8S_BRIDGE_HELD_"
-/* The second line of every batch script job_submit.lua wrote (see its WRAPPER_HEADER). */
-#define WRAPPER_HEADER "# slurm-k8s-bridge: rewritten batch script"
+/* Set when the guard held the environment: the waiter then knows any other variable is Python's
+ * own (its C locale coercion sets LC_CTYPE) and not the user's. */
+#define HELD_MARKER "SLURM_K8S_BRIDGE_ENV_HELD"
+/* What job_submit.lua writes before the user's script (keep both in step; a test compares). */
+#define WRAPPER_LINE1 "#!/bin/sh\n"
+#define WRAPPER_LINE2 "# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. The waiter\n"
+#define WRAPPER_LINE3 "# streams their output here and exits with their exit code.\n"
 
 static char settings_path[1024] = "/etc/slurm/job_submit_bridge.conf";
 static char allowed[MAX_ALLOWED][NAME_LEN];
 static int allowed_count;
+/* Decided in slurm_spank_init, used by slurm_spank_user_init of the same slurmstepd. */
+static int batch_of_bridged_job;
+
+struct settings {
+	char partitions[MAX_PARTITIONS][NAME_LEN];
+	int count;
+	char attach_command[4096];
+};
 
 static void parse_args(int ac, char **av)
 {
@@ -61,32 +76,57 @@ static void parse_args(int ac, char **av)
 	}
 }
 
-/* Is `partition` (possibly a comma list) bridged? -1: the settings cannot be read. */
-static int partition_is_bridged(const char *partition)
+/* A settings line as job_submit.lua sees it: from the first '#' on a comment, then trimmed. */
+static char *clean_line(char *line)
 {
-	char names[MAX_PARTITIONS][NAME_LEN];
-	int count = 0;
-	char line[4096];
+	char *hash = strchr(line, '#');
+	if (hash)
+		*hash = '\0';
+	while (*line == ' ' || *line == '\t')
+		line++;
+	char *end = line + strlen(line);
+	while (end > line && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
+		*--end = '\0';
+	return line;
+}
+
+/* 0, or -1 when the settings cannot be read or hold more than this guard can keep. */
+static int load_settings(struct settings *settings)
+{
+	char raw[8192];
 	FILE *file = fopen(settings_path, "r");
 
+	memset(settings, 0, sizeof(*settings));
 	if (!file)
 		return -1;
-	while (fgets(line, sizeof(line), file) && count < MAX_PARTITIONS) {
-		if (strncmp(line, "partition=", 10) != 0)
-			continue;
-		if (sscanf(line + 10, "%255[^ \t\r\n]", names[count]) == 1)
-			count++;
+	while (fgets(raw, sizeof(raw), file)) {
+		char *line = clean_line(raw);
+		if (strncmp(line, "partition=", 10) == 0) {
+			if (settings->count == MAX_PARTITIONS) {
+				fclose(file);
+				return -1; /* never treat a partition it could not keep as unbridged */
+			}
+			if (sscanf(line + 10, "%255[^ \t]", settings->partitions[settings->count]) == 1)
+				settings->count++;
+		} else if (strncmp(line, "attach_command=", 15) == 0) {
+			snprintf(settings->attach_command, sizeof(settings->attach_command), "%s", line + 15);
+		}
 	}
 	fclose(file);
+	return settings->attach_command[0] ? 0 : -1;
+}
+
+static int partition_is_bridged(const struct settings *settings, const char *partition)
+{
+	char copy[4096];
+	char *save = NULL;
+
 	if (!partition)
 		return 0;
-
-	char copy[4096];
 	snprintf(copy, sizeof(copy), "%s", partition);
-	char *save = NULL;
 	for (char *part = strtok_r(copy, ",", &save); part; part = strtok_r(NULL, ",", &save)) {
-		for (int i = 0; i < count; i++)
-			if (strcmp(part, names[i]) == 0)
+		for (int i = 0; i < settings->count; i++)
+			if (strcmp(part, settings->partitions[i]) == 0)
 				return 1;
 	}
 	return 0;
@@ -94,12 +134,12 @@ static int partition_is_bridged(const char *partition)
 
 /* The job's partition from slurmctld (never from the job's environment, which the user sets).
  * Returns 1 bridged, 0 not, -1 unknown (slurmctld or the settings unreachable). */
-static int job_is_bridged(uint32_t job_id, char *partition, size_t partition_len)
+static int job_is_bridged(uint32_t job_id, const struct settings *settings, char *partition,
+			  size_t partition_len)
 {
 	job_info_msg_t *info = NULL;
-	int bridged;
-
 	slurm_step_id_t which = SLURM_STEP_ID_INITIALIZER;
+	int bridged;
 
 	which.job_id = job_id;
 	snprintf(partition, partition_len, "?");
@@ -111,24 +151,51 @@ static int job_is_bridged(uint32_t job_id, char *partition, size_t partition_len
 	}
 	snprintf(partition, partition_len, "%s",
 		 info->job_array[0].partition ? info->job_array[0].partition : "");
-	bridged = partition_is_bridged(info->job_array[0].partition);
+	bridged = partition_is_bridged(settings, info->job_array[0].partition);
 	slurm_free_job_info_msg(info);
 	return bridged;
 }
 
-static int program_is_allowed(spank_t sp)
+static const char *program_of(spank_t sp)
 {
 	int argc = 0;
 	char **argv = NULL;
 
-	if (allowed_count == 0)
-		return 0;
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 || !argv[0])
-		return 0;
-	for (int i = 0; i < allowed_count; i++)
-		if (strcmp(argv[0], allowed[i]) == 0)
+		return NULL;
+	return argv[0];
+}
+
+static int program_is_allowed(spank_t sp)
+{
+	const char *program = program_of(sp);
+
+	for (int i = 0; program && i < allowed_count; i++)
+		if (strcmp(program, allowed[i]) == 0)
 			return 1;
 	return 0;
+}
+
+/* Does the batch script start with exactly the wrapper job_submit.lua writes? Its fourth line
+ * execs the waiter, so nothing after it is ever run by the shell. */
+static int is_wrapped_batch_script(spank_t sp, const struct settings *settings)
+{
+	char expected[8192];
+	char head[8192];
+	const char *script = program_of(sp);
+	size_t want, got;
+	FILE *file;
+
+	want = (size_t) snprintf(expected, sizeof(expected), "%s%s%sexec %s \"$0\"\n", WRAPPER_LINE1,
+				 WRAPPER_LINE2, WRAPPER_LINE3, settings->attach_command);
+	if (!script || want >= sizeof(expected))
+		return 0;
+	file = fopen(script, "r");
+	if (!file)
+		return 0;
+	got = fread(head, 1, want, file);
+	fclose(file);
+	return got == want && memcmp(head, expected, want) == 0;
 }
 
 /* Refuse a step of a bridged job (both contexts); 0 lets it through. */
@@ -136,26 +203,45 @@ static int guard_step(spank_t sp, const char *where)
 {
 	uint32_t job_id = 0, step_id = 0;
 	char partition[NAME_LEN];
+	struct settings *settings;
+	int bridged, rc = -1;
 
+	batch_of_bridged_job = 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
 		return 0; /* srun before an allocation exists: checked again once it does */
-	if (spank_get_item(sp, S_JOB_STEPID, &step_id) == ESPANK_SUCCESS &&
-	    (step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_EXTERN_CONT))
-		return 0;
-	int bridged = job_is_bridged(job_id, partition, sizeof(partition));
-	if (bridged == 0)
-		return 0;
-	if (bridged == 1 && program_is_allowed(sp))
-		return 0;
-	if (bridged < 0) {
+	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
+		step_id = NO_VAL;
+	if (step_id == SLURM_EXTERN_CONT)
+		return 0; /* runs no user program (PrologFlags=contain) */
+	settings = malloc(sizeof(*settings));
+	if (!settings)
+		return -1;
+	bridged = load_settings(settings) == 0 ? job_is_bridged(job_id, settings, partition,
+								  sizeof(partition)) : -1;
+	if (bridged == 0) {
+		rc = 0;
+	} else if (bridged < 0) {
 		slurm_error("slurm-k8s-bridge: refusing a step of job %u: cannot tell whether it runs in "
 			    "Kubernetes (slurmctld or %s unreachable) [%s]", job_id, settings_path, where);
-		return -1;
+	} else if (step_id == SLURM_BATCH_SCRIPT) {
+		if (is_wrapped_batch_script(sp, settings)) {
+			batch_of_bridged_job = 1;
+			rc = 0;
+		} else {
+			slurm_error("slurm-k8s-bridge: job %u is in partition %s, which runs in Kubernetes, but "
+				    "its script was not rewritten by job_submit.lua (it reached the partition "
+				    "another way, e.g. a reservation or an Alternate partition): not started "
+				    "[%s]", job_id, partition, where);
+		}
+	} else if (program_is_allowed(sp)) {
+		rc = 0;
+	} else {
+		slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes (partition %s): job steps cannot "
+			    "start on its nodes' slurmd (srun --jobid, sattach, an interactive step); run the "
+			    "command from the job's batch script [%s]", job_id, partition, where);
 	}
-	slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes (partition %s): job steps cannot "
-		    "start on its nodes' slurmd (srun --jobid, sattach, an interactive step); run the "
-		    "command from the job's batch script [%s]", job_id, partition, where);
-	return -1;
+	free(settings);
+	return rc;
 }
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
@@ -173,88 +259,68 @@ int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
 	return guard_step(sp, "srun");
 }
 
-static int is_wrapped_batch_script(spank_t sp)
-{
-	int argc = 0;
-	char **argv = NULL;
-	char head[512];
-	size_t got;
-	FILE *file;
-
-	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 || !argv[0])
-		return 0;
-	file = fopen(argv[0], "r");
-	if (!file)
-		return 0;
-	got = fread(head, 1, sizeof(head) - 1, file);
-	fclose(file);
-	head[got] = '\0';
-	char *second = strchr(head, '\n');
-	return second && strncmp(second + 1, WRAPPER_HEADER, strlen(WRAPPER_HEADER)) == 0;
-}
-
-static int held_variable(const char *name)
-{
-	static const char *const exact[] = {
-		"GLIBC_TUNABLES", "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF",
-		"MALLOC_TRACE", "TMPDIR", "BASH_ENV", "ENV", NULL,
-	};
-	if (strncmp(name, "LD_", 3) == 0 || strncmp(name, "PYTHON", 6) == 0)
-		return 1;
-	for (int i = 0; exact[i]; i++)
-		if (strcmp(name, exact[i]) == 0)
-			return 1;
-	return 0;
-}
-
-/* Batch step of a bridged job: move what could run user code in the waiter out of the way. */
+/* Batch step of a bridged job: hold every variable but SLURM_* out of the waiter's way. */
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
-	uint32_t step_id = 0;
 	char **env = NULL;
-	char names[128][NAME_LEN];
-	int count = 0;
+	char **names = NULL, **values = NULL;
+	int count = 0, rc = 0;
 
 	(void) ac;
 	(void) av;
-	if (spank_remote(sp) != 1)
+	if (spank_remote(sp) != 1 || !batch_of_bridged_job)
 		return 0;
-	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS || step_id != SLURM_BATCH_SCRIPT)
-		return 0;
-	if (!is_wrapped_batch_script(sp))
-		return 0;
-	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env)
-		return 0;
-	/* Collect first: unsetting while walking the array would skip entries. */
+	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env) {
+		slurm_error("slurm-k8s-bridge: cannot read the waiter's environment");
+		return -1;
+	}
+	for (int i = 0; env[i]; i++)
+		count++;
+	names = calloc(count + 1, sizeof(char *));
+	values = calloc(count + 1, sizeof(char *));
+	if (!names || !values) {
+		free(names);
+		free(values);
+		return -1;
+	}
+	/* Copy first: setting and unsetting while walking the array would skip or reuse entries. */
+	int held = 0;
 	for (int i = 0; env[i]; i++) {
 		const char *eq = strchr(env[i], '=');
 		size_t len = eq ? (size_t) (eq - env[i]) : strlen(env[i]);
-		char name[NAME_LEN];
-		if (len == 0 || len >= NAME_LEN) {
-			slurm_error("slurm-k8s-bridge: an environment variable name of %zu bytes", len);
-			return -1;
-		}
-		memcpy(name, env[i], len);
-		name[len] = '\0';
-		if (!held_variable(name))
+		if (strncmp(env[i], "SLURM_", 6) == 0 && len > 6)
 			continue;
-		if (count == 128) { /* never let one through unstripped */
-			slurm_error("slurm-k8s-bridge: more than 128 LD_*/PYTHON* variables in the job's environment");
-			return -1;
+		names[held] = strndup(env[i], len);
+		values[held] = strdup(eq ? eq + 1 : "");
+		if (!names[held] || !values[held]) {
+			rc = -1;
+			held++;
+			break;
 		}
-		memcpy(names[count++], name, len + 1);
+		held++;
 	}
-	for (int i = 0; i < count; i++) {
-		char value[8192];
-		char held[NAME_LEN + sizeof(HELD_PREFIX)];
-		if (spank_getenv(sp, names[i], value, sizeof(value)) == ESPANK_SUCCESS) {
-			snprintf(held, sizeof(held), "%s%.255s", HELD_PREFIX, names[i]);
-			spank_setenv(sp, held, value, 1);
+	for (int i = 0; rc == 0 && i < held; i++) {
+		size_t size = strlen(HELD_PREFIX) + strlen(names[i]) + 1;
+		char *name = malloc(size);
+		if (!name) {
+			rc = -1;
+			break;
 		}
-		if (spank_unsetenv(sp, names[i]) != ESPANK_SUCCESS) {
-			slurm_error("slurm-k8s-bridge: cannot remove %s from the waiter's environment", names[i]);
-			return -1;
+		snprintf(name, size, "%s%s", HELD_PREFIX, names[i]);
+		if ((names[i][0] && spank_setenv(sp, name, values[i], 1) != ESPANK_SUCCESS) ||
+		    spank_unsetenv(sp, names[i]) != ESPANK_SUCCESS) {
+			slurm_error("slurm-k8s-bridge: cannot move %s out of the waiter's environment", names[i]);
+			rc = -1;
 		}
+		free(name);
 	}
-	return 0;
+	if (rc == 0 && spank_setenv(sp, HELD_MARKER, "1", 1) != ESPANK_SUCCESS)
+		rc = -1;
+	for (int i = 0; i < held; i++) {
+		free(names[i]);
+		free(values[i]);
+	}
+	free(names);
+	free(values);
+	return rc;
 }
