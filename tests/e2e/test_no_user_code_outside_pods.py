@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -341,3 +342,114 @@ def test_the_pod_has_the_job_users_groups_as_a_native_job_does(bridge: Sandbox) 
     expected = _output(bridge, native)
     assert expected.split() == ["2001", "3000"], "the sandbox puts alice in sbxproj (3000)"
     assert _output(bridge, bridged) == expected
+
+
+# -- found by the adversarial review ----------------------------------------------------------------
+
+@pytest.mark.parametrize("how", [["--get-user-env"], ["--export=NONE"], ["--export=ALL,FOO=bar"]])
+def test_no_login_scripts_run_on_the_slurmd_for_a_bridged_job(bridge: Sandbox, how: list[str]) -> None:
+    """slurmd builds the environment of these jobs with `su - alice` on its own host: her profile."""
+    home = bridge.home("alice")
+    profile = home / ".bash_profile"
+    saved = profile.read_bytes() if profile.exists() else None
+    marker = home / "pwned-profile"
+    marker.unlink(missing_ok=True)
+    profile.write_text(f"touch {marker}\n")
+    subprocess.run(["chown", "alice:alice", str(profile)], check=True)
+    try:
+        result = bridge.slurm("sbatch", "--parsable", "-p", "k8s", *how, "--wrap",
+                              BUSYBOX.strip() + "\n" + PROBE, user="alice", cwd=str(home))
+        assert "the login environment is not built for it" in result.stderr
+        job_id = int(result.stdout.strip())
+        assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
+        assert _output(bridge, job_id) == "IN_POD\n"
+        assert not marker.exists(), "alice's .bash_profile ran outside a pod"
+    finally:
+        if saved is None:
+            profile.unlink()
+        else:
+            profile.write_bytes(saved)
+
+
+EVIL_PROVIDER = r"""
+#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted(void) { close(open(MARKER, O_CREAT | O_WRONLY, 0644)); }
+int OSSL_provider_init(void) { return 0; }
+"""
+
+
+def test_an_openssl_config_of_the_user_is_never_loaded_by_the_waiter(bridge: Sandbox, tmp_path: Path) -> None:
+    home = bridge.home("alice")
+    marker = home / "pwned-openssl"
+    marker.unlink(missing_ok=True)
+    source = tmp_path / "provider.c"
+    source.write_text(EVIL_PROVIDER.replace("MARKER", json.dumps(str(marker))))
+    module = home / "provider.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(module), str(source)], check=True)
+    conf = home / "openssl.cnf"
+    conf.write_text(f"openssl_conf = init\n[init]\nproviders = p\n[p]\nx = s\n[s]\nmodule = {module}\n"
+                    "activate = 1\n")
+    subprocess.run(["chown", "alice:alice", str(module), str(conf)], check=True)
+    job_id = bridge.sbatch("-p", "k8s", f"--export=ALL,OPENSSL_CONF={conf},OPENSSL_MODULES={home}",
+                           "--wrap", BUSYBOX.strip() + "\n" + PROBE)
+    assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
+    assert _output(bridge, job_id) == "IN_POD\n"
+    assert not marker.exists(), "libcrypto loaded the user's module on the slurmd host"
+
+
+def test_a_reservation_in_a_bridged_partition_gets_the_job_wrapped(bridge: Sandbox) -> None:
+    bridge.slurm("scontrol", "create", "reservation", "reservationname=bridged-resv", "users=alice",
+                 "partitionname=k8s", "nodes=kreal2", "starttime=now", "duration=30", "flags=ignore_jobs")
+    try:
+        plain = write_script(bridge, "alice", "resv-plain.sh", "#!/bin/sh\n" + PROBE)
+        refused = bridge.slurm("sbatch", "--reservation=bridged-resv", str(plain), user="alice",
+                               cwd="/home/alice", check=False)
+        assert refused.returncode != 0 and "partition k8s runs jobs in Kubernetes" in refused.stderr
+        script = write_script(bridge, "alice", "resv.sh", "#!/bin/sh\n" + BUSYBOX + PROBE)
+        job_id = bridge.sbatch("--reservation=bridged-resv", str(script))
+        row = bridge.wait_job_final(job_id)
+        assert (row["Partition"], row["State"]) == ("k8s", "COMPLETED")
+        assert _output(bridge, job_id) == "IN_POD\n"
+    finally:
+        bridge.slurm("scontrol", "delete", "reservationname=bridged-resv", check=False)
+
+
+def _restore(path: Path, content: bytes) -> None:
+    """Put a file slurmctld caches back: it reloads job_submit.lua only when the file's mtime is
+    later than its last load, which a rewrite within the same second is not."""
+    path.write_bytes(content)
+    later = time.time() + 2
+    os.utime(path, (later, later))
+
+
+def test_an_unwrapped_script_that_reaches_a_bridged_node_is_never_started(bridge: Sandbox) -> None:
+    """Defence in depth: with job_submit.lua bypassed (here: replaced by one that lets everything
+    through, as a misconfigured controller would), slurmstepd's guard still refuses the script."""
+    lua = Path(bridge.env["SLURM_CONF"]).parents[1] / "job_submit.lua"
+    saved = lua.read_bytes()
+    lua.write_text("function slurm_job_submit(d, p, u) return slurm.SUCCESS end\n"
+                   "function slurm_job_modify(d, r, p, u) return slurm.SUCCESS end\nreturn slurm.SUCCESS\n")
+    try:
+        script = write_script(bridge, "alice", "unwrapped.sh", "#!/bin/sh\n" + PROBE)
+        job_id = bridge.sbatch("-p", "k8s", "-w", "kreal2", "--no-requeue", str(script))
+    finally:
+        _restore(lua, saved)
+    try:
+        def refused() -> str | None:
+            shown = bridge.slurm("scontrol", "show", "job", str(job_id)).stdout
+            state = bridge.slurm("sinfo", "-h", "-n", "kreal2", "-o", "%T").stdout.strip()
+            return state if "JobState=RUNNING" not in shown and state.startswith("drain") else None
+
+        wait_until("the batch step refused and the node drained by Slurm", refused, timeout=60)
+        out = bridge.home("alice") / f"slurm-{job_id}.out"
+        assert not out.exists() or "ON_SLURMD_HOST" not in out.read_text()
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+        bridge.slurm("scontrol", "update", "nodename=kreal2", "state=resume", check=False)
+
+
+def test_an_oci_container_is_refused_in_a_bridged_partition(bridge: Sandbox) -> None:
+    result = bridge.slurm("sbatch", "-p", "k8s", "--container=/home/alice", "--wrap",
+                          BUSYBOX.strip() + "\n" + PROBE, user="alice", cwd="/home/alice", check=False)
+    assert result.returncode != 0 and "--container cannot be used there" in result.stderr
