@@ -207,7 +207,7 @@ start_bg slurmrestd "$SLURM_DIR/in-ns.sh" env SLURM_JWT=daemon runuser -u slurmr
   "127.0.0.1:$SBX_SLURMRESTD_PORT" "$SBX_CONTROL_IP:$SBX_SLURMRESTD_PORT"
 
 for node in $(native_nodes); do
-  wait_for "slurmd $node" 30 sh -c "'$SLURM_DIR/cli.sh' sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated)'"
+  wait_for "slurmd $node" 30 sh -c "'$SLURM_DIR/cli.sh' sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated|drain|drained|draining)'"
 done
 say "Slurm is up: slurmctld :$SBX_SLURMCTLD_PORT, slurmdbd :$SBX_SLURMDBD_PORT, slurmrestd http://127.0.0.1:$SBX_SLURMRESTD_PORT"
 
