@@ -36,6 +36,9 @@ class Resolution:
     groups: tuple[int, ...] = ()
     problem: str | None = None
     """Why the user has no groups here (unknown to NSS, another uid): warned about once."""
+    home: str | None = None
+    """The user's home directory, as NSS has it (a job exported without HOME gets it, as a
+    native job's login environment would)."""
 
 
 def supplementary(groups: list[int] | tuple[int, ...], gid: int) -> tuple[int, ...]:
@@ -52,7 +55,8 @@ def nss_groups(user: str, uid: int, gid: int) -> Resolution:
         return Resolution(problem=f"user {user!r} is unknown to this host's NSS")
     if entry.pw_uid != uid:
         return Resolution(problem=f"user {user!r} is uid {entry.pw_uid} here, but uid {uid} in Slurm")
-    return Resolution(supplementary(os.getgrouplist(user, gid), gid))
+    home = getattr(entry, "pw_dir", None) or None
+    return Resolution(supplementary(os.getgrouplist(user, gid), gid), home=home)
 
 
 Lookup = Callable[[str, int, int], Resolution]
@@ -84,8 +88,14 @@ class SupplementalGroups:
         return len(self._cache)
 
     async def of(self, alloc: JobAllocation) -> tuple[int, ...]:
-        if self.mode == "none" or not alloc.user or alloc.uid is None or alloc.gid is None:
+        if self.mode == "none":
             return ()
+        return (await self.resolve(alloc)).groups
+
+    async def resolve(self, alloc: JobAllocation) -> Resolution:
+        """The job user's NSS answer (groups, home), cached; empty when NSS cannot tell."""
+        if not alloc.user or alloc.uid is None or alloc.gid is None:
+            return Resolution()
         key = (alloc.user, alloc.uid, alloc.gid)
         try:
             resolution = await self._resolve(key)
@@ -93,14 +103,14 @@ class SupplementalGroups:
             # NSS itself failed (sssd down...): this job gets no groups; not cached, so the next
             # one asks again.
             log.warning("groups.lookup_failed", job_id=alloc.job_id, user=alloc.user, error=str(error))
-            return ()
+            return Resolution()
         if resolution.problem is not None and alloc.user not in self._warned:
             self._warned[alloc.user] = None
             if len(self._warned) > self._max:
                 self._warned.popitem(last=False)
             log.warning("groups.unresolved", job_id=alloc.job_id, user=alloc.user, reason=resolution.problem,
                         note="the job's pods get no supplementary groups")
-        return resolution.groups
+        return resolution
 
     async def _resolve(self, key: tuple[str, int, int]) -> Resolution:
         hit = self._cache.get(key)

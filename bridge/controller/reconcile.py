@@ -214,7 +214,8 @@ class Reconciler:
         # Partitions that map nodes by label look the labels up at each start: rare next to
         # pod events, and a relabelled node is seen at once.
         k8s_nodes = await self.kube.nodes_by_label(part.node_label) if part.node_label else None
-        groups = await self.groups.of(alloc)
+        user = await self.groups.resolve(alloc)
+        groups = user.groups if self.cfg.pods.supplemental_groups == "nss" else ()
         strict: set[str] = set()
         if self.cfg.pods.supplemental_groups_policy == "auto":
             names = [(k8s_nodes or {}).get(n, n) for n in alloc.node_names]
@@ -222,7 +223,8 @@ class Reconciler:
         try:
             directives = parse_directives(session.payload.script)
             manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes,
-                                     supplemental_groups=groups, strict_groups_nodes=strict)
+                                     supplemental_groups=groups, strict_groups_nodes=strict,
+                                     home=user.home)
         except (DirectiveError, TranslateError) as error:
             await self._fail(session, alloc, str(error), bound)
             return

@@ -153,12 +153,21 @@ def job_environment(environment: Mapping[str, str]) -> dict[str, str]:
 
 
 def node_environment(
-    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, index: int, master_addr: str
+    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, index: int, master_addr: str,
+    home: str | None = None,
 ) -> dict[str, str]:
     """The full environment of node `index`'s container (before `$` escaping)."""
     node = alloc.nodes[index]
     count = len(alloc.nodes)
     env = job_environment(payload.environment)
+    # A job exported without them (--export=NONE) would get them from its login environment
+    # natively; that is never built for a bridged job (it runs the user's login scripts on the
+    # slurmd host), so the basics come from Slurm and NSS.
+    if alloc.user:
+        env.setdefault("USER", alloc.user)
+        env.setdefault("LOGNAME", alloc.user)
+    if home:
+        env.setdefault("HOME", home)
     env.setdefault("SLURM_SUBMIT_DIR", payload.work_dir)
     env.update(
         {
@@ -234,6 +243,7 @@ def desired_pods(
     *,
     supplemental_groups: Sequence[int] = (),
     strict_groups_nodes: Collection[str] = (),
+    home: str | None = None,
 ) -> list[dict[str, Any]]:
     """One Pod manifest per allocated node, in node order.
 
@@ -242,6 +252,7 @@ def desired_pods(
     `supplemental_groups`: the job user's other groups, as the caller resolved them from Slurm's
     user name (bridge.clients.identity), never from the payload. `strict_groups_nodes`: the
     Kubernetes nodes that enforce supplementalGroupsPolicy Strict (for the `auto` policy).
+    `home`: the user's home from NSS, for a job exported without HOME.
     """
     _check_identity(alloc, payload)
     if not alloc.nodes:
@@ -259,7 +270,7 @@ def desired_pods(
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     return [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
-             _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes))
+             _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes), home)
         for index in range(len(alloc.nodes))
     ]
 
@@ -337,9 +348,10 @@ def _pod(
     k8s_names: list[str],
     groups: list[int],
     groups_policy: str,
+    home: str | None,
 ) -> dict[str, Any]:
     node = alloc.nodes[index]
-    env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0])
+    env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0], home=home)
     script_path = f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
 
     labels = {

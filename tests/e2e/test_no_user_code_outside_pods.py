@@ -453,3 +453,13 @@ def test_an_oci_container_is_refused_in_a_bridged_partition(bridge: Sandbox) -> 
     result = bridge.slurm("sbatch", "-p", "k8s", "--container=/home/alice", "--wrap",
                           BUSYBOX.strip() + "\n" + PROBE, user="alice", cwd="/home/alice", check=False)
     assert result.returncode != 0 and "--container cannot be used there" in result.stderr
+
+
+def test_a_job_exported_with_none_still_has_home_and_user_like_native(bridge: Sandbox) -> None:
+    body = 'echo "$HOME $USER $LOGNAME"\n'
+    native = bridge.sbatch("-p", "native", "--export=NONE", "--wrap", body)
+    bridged = bridge.sbatch("-p", "k8s", "--export=NONE", "--wrap", BUSYBOX.strip() + "\n" + body)
+    for job_id in (native, bridged):
+        assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
+    assert _output(bridge, native) == "/home/alice alice alice\n"
+    assert _output(bridge, bridged) == _output(bridge, native)

@@ -115,7 +115,7 @@ def test_the_real_nss_answers_for_this_process_user() -> None:
 
     me = pwd.getpwuid(os.getuid())
     expected = tuple(sorted(set(os.getgrouplist(me.pw_name, me.pw_gid)) - {me.pw_gid, 0}))
-    assert nss_groups(me.pw_name, me.pw_uid, me.pw_gid) == Resolution(expected)
+    assert nss_groups(me.pw_name, me.pw_uid, me.pw_gid) == Resolution(expected, home=me.pw_dir)
 
 
 # -- the cache -------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from bridge.core.config import PartitionConfig
 from bridge.core.directives import Directives
 from bridge.core.model import NodeAllocation
-from bridge.core.translate import desired_pods, gpu_environment, job_environment
+from bridge.core.translate import desired_pods, gpu_environment, job_environment, node_environment
 
 from .builders import allocation, config, payload
 
@@ -51,6 +51,9 @@ def test_per_node_slurm_variables() -> None:
         "MASTER_ADDR": "kube1",
         "MASTER_PORT": "20042",
         "HOME": "/home/alice",
+        # Not exported by this job: filled in from Slurm's user name, as a login environment would.
+        "USER": "alice",
+        "LOGNAME": "alice",
     }
     assert first == {
         **common,
@@ -208,3 +211,12 @@ def kubelet_expand(value: str, defined: dict[str, str]) -> str:
 def test_kubelet_gives_back_the_original_value(value: str) -> None:
     env = envs(payload=payload(environment={"X": value}))[0]
     assert kubelet_expand(env["X"], {"HOME": "/root", "X": "?"}) == value
+
+
+def test_a_job_exported_without_home_user_and_logname_gets_them_from_slurm_and_nss() -> None:
+    bare = payload(environment={"SLURM_JOB_ID": "42"})
+    env = node_environment(allocation(), bare, PartitionConfig(), 0, "kube1", home="/nss/alice")
+    assert (env["HOME"], env["USER"], env["LOGNAME"]) == ("/nss/alice", "alice", "alice")
+    exported = payload(environment={"HOME": "/elsewhere", "USER": "alias"})
+    env = node_environment(allocation(), exported, PartitionConfig(), 0, "kube1", home="/nss/alice")
+    assert (env["HOME"], env["USER"]) == ("/elsewhere", "alias"), "what the job exported wins"
