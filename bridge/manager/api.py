@@ -19,6 +19,8 @@ from bridge.waiter.attach import request_digest
 
 log = structlog.get_logger(__name__)
 
+MAX_CONCURRENT_VERIFY = 64
+"""unmunge processes at most at once (requests beyond answer 503 and are retried)."""
 HEARTBEAT_S = 10.0
 """Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
 HEARTBEAT = {"type": "heartbeat"}
@@ -40,6 +42,7 @@ class Api:
         self.ready = ready
         self.synced = synced or ready
         self.unmunge_command = tuple(unmunge_command)
+        self._verifying = asyncio.Semaphore(MAX_CONCURRENT_VERIFY)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -82,8 +85,13 @@ class Api:
             # Service (selecting the leader's pod label, or routing on /readyz) finds the leader.
             raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
         credential = request.headers.get("X-Munge-Credential", "")
+        if self._verifying.locked():
+            # Each check runs unmunge: a flood of requests (anyone may send them) must not fork
+            # without bound. Waiters retry a 503 with backoff.
+            raise web.HTTPServiceUnavailable(text="busy checking other credentials; retry")
         try:
-            who = await munge.verify(credential, self.unmunge_command)
+            async with self._verifying:
+                who = await munge.verify(credential, self.unmunge_command)
         except munge.MungeUnavailable as error:
             raise web.HTTPServiceUnavailable(text=str(error)) from None
         except munge.MungeError as error:

@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +98,7 @@ class Doctor:
         self.cfg = cfg
         self.slurm_conf = slurm_conf
         self.slurm_nodes: dict[str, list[str]] = {}
+        self.slurm_alternates: dict[str, str] = {}
 
     # -- Slurm --------------------------------------------------------------------
     async def _rest(self, path: str) -> dict:
@@ -153,6 +154,9 @@ class Doctor:
         for part in body.get("partitions") or []:
             nodes = (part.get("nodes") or {}).get("configured") or ""
             self.slurm_nodes[part.get("name", "")] = hostlist.expand(nodes) if nodes else []
+            alternate = part.get("alternate")
+            if isinstance(alternate, str) and alternate:
+                self.slurm_alternates[part.get("name", "")] = alternate
         missing = sorted(set(self.cfg.partitions) - set(self.slurm_nodes))
         if missing:
             raise CheckFailed(f"bridged partition(s) {', '.join(missing)} do not exist in Slurm (slurm.conf)")
@@ -326,6 +330,14 @@ class Doctor:
             )
         return f"{count} bridged Slurm nodes each have a tainted Kubernetes twin"
 
+    async def check_partition_boundaries(self) -> str:
+        if not self.slurm_nodes:
+            return "not checked: the partitions are read through slurmrestd (backend rest) only"
+        problems = partition_boundary_problems(self.slurm_nodes, self.slurm_alternates, self.cfg.partitions)
+        if problems:
+            raise CheckFailed("; ".join(problems))
+        return "no bridged node is in a non-bridged partition; no Alternate crosses the boundary"
+
     async def run(self) -> list[Result]:
         checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
             ("config", self.check_config),
@@ -335,6 +347,7 @@ class Doctor:
             ("munge", self.check_munge),
             ("kubernetes", self.check_kubernetes),
             ("node mapping", self.check_node_mapping),
+            ("partition boundaries", self.check_partition_boundaries),
         ]
         results = []
         for name, check in checks:
@@ -345,6 +358,30 @@ class Doctor:
             except (TimeoutError, OSError, BridgeError) as error:
                 results.append(Result(name, False, f"{type(error).__name__}: {error}"))
         return results
+
+
+def partition_boundary_problems(
+    nodes: Mapping[str, list[str]], alternates: Mapping[str, str], bridged: Collection[str]
+) -> list[str]:
+    """Slurm configurations that would run a user's script natively on a bridged slurmd: a bridged
+    node that is also in a non-bridged partition, and an Alternate across the boundary (the step
+    guard refuses such a script, and Slurm then drains the node)."""
+    bridged_nodes = {node for part in bridged for node in nodes.get(part, [])}
+    problems = []
+    for part, members in sorted(nodes.items()):
+        shared = [node for node in members if node in bridged_nodes]
+        if part not in bridged and shared:
+            problems.append(
+                f"partition {part} is not bridged but holds bridged node(s) {hostlist.compress(shared)}: "
+                "its jobs would run natively on the bridged slurmd (beside slurmctld); give it other nodes"
+            )
+    for part, alternate in sorted(alternates.items()):
+        if (part in bridged) != (alternate in bridged):
+            problems.append(
+                f"partition {part} has Alternate={alternate} across the bridged/non-bridged line: "
+                "job_submit.lua refuses its jobs; set Alternate within the same kind"
+            )
+    return problems
 
 
 def run_doctor(cfg: BridgeConfig, slurm_conf: str | None) -> int:

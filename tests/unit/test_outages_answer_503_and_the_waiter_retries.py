@@ -168,3 +168,23 @@ async def test_a_quiet_attach_stream_carries_heartbeats(
         second = await asyncio.wait_for(response.content.readline(), 5)
         assert first == second == b'{"type": "heartbeat"}\n'
         response.close()
+
+
+async def test_credential_checks_are_capped_and_the_rest_retried(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Anyone may send requests and each check runs unmunge: beyond the cap, 503 (retried)."""
+    monkeypatch.setattr(api_module, "MAX_CONCURRENT_VERIFY", 1)
+    script = tmp_path / "unmunge.py"
+    script.write_text("import sys, time\ntime.sleep(1)\n" + UNMUNGE_OK)
+    reconciler = Reconciler(config(), Slurm(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
+    api = Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(script)))
+    async with TestClient(TestServer(api.app())) as client:
+        cancel = "/v1/jobs/42/cancel"
+        slow = asyncio.ensure_future(client.post(cancel, data=b"{}", headers={"X-Munge-Credential": "x"}))
+        await asyncio.sleep(0.3)
+        second = await client.post(cancel, data=b"{}", headers={"X-Munge-Credential": "y"})
+        assert second.status == 503 and "busy" in await second.text()
+        first = await slow
+        assert first.status == 403  # its credential carries no digest of the request
+        first.release()
