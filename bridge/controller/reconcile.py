@@ -39,7 +39,14 @@ from bridge.core.config import BridgeConfig
 from bridge.core.directives import DirectiveError, parse_directives
 from bridge.core.errors import PermanentError
 from bridge.core.model import JobAllocation, JobPayload
-from bridge.core.translate import TranslateError, desired_pods, node_index_of, pod_name, run_of
+from bridge.core.translate import (
+    TranslateError,
+    desired_pods,
+    kubernetes_node_names,
+    node_index_of,
+    pod_name,
+    run_of,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -214,17 +221,15 @@ class Reconciler:
         # Partitions that map nodes by label look the labels up at each start: rare next to
         # pod events, and a relabelled node is seen at once.
         k8s_nodes = await self.kube.nodes_by_label(part.node_label) if part.node_label else None
-        user = await self.groups.resolve(alloc)
-        groups = user.groups if self.cfg.pods.supplemental_groups == "nss" else ()
-        strict: set[str] = set()
-        if self.cfg.pods.supplemental_groups_policy == "auto":
-            names = [(k8s_nodes or {}).get(n, n) for n in alloc.node_names]
-            strict = await self.strict_groups.among(names)
+        groups = await self.groups.of(alloc)
+        home = (await self.groups.resolve(alloc)).home  # the same NSS answer, cached
         try:
+            strict: set[str] = set()
+            if self.cfg.pods.supplemental_groups_policy == "auto":
+                strict = await self.strict_groups.among(kubernetes_node_names(alloc, part, k8s_nodes))
             directives = parse_directives(session.payload.script)
             manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes,
-                                     supplemental_groups=groups, strict_groups_nodes=strict,
-                                     home=user.home)
+                                     supplemental_groups=groups, strict_groups_nodes=strict, home=home)
         except (DirectiveError, TranslateError) as error:
             await self._fail(session, alloc, str(error), bound)
             return

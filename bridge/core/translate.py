@@ -266,7 +266,7 @@ def desired_pods(
             f"the job script has {script_bytes} bytes; at most {MAX_SCRIPT_BYTES} fit into a pod"
         )
     image = resolve_image(directives, part)
-    k8s_names = [_k8s_node(name, part, k8s_nodes) for name in alloc.node_names]
+    k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     return [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
@@ -286,6 +286,13 @@ def _check_identity(alloc: JobAllocation, payload: JobPayload) -> None:
             f"payload identity {payload.uid}:{payload.gid} differs from job {alloc.job_id}'s "
             f"{alloc.uid}:{alloc.gid}"
         )
+
+
+def kubernetes_node_names(
+    alloc: JobAllocation, part: PartitionConfig, k8s_nodes: Mapping[str, str] | None
+) -> list[str]:
+    """The Kubernetes node of each allocated Slurm node, in node order (see desired_pods)."""
+    return [_k8s_node(name, part, k8s_nodes) for name in alloc.node_names]
 
 
 def _k8s_node(slurm_name: str, part: PartitionConfig, k8s_nodes: Mapping[str, str] | None) -> str:
