@@ -28,6 +28,7 @@ from bridge.clients.identity import SupplementalGroups
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.node_features import StrictGroupsNodes
+from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.slurm import SlurmClient
 from bridge.controller.expectations import CreateExpectations
 from bridge.controller.jobstore import JobStore
@@ -37,7 +38,7 @@ from bridge.core import outcome as outcomes
 from bridge.core import wellknown
 from bridge.core.config import BridgeConfig
 from bridge.core.directives import DirectiveError, parse_directives
-from bridge.core.errors import PermanentError
+from bridge.core.errors import BridgeError, PermanentError
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.translate import (
     TranslateError,
@@ -73,6 +74,8 @@ class Reconciler:
         *,
         jobs: JobStore | None = None,
         expectations: CreateExpectations | None = None,
+        nodes: NodeCache | None = None,
+        node_is_dead: Callable[[str], bool] | None = None,
     ) -> None:
         self.cfg = cfg
         self.slurm = slurm
@@ -87,9 +90,14 @@ class Reconciler:
         self.expectations = expectations if expectations is not None else CreateExpectations()
         cache.on_seen(self.expectations.observed)
         self.groups = SupplementalGroups(cfg.pods.supplemental_groups)
+        """The job user's supplementary groups, from Slurm's user name via NSS (cached)."""
         self.strict_groups = StrictGroupsNodes(lambda name: self.kube.get_node(name))
         """Nodes that enforce supplementalGroupsPolicy Strict (the `auto` policy asks)."""
-        """The job user's supplementary groups, from Slurm's user name via NSS (cached)."""
+        self.nodes = nodes
+        """The node watch's cache (maps Slurm nodes by label without listing the cluster)."""
+        self.node_is_dead = node_is_dead or (lambda _name: False)
+        """True for a Kubernetes node that is gone or not Ready past the grace: no kubelet there
+        will confirm a pod's end, so its pods are removed without waiting (node health sync)."""
 
     def is_bridged(self, alloc: JobAllocation) -> bool:
         return self.cfg.partition(alloc.partition) is not None
@@ -194,7 +202,13 @@ class Reconciler:
             pods, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace, wait_for_all=True
         )
         self._ensure_log_relays(session, pods)
-        if isinstance(decision, outcomes.FailedBeforeStart):
+        if isinstance(decision, outcomes.FailedBeforeStart) and decision.overdue:
+            reason = await self._overdue_reason(decision, pods)
+            if reason is None:
+                self.requeue_after(alloc.job_id, min(grace, 5.0))
+                return
+            await self._fail(session, alloc, reason, bound)
+        elif isinstance(decision, outcomes.FailedBeforeStart):
             await self._fail(session, alloc, decision.reason, bound)
         elif isinstance(decision, outcomes.Finished):
             if self._logs_drained(session, pods):
@@ -206,10 +220,32 @@ class Reconciler:
                     "type": "exit", "code": decision.exit_code, "signal": decision.signal,
                     "reason": decision.reason if explain else "",
                 })
-        elif _retrying_start_error(pods):
-            # It fails the job once it outlasts the grace period; no pod event may wake us
-            # up then, so look again.
-            self.requeue_after(alloc.job_id, min(grace, 5.0))
+        elif (waited := _longest_unstarted_s(pods)) is not None:
+            # The start deadline (or a retried start error's grace) runs out without any pod
+            # event to wake us up then: look again when it does.
+            self.requeue_after(alloc.job_id, max(0.1, min(grace - waited + 0.1, 5.0)))
+
+    async def _overdue_reason(
+        self, decision: outcomes.FailedBeforeStart, pods: list[dict[str, Any]]
+    ) -> str | None:
+        """Why a pod has not started, from its latest event; None to wait on (its image is being
+        pulled, or Kubernetes cannot be asked)."""
+        pod = next((p for p in pods if p["metadata"]["name"] == decision.overdue), None)
+        uid = pod["metadata"].get("uid") if pod is not None else None
+        node = ((pod or {}).get("spec") or {}).get("nodeName") or "?"
+        try:
+            event = await self.kube.latest_pod_event(decision.overdue, uid)
+        except BridgeError as error:
+            # The API server is not answering: the cached pod may be stale too (the kubelet
+            # cannot report either). Judge it once Kubernetes answers again.
+            log.warning("pod.events_unreadable", pod=decision.overdue, error=repr(error))
+            return None
+        if event is None:
+            return f"{decision.reason}: no kubelet reported on it (is node {node} up?)"
+        kind, reason, message = event
+        if kind == "Normal" and reason == "Pulling":
+            return None
+        return f"{decision.reason}: {reason}: {message}" if message else f"{decision.reason}: {reason}"
 
     # -- actions -------------------------------------------------------------------
     async def _create(self, session: JobSession, alloc: JobAllocation, skip: set[str], bound: Any) -> None:
@@ -218,9 +254,11 @@ class Reconciler:
         if part is None:
             await self._fail(session, alloc, f"partition {alloc.partition} is not bridged", bound)
             return
-        # Partitions that map nodes by label look the labels up at each start: rare next to
-        # pod events, and a relabelled node is seen at once.
-        k8s_nodes = await self.kube.nodes_by_label(part.node_label) if part.node_label else None
+        k8s_nodes = None
+        if part.node_label and self.nodes is not None and self.nodes.synced.is_set():
+            k8s_nodes = self.nodes.by_label(part.node_label)  # the node watch's index: no list
+        elif part.node_label:
+            k8s_nodes = await self.kube.nodes_by_label(part.node_label)
         groups = await self.groups.of(alloc)
         home = (await self.groups.resolve(alloc)).home  # the same NSS answer, cached
         try:
@@ -258,7 +296,9 @@ class Reconciler:
         state = _describe(alloc, run_of(pods[0]) if pods else session.run if session else None)
         for pod in pods:
             name = pod["metadata"]["name"]
-            stopped = _containers_stopped(pod)
+            # No kubelet will ever confirm the end of a pod on a dead node: remove it at once.
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            stopped = _containers_stopped(pod) or self.node_is_dead(node)
             if pod["metadata"].get("deletionTimestamp") and not stopped:
                 continue  # the kubelet is stopping it
             # Once its containers have stopped, removing the object at once is safe: nothing
@@ -395,15 +435,11 @@ def _container_terminated(pod: dict[str, Any]) -> bool:
     return phase in ("Succeeded", "Failed") or "terminated" in _job_container(pod)
 
 
-_RETRIED_START_ERRORS = outcomes.IMAGE_ERRORS_RETRIED | outcomes.CREATE_ERRORS_RETRIED
-
-
-def _retrying_start_error(pods: list[dict[str, Any]]) -> bool:
-    for pod in pods:
-        view = outcomes.pod_view(pod)
-        if view.waiting_reason in _RETRIED_START_ERRORS or view.unschedulable:
-            return True
-    return False
+def _longest_unstarted_s(pods: list[dict[str, Any]]) -> float | None:
+    """How long the longest-waiting pod that has not started yet has waited (None: all started)."""
+    now = datetime.now(UTC)
+    waits = [w for pod in pods if (w := outcomes.not_started_for_s(outcomes.pod_view(pod), now)) is not None]
+    return max(waits) if waits else None
 
 
 def _containers_stopped(pod: dict[str, Any]) -> bool:

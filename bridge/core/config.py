@@ -191,6 +191,19 @@ class LeaderConfig:
 
 
 @dataclass(frozen=True)
+class NodesConfig:
+    """Kubernetes node health carried over to Slurm (bridge.core.nodehealth)."""
+
+    enabled: bool = True
+    """Down or drain bridged Slurm nodes whose Kubernetes twin is unhealthy (and resume them)."""
+    not_ready_grace_s: float = 60.0
+    """How long a Kubernetes node may be NotReady or Unknown before its Slurm node goes DOWN (and
+    the jobs running there end as on any failed node: requeued, or NODE_FAIL)."""
+    poll_interval_s: float = 1.0
+    """Seconds between polls of slurmctld's node states (cheap when nothing changed)."""
+
+
+@dataclass(frozen=True)
 class BridgeConfig:
     """Everything the daemon needs to know, validated."""
 
@@ -206,11 +219,13 @@ class BridgeConfig:
     waiter: WaiterConfig = field(default_factory=WaiterConfig)
     pods: PodsConfig = field(default_factory=PodsConfig)
     leader: LeaderConfig = field(default_factory=LeaderConfig)
+    nodes: NodesConfig = field(default_factory=NodesConfig)
     termination_grace_s: int = 10
     """Seconds between SIGTERM and SIGKILL when a job's pods are deleted."""
     start_failure_grace_s: float = 60.0
-    """How long an error the kubelet keeps retrying (image pull, unschedulable, container config)
-    may last before the job is failed with that reason."""
+    """How long a pod may stay unstarted (an error the kubelet keeps retrying: image pull,
+    volume mount, unschedulable, container config; or no kubelet at all) before the job is failed
+    with the reason. An image still being pulled is waited for."""
     log_level: str = "info"
 
     def partition(self, name: str) -> PartitionConfig | None:
@@ -258,6 +273,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
     waiter = _waiter(top.table("waiter"), api)
     leader = _leader(top.table("leader_election"))
     pods = _pods(top.table("pods"))
+    nodes = _nodes(top.table("nodes"))
 
     parts_table = top.table("partitions")
     partitions = {name: _partition(parts_table.table(name)) for name in parts_table.names()}
@@ -277,6 +293,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Bridg
         waiter=waiter,
         pods=pods,
         leader=leader,
+        nodes=nodes,
         partitions=partitions,
     )
 
@@ -353,6 +370,16 @@ def _pods(t: _Table) -> PodsConfig:
         supplemental_groups_policy=t.choice(
             "supplemental_groups_policy", SUPPLEMENTAL_GROUPS_POLICIES, "auto", allow_empty=True
         ),
+    )
+    t.done()
+    return cfg
+
+
+def _nodes(t: _Table) -> NodesConfig:
+    cfg = NodesConfig(
+        enabled=t.get_bool("enabled", True),
+        not_ready_grace_s=t.get_float("not_ready_grace_s", 60.0, minimum_exclusive=0.0),
+        poll_interval_s=t.get_float("poll_interval_s", 1.0, minimum_exclusive=0.0),
     )
     t.done()
     return cfg

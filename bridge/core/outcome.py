@@ -18,6 +18,10 @@ Rules, and why:
   CreateContainerConfigError, ...) fail the job only once they have lasted `grace_s` since the pod
   started, so that a registry hiccup does not kill a job; InvalidImageName and ErrImageNeverPull
   never heal and fail at once.
+- Start deadline: a pod still not running `grace_s` after it started (or, without a start time,
+  after it was created) fails the job whatever the cause (a volume that cannot be mounted, a node
+  whose kubelet is gone). Such an answer is marked `overdue`: the caller explains it from the
+  pod's events, and keeps waiting while the image is still being pulled.
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ class FailedBeforeStart:
     """The script never ran: image missing, kubelet refused the pod, interpreter not found, ..."""
 
     reason: str
+    overdue: str = ""
+    """Set (to the pod's name) when the only known fault is that the pod has not started within
+    the grace period: the caller looks at the pod's events for the cause (a volume that cannot be
+    mounted, a node without a kubelet) and keeps waiting while an image is still being pulled."""
 
 
 Outcome = Running | Finished | FailedBeforeStart
@@ -188,7 +196,18 @@ def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -
     if pod.unschedulable is not None and persisted:
         return FailedBeforeStart(f"{pod.name}: cannot be placed on its node: {pod.unschedulable}")
     detail = waiting or pod.reason or pod.phase or "Pending"
+    if pod.since is not None and persisted and not pod.running:
+        return FailedBeforeStart(
+            f"{pod.name}: did not start within {grace_s:g}s ({detail})", overdue=pod.name
+        )
     return Running(f"{pod.name}: {detail}")
+
+
+def not_started_for_s(pod: PodView, now: datetime) -> float | None:
+    """How long a pod has existed without its container running or ending (None once it has)."""
+    if pod.running or pod.terminated is not None or pod.phase in ("Succeeded", "Failed") or pod.deleting:
+        return None
+    return 0.0 if pod.since is None else max(0.0, (_aware(now) - pod.since).total_seconds())
 
 
 def job_outcome(

@@ -23,10 +23,12 @@ from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.client import make_api_client
 from bridge.clients.kube.leader_pod import LeaderPodLabel, OwnPod
-from bridge.clients.kube.watch import PodWatcher
+from bridge.clients.kube.nodes import NodeCache
+from bridge.clients.kube.watch import ListWatcher, PodWatcher
 from bridge.clients.slurm import SlurmClient
 from bridge.clients.slurm.rest import RestSlurmClient
 from bridge.controller.metrics import Metrics
+from bridge.controller.nodesync import NodeHealthSync
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.sources import SlurmPoller
 from bridge.controller.workqueue import WorkQueue
@@ -112,11 +114,24 @@ async def run(cfg: BridgeConfig) -> int:
     kube = KubeActions(api_client, cfg.namespace)
     await kube.ensure_namespace()
     cache = PodCache()
+    node_cache = NodeCache(p.node_label for p in cfg.partitions.values() if p.node_label)
     queue = WorkQueue()
-    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after)
-    watcher = PodWatcher(api_client, cfg.namespace, pod_selector(cfg), cache, queue.add)
-    poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
     elector = await make_elector(cfg) if cfg.leader.enabled else None
+
+    def leading() -> bool:
+        return elector is None or elector.is_leader.is_set()
+
+    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after, nodes=node_cache)
+    node_sync = NodeHealthSync(
+        cfg, slurm, kube, node_cache, metrics, leading=leading,
+        announce=lambda node, text: announce_to_jobs_on(reconciler, node, text),
+    )
+    reconciler.node_is_dead = node_sync.node_is_dead
+    watcher = PodWatcher(api_client, cfg.namespace, pod_selector(cfg), cache, queue.add)
+    # One watch of every node, trimmed on arrival: health, cordon, taints and the mapping labels.
+    node_watcher = ListWatcher(api_client, "/api/v1/nodes", "nodes", "", node_cache,
+                               node_sync.on_kube_node_changed)
+    poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
     own_pod = OwnPod.from_environment()
     leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
     if leader_pod is not None:
@@ -125,9 +140,6 @@ async def run(cfg: BridgeConfig) -> int:
 
     def synced() -> bool:
         return cache.synced.is_set() and poller.synced.is_set()
-
-    def leading() -> bool:
-        return elector is None or elector.is_leader.is_set()
 
     def ready() -> bool:
         return synced() and leading()
@@ -142,6 +154,10 @@ async def run(cfg: BridgeConfig) -> int:
                   lambda: float(sum(s.attached for s in reconciler.sessions)))
     metrics.gauge("create_expectations", "Pods created and not yet seen in the watch cache.",
                   lambda: float(len(reconciler.expectations)))
+    metrics.gauge("cached_nodes", "Kubernetes nodes in the node watch cache.", lambda: float(len(node_cache)))
+    metrics.gauge("node_queue_depth", "Slurm nodes waiting for a health sync.",
+                  lambda: float(len(node_sync.queue)))
+    metrics.gauge("node_watch_events", "Node watch events applied.", lambda: float(node_watcher.events))
     metrics.gauge("watch_events", "Pod watch events applied.", lambda: float(watcher.events))
     metrics.gauge("watch_relists", "Pod watch relists.", lambda: float(watcher.relists))
     metrics.gauge("leader", "1 while this replica holds the Lease and acts.", lambda: float(leading()))
@@ -163,6 +179,8 @@ async def run(cfg: BridgeConfig) -> int:
     background = [
         asyncio.create_task(watcher.run(), name="pod-watch"),
         asyncio.create_task(poller.run(), name="slurm-poll"),
+        asyncio.create_task(node_watcher.run(), name="node-watch"),
+        asyncio.create_task(node_sync.run(), name="node-health"),
     ]
     if elector is not None:
         background.append(asyncio.create_task(elector.run(), name="leader-election"))
@@ -178,6 +196,7 @@ async def run(cfg: BridgeConfig) -> int:
             # Level-triggered: look at everything once, whatever happened before we led.
             for job_id in reconciler.jobs.job_ids() | cache.job_ids():
                 queue.add(job_id)
+            node_sync.queue_all()
             workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
                        for i in range(WORKERS)]
             if leader_pod is not None:
@@ -208,6 +227,19 @@ async def run(cfg: BridgeConfig) -> int:
             await elector.close()
         log.info("daemon.stopped")
     return exit_code
+
+
+def announce_to_jobs_on(reconciler: Reconciler, node: str, text: str) -> int:
+    """Tell the attached waiters of the jobs running on Slurm node `node` (they print it on the
+    job's stderr); returns how many were told."""
+    told = 0
+    for session in reconciler.sessions:
+        view = reconciler.jobs.get(session.job_id)
+        alloc = view.alloc if view is not None else None
+        if alloc is not None and alloc.run == session.run and node in alloc.node_names:
+            session.publish({"type": "message", "text": text})
+            told += 1
+    return told
 
 
 async def _until_done(step: Callable[[], Awaitable[None]], what: str, delay_s: float = 1.0) -> None:

@@ -18,8 +18,9 @@ import aiohttp
 
 from bridge.clients.kube.client import make_api_client, request_json
 from bridge.clients.kube.leader_pod import OwnPod
+from bridge.clients.slurm import slurm_node as read_slurm_node
 from bridge.clients.slurm.rest import API_VERSION
-from bridge.core import hostlist, wellknown
+from bridge.core import hostlist, nodehealth, wellknown
 from bridge.core.config import BridgeConfig, attach_command_files, secret_file_exposure
 from bridge.core.errors import BridgeError
 
@@ -36,6 +37,8 @@ NEEDED_ACCESS = (
     ("create", "coordination.k8s.io", "leases", True),
     ("update", "coordination.k8s.io", "leases", True),
     ("list", "", "nodes", False),
+    ("watch", "", "nodes", False),
+    ("patch", "", "nodes/status", False),
 )
 # In a pod, on its own namespace: the leader labels its own pod (bridge/clients/kube/leader_pod.py).
 NEEDED_IN_OWN_NAMESPACE = (("get", "", "pods"), ("list", "", "pods"), ("patch", "", "pods"))
@@ -330,6 +333,48 @@ class Doctor:
             )
         return f"{count} bridged Slurm nodes each have a tainted Kubernetes twin"
 
+    async def check_node_health(self) -> str:
+        """Slurm node states against their Kubernetes twins, as the daemon's node sync sees them
+        (a NotReady node counts as past its grace: doctor has no history)."""
+        if not hasattr(self, "k8s_nodes") or self.cfg.slurm.backend != "rest":
+            raise CheckFailed("skipped: needs the rest backend and the Kubernetes check to pass first")
+        body = await self._rest(f"/slurm/{API_VERSION}/nodes/")
+        problems, held, count = [], [], 0
+        for raw in body.get("nodes") or []:
+            parts = [p for p in raw.get("partitions") or [] if p in self.cfg.partitions]
+            if not parts:
+                continue
+            count += 1
+            slurm = read_slurm_node(str(raw.get("name")), raw.get("state") or [], raw.get("reason"), parts)
+            labels = [self.cfg.partitions[p].node_label for p in parts if self.cfg.partitions[p].node_label]
+            twin_name = slurm.name
+            if labels:
+                twin_name = next(
+                    (k for k, n in self.k8s_nodes.items()
+                     if (n["metadata"].get("labels") or {}).get(labels[0]) == slurm.name),
+                    slurm.name,
+                )
+            twin_obj = self.k8s_nodes.get(twin_name)
+            tolerations = [t for p in parts for t in self.cfg.partitions[p].tolerations]
+            health = nodehealth.assess(
+                nodehealth.kube_node(twin_obj) if twin_obj else None, twin_name,
+                not_ready_for_s=float("inf"), grace_s=self.cfg.nodes.not_ready_grace_s,
+                tolerations=tolerations,
+            )
+            problem = nodehealth.disagreement(slurm, health)
+            if problem:
+                problems.append(problem)
+            elif slurm.out and not slurm.set_by_bridge:
+                held.append(f"{slurm.name} ({slurm.reason or 'no reason'})")
+        if problems:
+            more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+            raise CheckFailed(
+                "Slurm and Kubernetes disagree (is the daemon running and leading?): "
+                + "; ".join(problems[:10]) + more
+            )
+        note = f"; held out in Slurm by an admin: {', '.join(held[:10])}" if held else ""
+        return f"{count} bridged Slurm nodes agree with their Kubernetes nodes{note}"
+
     async def check_partition_boundaries(self) -> str:
         if not self.slurm_nodes:
             return "not checked: the partitions are read through slurmrestd (backend rest) only"
@@ -347,6 +392,7 @@ class Doctor:
             ("munge", self.check_munge),
             ("kubernetes", self.check_kubernetes),
             ("node mapping", self.check_node_mapping),
+            ("node health", self.check_node_health),
             ("partition boundaries", self.check_partition_boundaries),
         ]
         results = []

@@ -37,6 +37,10 @@ mint_jwt() {
 # partitions_config: the [partitions.*] tables, the same in both modes.
 partitions_config() {
   cat <<TOML
+[nodes]
+# Tests make nodes NotReady and wait for Slurm to follow; sites keep the 60 s default or more.
+not_ready_grace_s = 5
+
 [partitions.k8s]
 # No default image: jobs must say "#K8S image=...".
 image_pull_policy = "IfNotPresent"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -94,6 +95,22 @@ class KubeActions:
     async def get_node(self, name: str) -> dict[str, Any]:
         return await request_json(self._api, "GET", f"/api/v1/nodes/{name}", f"get node {name}")
 
+    async def set_node_condition(
+        self, name: str, condition_type: str, status: str, reason: str, message: str
+    ) -> None:
+        """Set one condition on a node's status (a strategic merge keyed by type, so the kubelet's
+        own conditions are left alone)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {
+            "type": condition_type, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": now, "lastHeartbeatTime": now,
+        }
+        await request_json(
+            self._api, "PATCH", f"/api/v1/nodes/{name}/status", f"patch the status of node {name}",
+            body={"status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
     async def nodes_by_label(self, label: str) -> dict[str, str]:
         """Map each value of node label `label` to the name of the node carrying it."""
         body = await request_json(
@@ -161,6 +178,25 @@ class KubeActions:
                     if stamp_ns is not None and stamp_ns <= after_ns:
                         continue
                 yield stamp, text
+
+    async def latest_pod_event(self, pod_name: str, uid: str | None = None) -> tuple[str, str, str] | None:
+        """(type, reason, message) of the latest event about the pod, Normal or Warning (Pulling,
+        FailedMount, ...); with `uid`, of that incarnation only. None if there is none."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod_name}"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
+        body = await request_json(
+            self._api, "GET", f"/api/v1/namespaces/{self.namespace}/events",
+            f"list events in namespace {self.namespace}", query={"fieldSelector": selector},
+        )
+        events = body.get("items") or []
+        if not events:
+            return None
+        latest = max(events, key=_event_time_ns)
+        return (
+            str(latest.get("type") or ""), str(latest.get("reason") or ""),
+            (latest.get("message") or "").strip(),
+        )
 
     async def pod_events_reason(self, pod_name: str, uid: str | None = None) -> str | None:
         """"Reason: message" of the latest Warning event about the pod (FailedScheduling, image pull...).

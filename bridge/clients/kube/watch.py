@@ -1,4 +1,5 @@
-"""One list+watch of the bridge's pods feeding the PodCache and telling reconcile which jobs changed.
+"""One list+watch per resource: the bridge's pods feed the PodCache (and tell reconcile which jobs
+changed), the cluster's nodes feed the NodeCache (and tell the node health sync which nodes did).
 
 The client-go informer loop, reduced to what the bridge needs:
 
@@ -18,8 +19,8 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import aiohttp
 import structlog
@@ -32,6 +33,8 @@ from bridge.core.errors import KubeUnavailable, TemporaryError
 
 log = structlog.get_logger(__name__)
 
+Key = TypeVar("Key")
+
 BACKOFF: Final = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 """Seconds to wait after the 1st, 2nd, ... consecutive failure; the last value repeats. ±20% jitter."""
 
@@ -41,36 +44,49 @@ QUICK_END_S: Final = 1.0
 """A watch that ends empty sooner than this counts as a failure (backoff) rather than a normal end."""
 
 
-class PodWatcher:
-    """Keeps `cache` equal to the pods matching `label_selector` in `namespace`.
+class WatchedCache(Protocol[Key]):
+    """What a ListWatcher feeds: it trims objects, takes full lists and single events, and says
+    which keys (job ids, node names) each one changed."""
 
-    `on_job_changed(job_id)` is called (synchronously, so it must be quick and must not raise)
-    for every job whose pods appeared, changed or vanished; typically it puts the key on the
-    reconcile work queue. Counters (`events`, `relists`, `errors`, `bookmarks`) are plain ints.
+    def trim(self, obj: dict[str, Any]) -> Any: ...
+
+    def replace_all(self, objs: Iterable[Any]) -> set[Key]: ...
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> set[Key]: ...
+
+
+class ListWatcher(Generic[Key]):
+    """Keeps `cache` equal to the objects at `path` matching `label_selector`.
+
+    `on_changed(key)` is called (synchronously, so it must be quick and must not raise) for every
+    key the cache reports changed; typically it puts the key on a work queue. Counters (`events`,
+    `relists`, `errors`, `bookmarks`) are plain ints.
     """
 
     def __init__(
         self,
         api_client: ApiClient,
-        namespace: str,
+        path: str,
+        resource: str,
         label_selector: str,
-        cache: PodCache,
-        on_job_changed: Callable[[int], None],
+        cache: WatchedCache[Key],
+        on_changed: Callable[[Key], None],
         *,
         watch_timeout_s: int = 300,
         page_size: int = 500,
         backoff: tuple[float, ...] = BACKOFF,
     ) -> None:
         self._api = api_client
-        self.namespace = namespace
+        self.resource = resource
+        """What is watched, for messages: "pods in namespace slurm-jobs", "nodes"."""
         self.label_selector = label_selector
         self._cache = cache
-        self._on_job_changed = on_job_changed
+        self._on_changed = on_changed
         self._watch_timeout_s = watch_timeout_s
         self._page_size = page_size
         self._backoff = backoff
-        self._path = f"/api/v1/namespaces/{namespace}/pods"
-        self._log = log.bind(namespace=namespace, selector=label_selector)
+        self._path = path
+        self._log = log.bind(resource=resource, selector=label_selector)
         self.resource_version: str | None = None
         """Where the next watch starts; None means "list first"."""
         self.events = 0
@@ -117,38 +133,42 @@ class PodWatcher:
         finally:
             self._log.info("kube.watch.stop", **self.counters())
 
-    async def relist(self) -> set[int]:
-        """List all matching pods (paged), replace the cache, notify and return the changed jobs."""
-        pods: list[dict[str, Any]] = []
-        query: dict[str, str | int] = {"labelSelector": self.label_selector, "limit": self._page_size}
-        what = f"list pods in namespace {self.namespace}"
+    async def relist(self) -> set[Key]:
+        """List all matching objects (paged), replace the cache, notify and return the changed keys."""
+        objs: list[Any] = []
+        query: dict[str, str | int] = {"limit": self._page_size}
+        if self.label_selector:
+            query["labelSelector"] = self.label_selector
+        what = f"list {self.resource}"
         while True:
             body = await request_json(self._api, "GET", self._path, what, query=query, timeout=LIST_TIMEOUT)
-            pods.extend(self._cache.trim(pod) for pod in body.get("items") or ())
+            # Trimmed page by page: a full list of big objects is never held at once.
+            objs.extend(self._cache.trim(obj) for obj in body.get("items") or ())
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
                 break
             query["continue"] = meta["continue"]
-        changed = self._cache.replace_all(pods)
+        changed = self._cache.replace_all(objs)
         self.resource_version = str(meta.get("resourceVersion") or "") or None
         self.relists += 1
         self._log.info(
-            "kube.watch.listed", pods=len(pods), jobs_changed=len(changed),
+            "kube.watch.listed", objects=len(objs), keys_changed=len(changed),
             resource_version=self.resource_version,
         )
-        for job_id in sorted(changed):
-            self._on_job_changed(job_id)
+        for key in sorted(changed):  # type: ignore[type-var]
+            self._on_changed(key)
         return changed
 
     async def _watch(self) -> bool:
         """One watch request, applied until the server ends it; True if it delivered anything."""
-        what = f"watch pods in namespace {self.namespace}"
+        what = f"watch {self.resource}"
         query: dict[str, str | int] = {
             "watch": "true",
-            "labelSelector": self.label_selector,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": self._watch_timeout_s,
         }
+        if self.label_selector:
+            query["labelSelector"] = self.label_selector
         if self.resource_version:
             query["resourceVersion"] = self.resource_version
         # A silent connection longer than the server's own timeout (plus bookmarks) is a dead one.
@@ -179,9 +199,9 @@ class PodWatcher:
             return
         touched = self._cache.apply(kind, obj)
         self.events += 1
-        self._log.debug("kube.pod_event", type=kind, pod=meta.get("name"), job_ids=sorted(touched))
-        for job_id in sorted(touched):
-            self._on_job_changed(job_id)
+        self._log.debug("kube.watch_event", type=kind, name=meta.get("name"), keys=sorted(touched))  # type: ignore[type-var]
+        for key in sorted(touched):  # type: ignore[type-var]
+            self._on_changed(key)
 
     async def _pause(self, failures: int, error: Exception) -> int:
         self.errors += 1
@@ -192,3 +212,23 @@ class PodWatcher:
         )
         await asyncio.sleep(delay)
         return failures + 1
+
+
+class PodWatcher(ListWatcher[int]):
+    """The bridge's pods in `namespace` (matching `label_selector`) into a PodCache; `on_job_changed`
+    gets every job id whose pods appeared, changed or vanished."""
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        namespace: str,
+        label_selector: str,
+        cache: PodCache,
+        on_job_changed: Callable[[int], None],
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            api_client, f"/api/v1/namespaces/{namespace}/pods", f"pods in namespace {namespace}",
+            label_selector, cache, on_job_changed, **options,
+        )
+        self.namespace = namespace

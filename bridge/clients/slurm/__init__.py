@@ -14,6 +14,7 @@ from typing import Protocol, TypeVar
 import structlog
 
 from bridge.core.model import JobAllocation
+from bridge.core.nodehealth import SlurmNode
 
 log = structlog.get_logger(__name__)
 
@@ -54,7 +55,19 @@ class SlurmClient(Protocol):
     async def set_comment(self, job_id: int, comment: str) -> None:
         """Record a short message in the job's comment (visible in `scontrol show job`)."""
 
+    async def changed_nodes(self, partitions: Collection[str]) -> list[SlurmNode] | None:
+        """The nodes of `partitions` if any node changed since the previous call, else None."""
+
+    async def update_node(self, name: str, state: str, reason: str = "") -> None:
+        """`scontrol update nodename=<name> state=<state> [reason=<reason>]`."""
+
     async def close(self) -> None: ...
+
+
+def slurm_node(name: str, states: Iterable[str], reason: str | None, partitions: Iterable[str]) -> SlurmNode:
+    """A SlurmNode from either backend's fields (state names upper case, split on '+')."""
+    flat = {part.strip().upper() for state in states for part in str(state).split("+") if part.strip()}
+    return SlurmNode(name, frozenset(flat), reason or "", tuple(partitions))
 
 
 def parse_listing(

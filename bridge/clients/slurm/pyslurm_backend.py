@@ -33,10 +33,12 @@ from bridge.clients.slurm import (
     SIGNAL_RETRY_DELAYS_S,
     JobListing,
     parse_listing,
+    slurm_node,
 )
 from bridge.core import gres, hostlist
 from bridge.core.errors import PermanentError, SlurmUnavailable
 from bridge.core.model import JobAllocation, ModelError, NodeAllocation
+from bridge.core.nodehealth import SlurmNode
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +81,7 @@ class PyslurmSlurmClient:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyslurm")
         self._last_update = 0
         self._reported: set[int] = set()
+        self._last_nodes: list[SlurmNode] | None = None
 
     # -- plumbing ---------------------------------------------------------
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -120,6 +123,17 @@ class PyslurmSlurmClient:
         except SlurmRejected as error:
             log.warning("slurm.comment_failed", job_id=job_id, error=str(error))
 
+    async def changed_nodes(self, partitions: Collection[str]) -> list[SlurmNode] | None:
+        # libslurm's node load has no cheap "unchanged" answer through pyslurm: load, compare.
+        nodes = await self._call("load nodes", self._load_nodes, frozenset(partitions))
+        if nodes == self._last_nodes:
+            return None
+        self._last_nodes = nodes
+        return nodes
+
+    async def update_node(self, name: str, state: str, reason: str = "") -> None:
+        await self._call(f"update node {name}", self._update_node, name, state, reason)
+
     async def close(self) -> None:
         # A call in flight finishes on its own (bounded by Slurm's MessageTimeout); nothing waits for it.
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -148,6 +162,20 @@ class PyslurmSlurmClient:
         # pyslurm reads errno even after a successful RPC: start from a clean one.
         self._ext.clear_errno()
         self._pyslurm.Job(job_id).send_signal(signal, steps="batch")
+
+    def _load_nodes(self, partitions: frozenset[str]) -> list[SlurmNode]:
+        nodes = []
+        for node in self._pyslurm.Nodes.load().values():
+            parts = list(node.partitions or [])
+            if not partitions.isdisjoint(parts):
+                nodes.append(slurm_node(node.name, [node.state or ""], node.reason, parts))
+        return sorted(nodes, key=lambda n: n.name)
+
+    def _update_node(self, name: str, state: str, reason: str) -> None:
+        self._ext.clear_errno()
+        fields = {"state": state, **({"reason": reason} if reason else {})}
+        changes = self._pyslurm.Node(**fields)
+        self._pyslurm.Node(name).modify(changes)
 
     def _comment(self, job_id: int, comment: str) -> None:
         self._pyslurm.Job(job_id).modify(self._pyslurm.JobSubmitDescription(comment=comment))

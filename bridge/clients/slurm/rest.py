@@ -22,9 +22,11 @@ from bridge.clients.slurm import (
     SIGNAL_RETRY_DELAYS_S,
     JobListing,
     parse_listing,
+    slurm_node,
 )
 from bridge.core.errors import SlurmAuthError, SlurmUnavailable
 from bridge.core.model import JobAllocation, allocation_from_rest
+from bridge.core.nodehealth import SlurmNode
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +47,8 @@ class RestSlurmClient:
         self._last_update = 0
         self._recheck_second: int | None = None
         self._reported: set[int] = set()
+        self._nodes_last_update = 0
+        self._nodes_recheck_second: int | None = None
 
     # -- plumbing ---------------------------------------------------------
     def _read_token(self) -> str:
@@ -163,6 +167,38 @@ class RestSlurmClient:
         errors = body.get("errors") or []
         if errors:
             log.warning("slurm.comment_failed", job_id=job_id, errors=errors)
+
+    async def changed_nodes(self, partitions: Collection[str]) -> list[SlurmNode] | None:
+        since = self._nodes_last_update
+        if self._nodes_recheck_second is not None and time.time() >= self._nodes_recheck_second + 1:
+            since, self._nodes_recheck_second = self._nodes_recheck_second - 1, None  # see changed_jobs
+        body = await self._request("GET", f"/slurm/{API_VERSION}/nodes/", params={"update_time": str(since)})
+        raw_nodes = body.get("nodes") or []
+        if not raw_nodes:
+            return None
+        last = int((body.get("last_update") or {}).get("number") or time.time())
+        self._nodes_recheck_second = None if last == self._nodes_last_update else last
+        self._nodes_last_update = last
+        wanted = set(partitions)
+        nodes = []
+        for raw in raw_nodes:
+            parts = [str(p) for p in raw.get("partitions") or []]
+            if wanted.isdisjoint(parts) or not raw.get("name"):
+                continue
+            nodes.append(slurm_node(str(raw["name"]), raw.get("state") or [], raw.get("reason"), parts))
+        return nodes
+
+    async def update_node(self, name: str, state: str, reason: str = "") -> None:
+        body: dict[str, Any] = {"state": [state]}
+        if reason:
+            body["reason"] = reason
+        try:
+            answer = await self._request("POST", f"/slurm/{API_VERSION}/node/{name}", json=body)
+        except SlurmRequestFailed as failure:
+            answer = failure.body if isinstance(failure.body, dict) else {}
+        errors = answer.get("errors") or []
+        if errors:
+            raise SlurmUnavailable(f"slurmrestd could not set node {name} {state}: {errors}")
 
     async def close(self) -> None:
         if self._session is not None:

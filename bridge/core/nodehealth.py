@@ -1,0 +1,266 @@
+"""Kubernetes node health as Slurm node states. Pure: data in, data out.
+
+A bridged node's slurmd runs beside slurmctld (or in a pod), not on the Kubernetes node, so it
+keeps answering when the Kubernetes node dies, and Slurm keeps placing jobs there: `nodeName`
+ignores cordons, and a pod bound to a dead node just stays Pending. The bridge therefore carries
+the node's health over:
+
+- NotReady or Unknown for longer than a grace period, or no Kubernetes node at all: DOWN. Slurm
+  then ends the jobs running there as on any failed node (requeued, or NODE_FAIL).
+- Cordoned (`spec.unschedulable`), or tainted NoSchedule/NoExecute with a taint the partition's
+  pods do not tolerate: DRAIN. Running jobs finish, no new ones start.
+- Healthy again: RESUME, but only a node the bridge itself took out, recognised by the reason
+  prefix. A drain or down set by an admin (or by Slurm itself) is never overridden.
+
+The other way round, a node an admin took out in Slurm shows that on its Kubernetes twin as the
+condition SLURM_CONDITION, so kubectl users see why no Slurm job lands there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from bridge.core import wellknown
+
+REASON_PREFIX: Final = "slurm-k8s-bridge:"
+"""Start of every Slurm node reason the bridge sets; the bridge resumes only such nodes."""
+
+SLURM_CONDITION: Final = "SlurmUnavailable"
+"""Condition type on a Kubernetes node whose Slurm twin an admin (or Slurm) took out."""
+
+# Taints Kubernetes itself sets for conditions handled here on their own (NotReady, cordon).
+_CONDITION_TAINTS: Final = frozenset({
+    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/unschedulable",
+})
+_OUT_STATES: Final = frozenset({"DOWN", "DRAIN", "FAIL"})
+"""Slurm node states (base or flag) that keep new jobs off the node."""
+
+Verdict = Literal["ok", "drain", "down", "wait"]
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclass(frozen=True)
+class KubeNode:
+    """What the bridge keeps of a Kubernetes node (a few hundred bytes, not the full object)."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    taints: tuple[Taint, ...] = ()
+    ready: str = ""
+    """Status of the Ready condition: "True", "False", "Unknown", or "" when it has none yet."""
+    ready_reason: str = ""
+    ready_message: str = ""
+    slurm_condition: tuple[str, str, str] | None = None
+    """(status, reason, message) of the SLURM_CONDITION condition, if the node has it."""
+
+
+def kube_node(obj: Mapping[str, Any], label_keys: Iterable[str] | None = None) -> KubeNode:
+    """Trim a Node API dict to a KubeNode; with `label_keys`, only those labels are kept."""
+    meta = _map(obj.get("metadata"))
+    spec = _map(obj.get("spec"))
+    status = _map(obj.get("status"))
+    labels = {k: v for k, v in _map(meta.get("labels")).items() if isinstance(v, str)}
+    if label_keys is not None:
+        wanted = set(label_keys)
+        labels = {k: v for k, v in labels.items() if k in wanted}
+    taints = tuple(
+        Taint(_str(t.get("key")), _str(t.get("value")), _str(t.get("effect")))
+        for t in map(_map, _list(spec.get("taints")))
+    )
+    ready = ready_reason = ready_message = ""
+    ours = None
+    for cond in map(_map, _list(status.get("conditions"))):
+        if cond.get("type") == "Ready":
+            ready, ready_reason, ready_message = (
+                _str(cond.get("status")), _str(cond.get("reason")), _str(cond.get("message"))
+            )
+        elif cond.get("type") == SLURM_CONDITION:
+            ours = (_str(cond.get("status")), _str(cond.get("reason")), _str(cond.get("message")))
+    return KubeNode(
+        name=_str(meta.get("name")), labels=labels, unschedulable=spec.get("unschedulable") is True,
+        taints=taints, ready=ready, ready_reason=ready_reason, ready_message=ready_message,
+        slurm_condition=ours,
+    )
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """A bridged Slurm node as slurmctld reports it."""
+
+    name: str
+    states: frozenset[str]
+    """Base state and flags, upper case: {"IDLE"}, {"IDLE", "DRAIN"}, {"DOWN", "NOT_RESPONDING"}."""
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def set_by_bridge(self) -> bool:
+        return self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def out(self) -> bool:
+        """Taking no new jobs by somebody's decision (down, drained or failed)."""
+        return not self.states.isdisjoint(_OUT_STATES)
+
+
+@dataclass(frozen=True)
+class Health:
+    verdict: Verdict
+    why: str = ""
+    recheck_in_s: float | None = None
+    """For `wait`: when the grace period runs out and the node should be looked at again."""
+
+
+def tolerated(taint: Taint, tolerations: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a pod with `tolerations` tolerates `taint` (Kubernetes' matching rules)."""
+    for tol in tolerations:
+        effect = tol.get("effect") or ""
+        if effect and effect != taint.effect:
+            continue
+        key = tol.get("key") or ""
+        operator = tol.get("operator") or "Equal"
+        if not key:
+            if operator == "Exists":
+                return True
+            continue
+        if key != taint.key:
+            continue
+        if operator == "Exists" or (tol.get("value") or "") == taint.value:
+            return True
+    return False
+
+
+def assess(
+    twin: KubeNode | None,
+    twin_name: str,
+    *,
+    not_ready_for_s: float | None,
+    grace_s: float,
+    tolerations: Iterable[Mapping[str, Any]] = (),
+) -> Health:
+    """The verdict on one bridged node from its Kubernetes twin (None: there is none).
+
+    `not_ready_for_s`: how long the bridge has seen the twin not Ready (None while it is Ready).
+    `tolerations`: what the pods of the node's partitions tolerate, besides the bridged taint.
+    """
+    if twin is None:
+        return Health("down", f"no Kubernetes node {twin_name}")
+    if twin.ready != "True":
+        state = "NotReady" if twin.ready == "False" else "Unknown" if twin.ready else "not Ready yet"
+        detail = _because(twin.ready_reason, twin.ready_message)
+        why = f"Kubernetes node {twin.name} is {state}" + (f" ({detail})" if detail else "")
+        waited = not_ready_for_s or 0.0
+        if waited >= grace_s:
+            return Health("down", f"{why} for {waited:.0f}s")
+        return Health("wait", why, recheck_in_s=grace_s - waited)
+    if twin.unschedulable:
+        return Health("drain", f"Kubernetes node {twin.name} is cordoned")
+    accepted = [*tolerations, {"key": wellknown.TAINT_BRIDGED, "operator": "Exists"}]
+    for taint in twin.taints:
+        if taint.effect not in ("NoSchedule", "NoExecute") or taint.key in _CONDITION_TAINTS:
+            continue
+        if not tolerated(taint, accepted):
+            return Health("drain", f"Kubernetes node {twin.name} has taint {taint}")
+    return Health("ok")
+
+
+@dataclass(frozen=True)
+class NodeUpdate:
+    """One `scontrol update nodename=<node> state=<state> [reason=<reason>]`."""
+
+    node: str
+    state: Literal["DOWN", "DRAIN", "RESUME"]
+    reason: str = ""
+
+
+def plan_updates(slurm: SlurmNode, health: Health) -> list[NodeUpdate]:
+    """The Slurm updates that make `slurm` match `health`; none while an admin's state holds."""
+    if health.verdict == "wait":
+        return []
+    if slurm.out and not slurm.set_by_bridge:
+        return []  # an admin's (or Slurm's own) decision: never overridden
+    down, drain = "DOWN" in slurm.states, "DRAIN" in slurm.states
+    ours = slurm.set_by_bridge
+    reason = f"{REASON_PREFIX} {health.why}"
+    if health.verdict == "down":
+        return [] if down and ours else [NodeUpdate(slurm.name, "DOWN", reason)]
+    if health.verdict == "drain":
+        if ours and drain and not down:
+            return []
+        if ours and down:
+            # Only RESUME clears DOWN; the DRAIN right after keeps jobs off in between.
+            return [NodeUpdate(slurm.name, "RESUME"), NodeUpdate(slurm.name, "DRAIN", reason)]
+        return [NodeUpdate(slurm.name, "DRAIN", reason)]
+    return [NodeUpdate(slurm.name, "RESUME")] if ours and (down or drain) else []
+
+
+def after(slurm: SlurmNode, updates: Iterable[NodeUpdate]) -> SlurmNode:
+    """The node as Slurm will show it once `updates` are applied (until the next poll says)."""
+    states, reason = set(slurm.states), slurm.reason
+    for update in updates:
+        if update.state == "RESUME":
+            states -= {"DOWN", "DRAIN", "FAIL"}
+            if not states & {"ALLOCATED", "MIXED"}:
+                states.add("IDLE")
+            reason = ""
+        else:
+            states.add(update.state)
+            reason = update.reason
+    return SlurmNode(slurm.name, frozenset(states), reason, slurm.partitions)
+
+
+def wanted_condition(slurm: SlurmNode | None) -> tuple[str, str, str]:
+    """(status, reason, message) of SLURM_CONDITION for a twin of `slurm`: True while somebody
+    other than the bridge keeps the node out in Slurm."""
+    if slurm is None or not slurm.out or slurm.set_by_bridge:
+        return ("False", "SlurmNodeAvailable", "")
+    state = "DOWN" if "DOWN" in slurm.states else "FAIL" if "FAIL" in slurm.states else "DRAIN"
+    reason = {"DOWN": "SlurmNodeDown", "FAIL": "SlurmNodeFailed"}.get(state, "SlurmNodeDrained")
+    return ("True", reason, f"Slurm node {slurm.name} is {state}: {slurm.reason or 'no reason given'}")
+
+
+def condition_needs_update(twin: KubeNode, wanted: tuple[str, str, str]) -> bool:
+    """A twin without the condition needs it only once it would say True."""
+    if twin.slurm_condition is None:
+        return wanted[0] == "True"
+    return twin.slurm_condition != wanted
+
+
+def disagreement(slurm: SlurmNode, health: Health) -> str | None:
+    """What `doctor` says about a node whose Slurm state does not follow its Kubernetes twin
+    (None when they agree, or an admin's Slurm state deliberately holds)."""
+    if health.verdict == "wait" or not plan_updates(slurm, health):
+        return None
+    shown = "+".join(sorted(slurm.states)) or "?"
+    if health.verdict == "ok":
+        return f"{slurm.name}: Slurm {shown} ({slurm.reason}) but its Kubernetes node is healthy"
+    return f"{slurm.name}: Slurm {shown} but {health.why} (the bridge would set {health.verdict.upper()})"
+
+
+def _because(reason: str, message: str) -> str:
+    return f"{reason}: {message}" if reason and message else reason or message
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
