@@ -67,6 +67,11 @@ class NodeHealthSync:
         """Kubernetes node name -> when (monotonic) this daemon first saw it not Ready."""
         self._twin_of: dict[str, str] = {}
         """Slurm node name -> the Kubernetes node it was last mapped to."""
+        self._downed: set[str] = set()
+        """Slurm nodes this daemon set DOWN and has not seen healthy since."""
+        self.drain_with_down = False
+        """Set once a node the bridge set DOWN came back by itself (ReturnToService=2): from then
+        on DOWN goes with DRAIN (nodehealth.plan_updates)."""
         self.queue: WorkQueue = WorkQueue()
         self.slurm_synced = asyncio.Event()
         self._label_keys = {p.node_label for p in cfg.partitions.values() if p.node_label}
@@ -82,16 +87,24 @@ class NodeHealthSync:
     def slurm_nodes(self) -> list[SlurmNode]:
         return [self._slurm_nodes[name] for name in sorted(self._slurm_nodes)]
 
-    def twin_name(self, slurm: SlurmNode) -> str:
-        """The Kubernetes node standing for `slurm` (by the partition's node_label, else by name)."""
+    def twin_name(self, slurm: SlurmNode) -> str | None:
+        """The Kubernetes node standing for `slurm`: by the partition's node_label (None when no
+        node carries it, as translate refuses such a job), else the node of the same name."""
+        label = self._node_label(slurm)
+        return self.nodes.by_label(label).get(slurm.name) if label else slurm.name
+
+    def _node_label(self, slurm: SlurmNode) -> str | None:
         for part_name in slurm.partitions:
             part = self.cfg.partition(part_name)
             if part is not None and part.node_label:
-                return self.nodes.by_label(part.node_label).get(slurm.name, slurm.name)
-        return slurm.name
+                return part.node_label
+        return None
 
     def health(self, slurm: SlurmNode, now: float | None = None) -> Health:
         name = self.twin_name(slurm)
+        if name is None:
+            return nodehealth.assess(None, f"labelled {self._node_label(slurm)}={slurm.name}",
+                                     not_ready_for_s=None, grace_s=self._settings.not_ready_grace_s)
         twin = self.nodes.get(name)
         since = self._not_ready_since.get(name)
         waited = None if since is None else (now if now is not None else time.monotonic()) - since
@@ -172,18 +185,29 @@ class NodeHealthSync:
     # -- the loop body ---------------------------------------------------------------------------
     async def sync(self, name: str) -> None:
         """Make Slurm node `name` match its Kubernetes twin, and the twin show an admin's state."""
-        if not self._settings.enabled or not self._leading() or not self.synced:
+        if not self._settings.enabled or not self._leading():
+            return
+        if not self.synced:
+            # The node list or the first Slurm poll is not in yet: look again once it may be
+            # (a Slurm node without a Kubernetes node is never queued by a node event).
+            self.queue.add_after(name, 1.0)
             return
         slurm = self._slurm_nodes.get(name)
         if slurm is None:
             return
         bound = log.bind(node=name)
         twin_name = self.twin_name(slurm)
-        self._twin_of[name] = twin_name
+        if twin_name is not None:
+            self._twin_of[name] = twin_name
         health = self.health(slurm)
         if health.verdict == "wait" and health.recheck_in_s is not None:
             self.queue.add_after(name, health.recheck_in_s + 0.05)
-        updates = nodehealth.plan_updates(slurm, health)
+        if health.verdict == "down" and name in self._downed and "DOWN" not in slurm.states:
+            if not self.drain_with_down:
+                bound.warning("node.returned_to_service_while_down",
+                              hint="ReturnToService=2 undoes DOWN; the bridge now drains such nodes too")
+            self.drain_with_down = True
+        updates = nodehealth.plan_updates(slurm, health, drain_with_down=self.drain_with_down)
         if any(u.state == "DOWN" for u in updates) and self._announce(name, _announcement(name, health)):
             await asyncio.sleep(ANNOUNCE_LEAD_S)
         for update in updates:
@@ -191,12 +215,16 @@ class NodeHealthSync:
             self.metrics.inc("slurm_node_updates_total")
             report = bound.info if update.state == "RESUME" else bound.warning
             report("node.slurm_updated", state=update.state, reason=update.reason, kube_node=twin_name)
+        if any(u.state == "DOWN" for u in updates):
+            self._downed.add(name)
+        elif health.verdict != "down":
+            self._downed.discard(name)
         if updates:
             # Until the next poll says otherwise: a second event must not send the same update.
             slurm = nodehealth.after(slurm, updates)
             self._slurm_nodes[name] = slurm
-        twin = self.nodes.get(twin_name)
-        if twin is not None:
+        twin = self.nodes.get(twin_name) if twin_name is not None else None
+        if twin is not None and twin_name is not None:
             wanted = nodehealth.wanted_condition(slurm)
             if nodehealth.condition_needs_update(twin, wanted):
                 await self.kube.set_node_condition(twin_name, nodehealth.SLURM_CONDITION, *wanted)

@@ -125,8 +125,11 @@ class Health:
 
 
 def tolerated(taint: Taint, tolerations: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a pod with `tolerations` tolerates `taint` (Kubernetes' matching rules)."""
+    """Whether a pod with `tolerations` tolerates `taint` for good (Kubernetes' matching rules; a
+    NoExecute toleration with tolerationSeconds only delays the eviction, so it does not count)."""
     for tol in tolerations:
+        if tol.get("tolerationSeconds") is not None and taint.effect == "NoExecute":
+            continue  # tolerated only for a while: the pods would be evicted
         effect = tol.get("effect") or ""
         if effect and effect != taint.effect:
             continue
@@ -186,8 +189,14 @@ class NodeUpdate:
     reason: str = ""
 
 
-def plan_updates(slurm: SlurmNode, health: Health) -> list[NodeUpdate]:
-    """The Slurm updates that make `slurm` match `health`; none while an admin's state holds."""
+def plan_updates(slurm: SlurmNode, health: Health, *, drain_with_down: bool = False) -> list[NodeUpdate]:
+    """The Slurm updates that make `slurm` match `health`; none while an admin's state holds.
+
+    `drain_with_down`: also DRAIN a node set DOWN. Under ReturnToService=2 slurmctld returns a
+    DOWN node to service as soon as its slurmd answers, and a bridged node's slurmd always does
+    (it runs beside slurmctld); only DRAIN then keeps new jobs off. The caller sets it once it has
+    seen one of its DOWN nodes come back while its Kubernetes node was still unhealthy.
+    """
     if health.verdict == "wait":
         return []
     if slurm.out and not slurm.set_by_bridge:
@@ -196,7 +205,10 @@ def plan_updates(slurm: SlurmNode, health: Health) -> list[NodeUpdate]:
     ours = slurm.set_by_bridge
     reason = f"{REASON_PREFIX} {health.why}"
     if health.verdict == "down":
-        return [] if down and ours else [NodeUpdate(slurm.name, "DOWN", reason)]
+        updates = [] if down and ours else [NodeUpdate(slurm.name, "DOWN", reason)]
+        if drain_with_down and not (drain and ours):
+            updates.append(NodeUpdate(slurm.name, "DRAIN", reason))
+        return updates
     if health.verdict == "drain":
         if ours and drain and not down:
             return []

@@ -34,6 +34,9 @@ mint_jwt() {
   mv "$1.new" "$1"
 }
 
+SCRATCH_DIR="$SBX_STATE/scratch"
+ensure_scratch() { mkdir -p "$SCRATCH_DIR" && chmod 1777 "$SCRATCH_DIR"; }
+
 # partitions_config: the [partitions.*] tables, the same in both modes.
 partitions_config() {
   cat <<TOML
@@ -49,6 +52,12 @@ cpu_request_fraction = 0.1
 [[partitions.k8s.volumes]]
 name = "home"
 host_path = "$SBX_SHARED_HOME"
+# A node-local scratch directory, as sites mount one; tests remove it to see a pod that cannot
+# start (FailedMount) fail its job at the start deadline.
+[[partitions.k8s.volumes]]
+name = "scratch"
+host_path = "$SCRATCH_DIR"
+mount_path = "/scratch"
 
 [partitions.sim]
 default_image = "sandbox.local/busybox:1"

@@ -13,6 +13,7 @@ require_sandbox
 if is_running bridge; then die "the bridge runs on the host (make bridge-up); make bridge-down first"; fi
 "$SBX_REPO/containers/images/bridge-image.sh" >/dev/null
 install_waiter
+ensure_scratch
 
 # Waiters on the slurmds reach the leader through the Service (kube-proxy on the host).
 service_ip=$(sed -n 's/^ *clusterIP: *//p' "$OVERLAY/fixed-service-ip.yaml")

@@ -12,6 +12,7 @@ set -euo pipefail
 require_sandbox
 if kc_deployed 2>/dev/null; then die "the bridge runs as the Deployment (make bridge-deploy); make bridge-down first"; fi
 install_waiter
+ensure_scratch
 mint_jwt "$BRIDGE_STATE/slurm.jwt"
 
 if [ "$SBX_BRIDGE_BACKEND" = pyslurm ]; then

@@ -9,7 +9,7 @@ Pure: no I/O, no clock. The watcher trims each list page before it is kept.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from bridge.core.nodehealth import KubeNode, kube_node
@@ -22,7 +22,7 @@ class NodeCache:
     def __init__(self, label_keys: Iterable[str] = ()) -> None:
         self.label_keys = frozenset(label_keys)
         self._nodes: dict[str, KubeNode] = {}
-        self._by_label: dict[str, dict[str, str]] = {key: {} for key in self.label_keys}
+        self._by_label: dict[str, _LabelIndex] = {key: _LabelIndex() for key in self.label_keys}
         self.synced = asyncio.Event()
         """Set once the first full list is in: before that, "no such node" means "not read yet"."""
 
@@ -37,8 +37,9 @@ class NodeCache:
         return sorted(self._nodes)
 
     def by_label(self, key: str) -> Mapping[str, str]:
-        """Label value -> node name for label `key` (one of `label_keys`); read-only."""
-        return self._by_label.get(key, {})
+        """Label value -> node name for label `key` (one of `label_keys`); read-only. Where two
+        nodes carry the same value (a mislabelling), the first by name is given."""
+        return self._by_label.get(key) or _LabelIndex()
 
     # -- writes (the watcher) ----------------------------------------------------------------
     def trim(self, obj: dict[str, Any]) -> KubeNode:
@@ -76,7 +77,7 @@ class NodeCache:
         for key in self.label_keys:
             value = node.labels.get(key)
             if value is not None:
-                self._by_label[key][value] = node.name
+                self._by_label[key].add(value, node.name)
         return {node.name}
 
     def _remove(self, name: str) -> set[str]:
@@ -89,5 +90,32 @@ class NodeCache:
     def _unindex(self, node: KubeNode) -> None:
         for key in self.label_keys:
             value = node.labels.get(key)
-            if value is not None and self._by_label[key].get(value) == node.name:
-                del self._by_label[key][value]
+            if value is not None:
+                self._by_label[key].discard(value, node.name)
+
+
+class _LabelIndex(Mapping[str, str]):
+    """Label value -> node name, remembering every node that carries a value, so that one of two
+    nodes with the same value changing its label leaves the other one mapped."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, set[str]] = {}
+
+    def add(self, value: str, name: str) -> None:
+        self._names.setdefault(value, set()).add(name)
+
+    def discard(self, value: str, name: str) -> None:
+        names = self._names.get(value)
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._names[value]
+
+    def __getitem__(self, value: str) -> str:
+        return min(self._names[value])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
