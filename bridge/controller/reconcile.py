@@ -54,7 +54,6 @@ log = structlog.get_logger(__name__)
 EXIT_CODE_NOT_STARTED = 1
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
-CANCEL_GRACE_S = 1
 # A log relay whose stream ended while its container still runs resumes after these pauses.
 LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
 # Failed reads tolerated once the container has ended, before its remaining lines are given up.
@@ -292,7 +291,9 @@ class Reconciler:
         """A run is over in Slurm, or its waiter asked to stop: remove its pods; once they are gone,
         tell the waiter, and end the session if Slurm shows the run over."""
         cancelled = session is not None and session.cancel_requested
-        grace = CANCEL_GRACE_S if cancelled else None
+        # The pods' own grace (termination_grace_s), as slurmstepd gives a step KillWait between
+        # SIGTERM and SIGKILL: a script's TERM trap gets to clean up.
+        grace = None
         state = _describe(alloc, run_of(pods[0]) if pods else session.run if session else None)
         for pod in pods:
             name = pod["metadata"]["name"]

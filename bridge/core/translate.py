@@ -31,7 +31,6 @@ MAX_SCRIPT_BYTES = 240 * 1024
 MASTER_PORT_BASE = 20000
 
 # Seconds past the Slurm time limit before Kubernetes' own deadline stops a pod.
-DEADLINE_MARGIN_S = 300
 """MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
 
 DEFAULT_PULL_POLICY = "IfNotPresent"
@@ -465,11 +464,10 @@ def _pod(
         "volumes": volumes,
         "containers": [container],
     }
-    if alloc.time_limit_s:
-        # A backstop only: Slurm enforces the limit itself (it signals the waiter, which deletes the
-        # pods), but only when its periodic check runs (every ~30 s) and after KillWait. A deadline
-        # equal to the limit would beat Slurm and turn TIMEOUT into FAILED, hence the margin.
-        spec["activeDeadlineSeconds"] = alloc.time_limit_s + DEADLINE_MARGIN_S
+    # No activeDeadlineSeconds: Slurm enforces the time limit (it signals the waiter, which has the
+    # pods deleted), and an admin may raise a running job's limit (scontrol update TimeLimit=),
+    # while Kubernetes only ever lets a pod's deadline shrink: any deadline set here could kill a
+    # job that Slurm has been told to keep.
     if part.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"

@@ -213,8 +213,11 @@ say "Slurm is up: slurmctld :$SBX_SLURMCTLD_PORT, slurmdbd :$SBX_SLURMDBD_PORT, 
 
 # --- host-side wrappers (see `make sandbox-env`) ----------------------------
 for cmd in sbatch srun salloc squeue scancel sacct sacctmgr scontrol sinfo sprio sshare sstat sattach munge unmunge; do
+  # A job of the native partition inherits this PATH but runs inside the Slurm rootfs, where the
+  # host's cli.sh does not exist and the rootfs's own client is the right one.
   cat >"$SBX_STATE/bin/$cmd" <<WRAP
 #!/bin/sh
+[ -x '$SLURM_DIR/cli.sh' ] || exec /usr/bin/$cmd "\$@"
 exec '$SLURM_DIR/cli.sh' $cmd "\$@"
 WRAP
   chmod 755 "$SBX_STATE/bin/$cmd"

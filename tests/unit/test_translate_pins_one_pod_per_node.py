@@ -11,7 +11,6 @@ from bridge.core.config import PartitionConfig, VolumeConfig
 from bridge.core.directives import Directives
 from bridge.core.model import NodeAllocation
 from bridge.core.translate import (
-    DEADLINE_MARGIN_S,
     MAX_SCRIPT_BYTES,
     TranslateError,
     desired_pods,
@@ -87,7 +86,6 @@ def test_first_pod_manifest() -> None:
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 10,
-        "activeDeadlineSeconds": 600 + DEADLINE_MARGIN_S,
         "securityContext": {
             "runAsUser": 1000,
             "runAsGroup": 100,
@@ -232,6 +230,13 @@ def test_partition_options_reach_the_spec() -> None:
     assert "hostname" not in spec  # the node's own hostname applies on the host network
     assert spec["tolerations"][1] == extra
     assert spec["terminationGracePeriodSeconds"] == 30
+
+
+def test_a_time_limited_job_has_no_pod_deadline_so_a_raised_limit_is_kept() -> None:
+    """Kubernetes only lets activeDeadlineSeconds shrink; Slurm lets an admin raise TimeLimit of a
+    running job. Slurm enforces the limit, so the pod carries none."""
+    spec = pods(alloc=allocation(time_limit_s=600))[0]["spec"]
+    assert "activeDeadlineSeconds" not in spec
 
 
 def test_unlimited_job_has_no_deadline_and_odd_node_names_no_hostname() -> None:
