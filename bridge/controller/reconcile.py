@@ -17,6 +17,7 @@ The reconciler owns no state of its own; it reads three owners:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -127,6 +128,26 @@ class Reconciler:
         if alloc is not None and alloc.state == "RUNNING" and not _over(alloc):
             return self.sessions.open(job_id, alloc.run)
         return None
+
+    async def signal_pods(self, job_id: int, signum: int) -> int:
+        """Send `signum` to the script in each running pod of the job's current run (as Slurm
+        signals the batch script: `scancel -s SIG --batch`, `--signal=B:SIG@TIME`); returns how
+        many pods got it. Only pods with the in-pod agent can be signalled this way."""
+        view = self.jobs.get(job_id)
+        run = view.alloc.run if view is not None and view.alloc is not None else None
+        told = 0
+        for pod in self.cache.pods_of(job_id):
+            if run_of(pod) != run or not _container_running(pod):
+                continue
+            name = pod["metadata"]["name"]
+            if _annotation(pod, wellknown.ANNOTATION_OUTPUT) != wellknown.OUTPUT_FRAMED:
+                log.warning("signal.no_agent", job_id=job_id, pod=name, signal=signum)
+                continue
+            agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+            await self.kube.exec_in_pod(name, [agent, "signal", wellknown.AGENT_PIDFILE, str(signum)])
+            log.info("signal.sent", job_id=job_id, pod=name, signal=signum)
+            told += 1
+        return told
 
     # -- the loop body ---------------------------------------------------------
     async def reconcile(self, job_id: int) -> None:
@@ -368,11 +389,13 @@ class Reconciler:
             if pod is None:
                 break  # deleted: nothing left to read
             ended = _container_terminated(pod)
+            framed = _annotation(pod, wellknown.ANNOTATION_OUTPUT) == wellknown.OUTPUT_FRAMED
             since = session.last_log.get(str(index))
             try:
                 async for stamp, line in self.kube.stream_logs(pod_name, since_time=since):
                     session.last_log[str(index)] = stamp
-                    session.publish({"type": "log", "pod": index, "ts": stamp, "line": line})
+                    session.publish(_output_event(index, stamp, line) if framed else
+                                    {"type": "log", "pod": index, "ts": stamp, "line": line})
                     self.metrics.inc("log_lines_total")
                     pauses = 0
             except asyncio.CancelledError:
@@ -396,6 +419,22 @@ class Reconciler:
         session.log_tasks.pop(pod_name, None)
         session.logs_done.add(pod_name)
         self.requeue(session.job_id)
+
+
+def _output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
+    """One log line of the in-pod agent as the waiter's event: "o <base64>" is the script's stdout,
+    "e <base64>" its stderr (passed on still encoded: the waiter writes the bytes). Anything else
+    is the agent's own complaint (it could not start the script), a line of stderr."""
+    tag, sep, data = line.partition(" ")
+    if sep and tag in ("o", "e"):
+        return {"type": "out", "pod": index, "ts": stamp, "fd": 1 if tag == "o" else 2, "data": data}
+    text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()
+    return {"type": "out", "pod": index, "ts": stamp, "fd": 2, "data": text}
+
+
+def _annotation(pod: dict[str, Any], key: str) -> str | None:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
+    return value if isinstance(value, str) else None
 
 
 def _over(alloc: JobAllocation) -> bool:
@@ -424,6 +463,10 @@ def _job_container(pod: dict[str, Any]) -> dict[str, Any]:
         if status.get("name") == wellknown.CONTAINER_NAME:
             return status.get("state") or {}
     return {}
+
+
+def _container_running(pod: dict[str, Any]) -> bool:
+    return "running" in _job_container(pod)
 
 
 def _container_started(pod: dict[str, Any]) -> bool:

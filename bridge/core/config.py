@@ -171,6 +171,13 @@ class PodsConfig:
     /etc/group adds none; needs containerd >= 2.0 or CRI-O >= 1.31, else the kubelet refuses the
     pod), `auto` (Strict on every node that reports it supports it, node.status.features, and
     unset elsewhere), `Merge` (Kubernetes' default), or "" to leave the field unset."""
+    agent_image: str | None = None
+    """Image holding the in-pod agent (/slurm-k8s-bridge-agent, built from agent/). An init
+    container copies it into each job pod, where it runs the script: stdout and stderr then reach
+    the job's -o and -e files apart and byte for byte, and signals from `scancel -s` and
+    `--signal` reach the script. Without it the script runs directly and its two streams arrive
+    merged, line by line."""
+    agent_pull_policy: str = "IfNotPresent"
 
 
 @dataclass(frozen=True)
@@ -370,6 +377,8 @@ def _pods(t: _Table) -> PodsConfig:
         supplemental_groups_policy=t.choice(
             "supplemental_groups_policy", SUPPLEMENTAL_GROUPS_POLICIES, "auto", allow_empty=True
         ),
+        agent_image=t.get_str("agent_image"),
+        agent_pull_policy=t.choice("agent_pull_policy", PULL_POLICIES, "IfNotPresent"),
     )
     t.done()
     return cfg

@@ -111,6 +111,10 @@ class JobPayload:
     """The job's working directory."""
     uid: int
     gid: int
+    output_merged: bool = True
+    """The job's stdout and stderr go to one file (no -e elsewhere than -o), as the waiter saw its
+    own fds 1 and 2: the in-pod agent then gives the script one pipe for both, so their order is
+    the order of the writes."""
 
 
 def allocation_from_rest(job: Mapping[str, Any], read_at: float = 0.0) -> JobAllocation:
@@ -176,7 +180,10 @@ def payload_from_json(data: object) -> JobPayload:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ModelError(f"payload.{key} must be a non-negative integer")
         ids[key] = value
-    return JobPayload(script=script, environment=dict(env), work_dir=work_dir, **ids)
+    merged = data.get("output_merged", True)
+    if not isinstance(merged, bool):
+        raise ModelError("payload.output_merged must be true or false")
+    return JobPayload(script=script, environment=dict(env), work_dir=work_dir, output_merged=merged, **ids)
 
 
 def payload_to_json(payload: JobPayload) -> dict[str, Any]:
@@ -187,6 +194,7 @@ def payload_to_json(payload: JobPayload) -> dict[str, Any]:
         "work_dir": payload.work_dir,
         "uid": payload.uid,
         "gid": payload.gid,
+        "output_merged": payload.output_merged,
     }
 
 

@@ -110,6 +110,8 @@ class PodView:
     """Message of a PodScheduled=False/Unschedulable condition, if any."""
     since: datetime | None
     """When the pod started (status.startTime), else when it was created."""
+    init_failure: str = ""
+    """Why an init container (the bridge's agent install) failed or cannot start, if it did."""
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -138,6 +140,17 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
             message=_str(term.get("message")).strip(),
         )
 
+    init_failure = ""
+    for init in map(_map, _list(status.get("initContainerStatuses"))):
+        init_state = _map(init.get("state"))
+        init_term, init_wait = _map(init_state.get("terminated")), _map(init_state.get("waiting"))
+        if init_term and _int(init_term.get("exitCode")) != 0:
+            code = _int(init_term.get("exitCode"))
+            init_failure = _because(_str(init_term.get("reason")) or f"exit code {code}",
+                                    _str(init_term.get("message")).strip())
+        elif init_wait.get("reason") not in (None, "", "PodInitializing"):
+            init_failure = _because(_str(init_wait.get("reason")), _str(init_wait.get("message")).strip())
+
     unschedulable = None
     for cond in map(_map, _list(status.get("conditions"))):
         if (cond.get("type"), cond.get("status"), cond.get("reason")) == _UNSCHEDULABLE:
@@ -157,6 +170,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         terminated=terminated,
         unschedulable=unschedulable,
         since=_time(status.get("startTime")) or _time(meta.get("creationTimestamp")),
+        init_failure=init_failure,
     )
 
 
@@ -174,6 +188,9 @@ def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -
         if pod.running:
             # It ran, but the kubelet lost or killed it without a recorded exit status.
             return Finished(1, None, f"{pod.name}: {_because(pod.reason, pod.message) or 'failed'}")
+        if pod.init_failure:
+            why = pod.init_failure
+            return FailedBeforeStart(f"{pod.name}: the bridge's agent could not be set up: {why}")
         # Failed before the container ever ran: the kubelet refused it (OutOfcpu, NodeAffinity, ...).
         why = _because(pod.reason, pod.message) or "phase Failed"
         return FailedBeforeStart(f"{pod.name}: Kubernetes refused the pod: {why}")

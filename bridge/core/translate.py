@@ -422,11 +422,20 @@ def _pod(
         )
         mounts.append({"name": wellknown.SHM_VOLUME, "mountPath": "/dev/shm"})
 
+    command = [*interpreter_of(payload.script), script_path]
+    agent = cfg.pods.agent_image
+    if agent:
+        annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
+        volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
+        mounts.append({"name": wellknown.AGENT_VOLUME, "mountPath": wellknown.AGENT_DIR})
+        mode = "merged" if payload.output_merged else "split"
+        command = [f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}", "run", wellknown.AGENT_PIDFILE,
+                   mode, "--", *command]
     container: dict[str, Any] = {
         "name": wellknown.CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": directives.pull_policy or part.image_pull_policy or DEFAULT_PULL_POLICY,
-        "command": [_escape(arg) for arg in (*interpreter_of(payload.script), script_path)],
+        "command": [_escape(arg) for arg in command],
         "workingDir": directives.workdir or payload.work_dir,
         "env": [{"name": name, "value": _escape(env[name])} for name in sorted(env)],
         "resources": {"requests": requests, "limits": dict(quantities)},
@@ -436,9 +445,24 @@ def _pod(
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": mounts,
-        # A failed script's last log lines become the termination message the outcome reports.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # A failed script's last log lines become the termination message the outcome reports
+        # (the agent's lines are frames, not text).
+        "terminationMessagePolicy": "File" if agent else "FallbackToLogsOnError",
     }
+    init_containers = []
+    if agent:
+        # Copies the static agent into the pod: the job's image needs nothing of the bridge. Same
+        # user, same resources as the job (the pod's QoS class stays what the job's gives).
+        init_containers.append({
+            "name": wellknown.INIT_CONTAINER_NAME,
+            "image": agent,
+            "imagePullPolicy": cfg.pods.agent_pull_policy,
+            "command": [f"/{wellknown.AGENT_BINARY}", "install",
+                        f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"],
+            "resources": {"requests": dict(requests), "limits": dict(quantities)},
+            "securityContext": dict(container["securityContext"]),
+            "volumeMounts": [{"name": wellknown.AGENT_VOLUME, "mountPath": wellknown.AGENT_DIR}],
+        })
 
     spec: dict[str, Any] = {
         "nodeName": k8s_names[index],
@@ -464,6 +488,8 @@ def _pod(
         "volumes": volumes,
         "containers": [container],
     }
+    if init_containers:
+        spec["initContainers"] = init_containers
     # No activeDeadlineSeconds: Slurm enforces the time limit (it signals the waiter, which has the
     # pods deleted), and an admin may raise a running job's limit (scontrol update TimeLimit=),
     # while Kubernetes only ever lets a pod's deadline shrink: any deadline set here could kill a

@@ -82,7 +82,26 @@ SCRIPT_FILE: Final = "slurm_script"
 SHM_VOLUME: Final = "slurm-k8s-bridge-shm"
 """Name of the memory-backed emptyDir mounted at /dev/shm when the job asks for shm_size."""
 
-RESERVED_VOLUMES: Final = frozenset({SCRIPT_VOLUME, SHM_VOLUME})
+AGENT_VOLUME: Final = "slurm-k8s-bridge-agent"
+"""Name of the emptyDir the init container copies the in-pod agent into."""
+
+AGENT_DIR: Final = "/slurm-k8s-bridge-bin"
+"""Mount point of AGENT_VOLUME in the job container (the agent, and the script's pid file)."""
+
+AGENT_BINARY: Final = "slurm-k8s-bridge-agent"
+"""File name of the agent, at the root of its image and in AGENT_DIR."""
+
+AGENT_PIDFILE: Final = AGENT_DIR + "/script.pid"
+"""Where the agent writes the script's pid, for `agent signal`."""
+
+INIT_CONTAINER_NAME: Final = "slurm-k8s-bridge-agent"
+
+ANNOTATION_OUTPUT: Final = PREFIX + "output"
+"""`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
+
+OUTPUT_FRAMED: Final = "framed"
+
+RESERVED_VOLUMES: Final = frozenset({SCRIPT_VOLUME, SHM_VOLUME, AGENT_VOLUME})
 """Volume names the bridge adds itself."""
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"

@@ -15,7 +15,7 @@ from bridge.controller.reconcile import Reconciler
 from bridge.controller.sessions import JobSession
 from bridge.core.errors import BridgeError, TemporaryError
 from bridge.core.model import ModelError, payload_from_json
-from bridge.waiter.attach import request_digest
+from bridge.waiter.attach import FORWARDED, request_digest
 
 log = structlog.get_logger(__name__)
 
@@ -24,6 +24,8 @@ MAX_CONCURRENT_VERIFY = 64
 HEARTBEAT_S = 10.0
 """Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
 HEARTBEAT = {"type": "heartbeat"}
+FORWARDED_SIGNALS = frozenset(int(s) for s in FORWARDED)
+"""What a waiter may ask to pass on to its script: what it forwards itself (TERM and INT cancel)."""
 
 
 class Api:
@@ -52,6 +54,7 @@ class Api:
             web.get("/metrics", self.metrics_text),
             web.post("/v1/jobs/{job_id:\\d+}/attach", self.attach),
             web.post("/v1/jobs/{job_id:\\d+}/cancel", self.cancel),
+            web.post("/v1/jobs/{job_id:\\d+}/signal", self.signal),
         ])
         return app
 
@@ -162,6 +165,25 @@ class Api:
             session.detach(queue)
         await response.write_eof()
         return response
+
+    async def signal(self, request: web.Request) -> web.Response:
+        """The waiter got a signal for the batch script (scancel -s SIG --batch, --signal=B:...):
+        pass it on to the script in the job's pods."""
+        job_id = int(request.match_info["job_id"])
+        raw = await request.read()
+        await self._identify(request, job_id, raw)
+        try:
+            signum = json.loads(raw).get("signal")
+        except (ValueError, AttributeError):
+            signum = None
+        if not isinstance(signum, int) or isinstance(signum, bool) or signum not in FORWARDED_SIGNALS:
+            raise web.HTTPBadRequest(text=f"signal must be one of {sorted(FORWARDED_SIGNALS)}")
+        try:
+            told = await self.reconciler.signal_pods(job_id, signum)
+        except BridgeError as error:
+            raise web.HTTPServiceUnavailable(text=f"cannot signal the job's pods: {error}") from None
+        log.info("signal.forwarded", job_id=job_id, signal=signum, pods=told)
+        return web.json_response({"signalled": told})
 
     async def cancel(self, request: web.Request) -> web.Response:
         job_id = int(request.match_info["job_id"])

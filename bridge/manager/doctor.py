@@ -31,6 +31,7 @@ NEEDED_ACCESS = (
     ("list", "", "pods", True),
     ("watch", "", "pods", True),
     ("get", "", "pods/log", True),
+    ("create", "", "pods/exec", True),
     ("list", "", "events", True),
     ("get", "", "namespaces", True),
     ("get", "coordination.k8s.io", "leases", True),

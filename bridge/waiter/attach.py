@@ -26,6 +26,7 @@ host and its start-up time is part of the job's start latency.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import hashlib
 import json
@@ -54,6 +55,10 @@ OUTAGE_NOTICE_S = 60.0
 MUNGE_PATHS = ("/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/bin/munge")
 SAFE_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 """What the waiter's own helper (munge) runs with: nothing of the user's."""
+FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+"""Signals Slurm sends the batch script (scancel -s SIG --batch, --signal=B:SIG@TIME) that the
+waiter passes on to the script in the pods. SIGTERM and SIGINT stop the job (its pods are deleted
+and the kubelet signals the script); SIGKILL and SIGSTOP cannot be caught."""
 RECONNECT_BASE_S, RECONNECT_CAP_S = 0.1, 5.0
 STREAM_READ_TIMEOUT_S = 45.0
 """The daemon sends a heartbeat every 10 s; silence this long means a half-open connection."""
@@ -188,10 +193,18 @@ class Waiter:
         self._work_dir = work_dir
         self._ca_file = ca_file
         self._state = AttachState()
+        self._merged = output_merged()
 
     def _post(self, action: str, body: dict[str, Any], timeout: float | None) -> IO[bytes]:
         path = f"/v1/jobs/{self._job_id}/{action}"
         return post(self._url, path, self._job_id, body, timeout, self._ca_file)
+
+    def forward_signal(self, signum: int) -> None:
+        """Pass a signal on to the script in the pods (the daemon runs the agent there)."""
+        try:
+            self._post("signal", {"signal": int(signum)}, timeout=10).close()
+        except OSError as error:
+            _stderr(f"could not pass signal {signum} on to the job's pods: {error}")
 
     def request_cancel(self) -> None:
         """Ask the daemon to delete the pods; the attach stream reports when they are gone."""
@@ -242,6 +255,7 @@ class Waiter:
             "work_dir": self._work_dir,
             "uid": os.getuid(),
             "gid": os.getgid(),
+            "output_merged": self._merged,
             "last_log": self._state.last_log,
             "cancel": self._state.cancel_requested,
         }
@@ -252,10 +266,16 @@ class Waiter:
                     break  # cut off mid-line: the daemon went away
                 event = json.loads(raw)
                 kind = event.get("type")
-                if kind == "log":
+                if kind == "out":
+                    # The script's own bytes, to the file Slurm opened for that stream.
+                    write_all(event["fd"], binascii.a2b_base64(event["data"]))
+                    self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "log":
                     sys.stdout.write(event["line"] + "\n")
                     sys.stdout.flush()
                     self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "signaled":
+                    pass  # the answer to a signal request; nothing to print
                 elif kind == "message":
                     _stderr(event["text"])
                 elif kind == "exit":
@@ -276,6 +296,28 @@ class Waiter:
             os.kill(os.getpid(), signum)
             time.sleep(1)
         return int(outcome.get("code", 0))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte to `fd` (1 or 2: what slurmstepd opened for -o and -e)."""
+    if fd not in (1, 2):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def output_merged() -> bool:
+    """stdout and stderr are one file (no -e, or -e naming the -o file): the pods then keep the
+    order between the two streams."""
+    try:
+        out, err = os.fstat(1), os.fstat(2)
+    except OSError:
+        return True
+    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
 
 
 def _stderr(text: str) -> None:
@@ -311,6 +353,8 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_terminate)
     signal.signal(signal.SIGINT, on_terminate)
+    for signum in FORWARDED:
+        signal.signal(signum, lambda number, _frame: waiter.forward_signal(number))
     return waiter.run()
 
 

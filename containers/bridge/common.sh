@@ -40,6 +40,10 @@ ensure_scratch() { mkdir -p "$SCRATCH_DIR" && chmod 1777 "$SCRATCH_DIR"; }
 # partitions_config: the [partitions.*] tables, the same in both modes.
 partitions_config() {
   cat <<TOML
+[pods]
+# The in-pod agent, built from agent/ by containers/images/agent.sh at sandbox-up.
+agent_image = "sandbox.local/slurm-k8s-bridge-agent:1"
+
 [nodes]
 # Tests make nodes NotReady and wait for Slurm to follow; sites keep the 60 s default or more.
 not_ready_grace_s = 5

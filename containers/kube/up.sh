@@ -350,6 +350,7 @@ for n in $SBX_REAL_NODES; do
 done
 for s in "${socks[@]}"; do wait_for "containerd $s" 30 test -S "$s"; done
 "$KUBE_SRC/../images/build.sh" "${socks[@]}"
+"$KUBE_SRC/../images/agent.sh" "${socks[@]}"
 wait_for "kube-apiserver" 60 curl_api /readyz
 start_kube_proxy
 # Sim nodes before the controllers and kwok: the apiserver then has both cores

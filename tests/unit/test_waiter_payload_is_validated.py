@@ -20,7 +20,13 @@ GOOD: dict[str, Any] = {
 def test_round_trip() -> None:
     payload = payload_from_json(GOOD)
     assert payload == JobPayload(GOOD["script"], GOOD["environment"], "/home/alice", 1000, 1000)
-    assert payload_to_json(payload) == GOOD
+    assert payload_to_json(payload) == {**GOOD, "output_merged": True}  # what an older waiter meant
+
+
+def test_a_waiter_says_whether_stdout_and_stderr_share_one_file() -> None:
+    assert payload_from_json({**GOOD, "output_merged": False}).output_merged is False
+    with pytest.raises(ModelError, match="output_merged"):
+        payload_from_json({**GOOD, "output_merged": "yes"})
 
 
 def test_extra_fields_of_the_attach_request_are_ignored() -> None:

@@ -15,12 +15,22 @@ from typing import Any
 
 import aiohttp
 import structlog
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.stream import WsApiClient
 
 from bridge.clients.kube.client import iter_lines, request, request_json
-from bridge.clients.kube.errors import KubeConflict, KubeForbidden, KubeInvalid, KubeNotFound, LogsNotReady
+from bridge.clients.kube.errors import (
+    KubeConflict,
+    KubeForbidden,
+    KubeInvalid,
+    KubeNotFound,
+    LogsNotReady,
+    error_for_status,
+)
 from bridge.clients.kube.lines import ns_to_rfc3339, rfc3339_to_ns, split_log_line
 from bridge.core import wellknown
+from bridge.core.errors import KubeUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +104,26 @@ class KubeActions:
 
     async def get_node(self, name: str) -> dict[str, Any]:
         return await request_json(self._api, "GET", f"/api/v1/nodes/{name}", f"get node {name}")
+
+    async def exec_in_pod(
+        self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
+    ) -> str:
+        """Run `command` in a container of the pod (the exec subresource, over a websocket) and
+        return what it printed. Used only with the bridge's own agent (`agent signal`)."""
+        ws = WsApiClient(configuration=self._api.configuration)
+        try:
+            answer = await CoreV1Api(api_client=ws).connect_get_namespaced_pod_exec(
+                pod_name, self.namespace, command=command, container=container,
+                stdout=True, stderr=True, stdin=False, tty=False,
+            )
+        except ApiException as error:
+            what = f"exec in pod {pod_name}"
+            raise error_for_status(error.status or 500, error.body or b"", what) from error
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
+        finally:
+            await ws.close()
+        return answer if isinstance(answer, str) else str(answer)
 
     async def set_node_condition(
         self, name: str, condition_type: str, status: str, reason: str, message: str

@@ -1,0 +1,3 @@
+module slurm-k8s-bridge/agent
+
+go 1.24

@@ -1,0 +1,225 @@
+// Command slurm-k8s-bridge-agent runs a bridged job's batch script inside its pod.
+//
+// Kubernetes keeps a container's stdout and stderr in one line-based log, so the script's two
+// streams would arrive merged, re-ordered, with invalid UTF-8 replaced and a newline added to a
+// last line without one. The agent keeps them apart and byte-exact: it runs the script with its
+// own pipes and writes every chunk it reads as one log line, "o <base64>" for stdout and
+// "e <base64>" for stderr. The daemon relays those lines to the job's waiter, which writes the
+// bytes to its own stdout and stderr: the files Slurm opened for the job (-o, -e).
+//
+// It is static and needs nothing in the image: an init container copies it into an emptyDir.
+//
+//	slurm-k8s-bridge-agent install DEST          copy this binary to DEST (mode 0755)
+//	slurm-k8s-bridge-agent run PIDFILE MODE -- ARGV
+//	    run ARGV, framing its output, and exit as it does. MODE "split": stdout and stderr on
+//	    their own pipes (the job has -e elsewhere than -o); "merged": one pipe for both, so the
+//	    order between them stays the order of the writes, as in one Slurm output file
+//	slurm-k8s-bridge-agent signal PIDFILE SIG    send SIG (a number) to the script run wrote to PIDFILE
+//
+// Signals: SIGTERM, SIGINT, SIGHUP and SIGQUIT that reach the agent (the kubelet stopping the pod)
+// go to the script's whole process group, as slurmstepd signals every process of a step on
+// cancel. `signal` reaches the script alone, as `scancel --batch` does.
+package main
+
+import (
+	"encoding/base64"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// chunk bytes become 16,000 characters of base64: below the 16 KiB at which container runtimes
+// split a log line into partial lines.
+const chunk = 12000
+
+// drainAfterExit bounds how long output is still read once the script has exited: a process that
+// left the script's process group (setsid) may hold the pipes open for ever.
+const drainAfterExit = 2 * time.Second
+
+func main() {
+	if len(os.Args) < 2 {
+		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | signal PIDFILE SIG")
+	}
+	switch os.Args[1] {
+	case "install":
+		if len(os.Args) != 3 {
+			fail("usage: slurm-k8s-bridge-agent install DEST")
+		}
+		install(os.Args[2])
+	case "run":
+		if len(os.Args) < 6 || os.Args[4] != "--" || (os.Args[3] != "split" && os.Args[3] != "merged") {
+			fail("usage: slurm-k8s-bridge-agent run PIDFILE split|merged -- ARGV...")
+		}
+		os.Exit(run(os.Args[2], os.Args[3] == "merged", os.Args[5:]))
+	case "signal":
+		if len(os.Args) != 4 {
+			fail("usage: slurm-k8s-bridge-agent signal PIDFILE SIG")
+		}
+		sendSignal(os.Args[2], os.Args[3])
+	default:
+		fail("unknown command " + strconv.Quote(os.Args[1]))
+	}
+}
+
+func fail(message string) {
+	fmt.Fprintln(os.Stderr, "slurm-k8s-bridge-agent: "+message)
+	os.Exit(2)
+}
+
+func install(dest string) {
+	self, err := os.Executable()
+	if err != nil {
+		fail("cannot find own executable: " + err.Error())
+	}
+	in, err := os.Open(self)
+	if err != nil {
+		fail(err.Error())
+	}
+	defer in.Close()
+	tmp := dest + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		fail(err.Error())
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		fail(err.Error())
+	}
+	if err := out.Close(); err != nil {
+		fail(err.Error())
+	}
+	if err := os.Rename(tmp, dest); err != nil {
+		fail(err.Error())
+	}
+}
+
+// frames serialises the two streams' lines on the agent's stdout.
+type frames struct {
+	mu  sync.Mutex
+	out io.Writer
+}
+
+func (f *frames) write(tag byte, data []byte) {
+	line := make([]byte, 0, 3+base64.StdEncoding.EncodedLen(len(data)))
+	line = append(line, tag, ' ')
+	line = base64.StdEncoding.AppendEncode(line, data)
+	line = append(line, '\n')
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, _ = f.out.Write(line)
+}
+
+func (f *frames) relay(tag byte, from io.Reader, done chan<- struct{}) {
+	buf := make([]byte, chunk)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			f.write(tag, buf[:n])
+		}
+		if err != nil {
+			close(done)
+			return
+		}
+	}
+}
+
+func run(pidfile string, merged bool, argv []string) int {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin = nil // /dev/null, as for a batch script
+	stdout, stdoutW, err := os.Pipe()
+	if err != nil {
+		fail(err.Error())
+	}
+	stderr, stderrW := stdout, stdoutW
+	if !merged {
+		if stderr, stderrW, err = os.Pipe(); err != nil {
+			fail(err.Error())
+		}
+	}
+	cmd.Stdout, cmd.Stderr = stdoutW, stderrW
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Caught before the start, so none is lost in between; forwarded once the script runs.
+	stops := make(chan os.Signal, 8)
+	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	if err := cmd.Start(); err != nil {
+		// As a shell reports a missing interpreter: 127 not found, 126 not executable.
+		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
+		if os.IsNotExist(err) {
+			return 127
+		}
+		return 126
+	}
+	// The script holds the write ends now; ours would keep the pipes open after it exits.
+	_ = stdoutW.Close()
+	if !merged {
+		_ = stderrW.Close()
+	}
+	pid := cmd.Process.Pid
+	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(pid)+"\n"), 0o644)
+	go func() {
+		for sig := range stops {
+			_ = syscall.Kill(-pid, sig.(syscall.Signal))
+		}
+	}()
+	out := &frames{out: os.Stdout}
+	outDone, errDone := make(chan struct{}), make(chan struct{})
+	go out.relay('o', stdout, outDone)
+	if merged {
+		close(errDone)
+	} else {
+		go out.relay('e', stderr, errDone)
+	}
+
+	// Wait for the script itself, not for its pipes (cmd.Wait would wait for both).
+	var status syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &status, 0, nil)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	// What the script left running goes with it, as slurmstepd ends a batch step.
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	deadline := time.After(drainAfterExit)
+	for _, done := range []chan struct{}{outDone, errDone} {
+		select {
+		case <-done:
+		case <-deadline:
+		}
+	}
+	out.mu.Lock() // no frame may be cut by the exit
+	if status.Signaled() {
+		return 128 + int(status.Signal())
+	}
+	return status.ExitStatus()
+}
+
+func sendSignal(pidfile, sig string) {
+	number, err := strconv.Atoi(sig)
+	if err != nil || number <= 0 || number > 64 {
+		fail("not a signal number: " + strconv.Quote(sig))
+	}
+	raw, err := os.ReadFile(pidfile)
+	if err != nil {
+		fail("the script has not started: " + err.Error())
+	}
+	pid, err := strconv.Atoi(string(trimSpace(raw)))
+	if err != nil || pid <= 1 {
+		fail("bad pid file " + pidfile)
+	}
+	if err := syscall.Kill(pid, syscall.Signal(number)); err != nil {
+		fail(fmt.Sprintf("cannot signal %d: %v", pid, err))
+	}
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return b
+}

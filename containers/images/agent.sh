@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build the bridge's in-pod agent (agent/: Go, standard library only) as a static binary, in a
+# one-file image sandbox.local/slurm-k8s-bridge-agent:1 (an init container of every job pod copies
+# it into the pod), cached by the hash of its sources; import it into the given containerd
+# sockets where their copy differs. The machine image ships Go in /usr/local/go.
+# Usage: containers/images/agent.sh [CONTAINERD_SOCKET...]
+set -euo pipefail
+IMAGES_SRC="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=../sandbox/lib.sh
+. "$IMAGES_SRC/../sandbox/lib.sh"
+
+REF=sandbox.local/slurm-k8s-bridge-agent:1
+hash=$(cat "$IMAGES_SRC/agent.sh" "$IMAGES_SRC/mkimage.py" "$SBX_REPO"/agent/go.mod "$SBX_REPO"/agent/*.go |
+  sha256sum | cut -c1-12)
+dir="$SBX_CACHE/images/agent-$hash"
+if ! [ -s "$dir/agent.digest" ]; then
+  export PATH="/usr/local/go/bin:$PATH" CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+  command -v go >/dev/null || die "go not found (the machine image ships it in /usr/local/go)"
+  mkdir -p "$dir"
+  tmp=$(mktemp -d "$dir/build.XXXX")
+  (cd "$SBX_REPO/agent" && go build -trimpath -ldflags "-s -w" -o "$tmp/root/slurm-k8s-bridge-agent" .)
+  python3 "$IMAGES_SRC/mkimage.py" --rootfs "$tmp/root" --name "$REF" \
+    --entrypoint '["/slurm-k8s-bridge-agent"]' --out "$dir/agent.tar" >"$dir/agent.digest.new"
+  mv "$dir/agent.digest.new" "$dir/agent.digest"
+  rm -rf "$tmp"
+  say "built the in-pod agent image $REF"
+fi
+want=$(cat "$dir/agent.digest")
+for sock in "$@"; do
+  if ! ctr -n k8s.io --address "$sock" images ls 2>/dev/null | awk 'NR>1 {print $1, $3}' | grep -qx "$REF $want"; then
+    ctr -n k8s.io --address "$sock" images import "$dir/agent.tar" >/dev/null || die "import of $REF into $sock failed"
+  fi
+done
