@@ -34,6 +34,8 @@ from bridge.core.nodehealth import Health, KubeNode, SlurmNode
 log = structlog.get_logger(__name__)
 
 WORKERS = 4
+MASS_FAILURE_FRACTION = 0.5
+MASS_FAILURE_MIN_NODES = 4
 STANDBY_POLL_FACTOR = 5
 ANNOUNCE_LEAD_S = 0.3
 """Between telling the jobs of a node why it goes down and downing it: their waiters print the
@@ -64,7 +66,7 @@ class NodeHealthSync:
         self._settings = cfg.nodes
         self._slurm_nodes: dict[str, SlurmNode] = {}
         self._not_ready_since: dict[str, float] = {}
-        """Kubernetes node name -> when (monotonic) this daemon first saw it not Ready."""
+        """Kubernetes node name -> when (monotonic) this daemon first saw it not Ready, or missing."""
         self._twin_of: dict[str, str] = {}
         """Slurm node name -> the Kubernetes node it was last mapped to."""
         self._downed: set[str] = set()
@@ -114,13 +116,15 @@ class NodeHealthSync:
         )
 
     def node_is_dead(self, k8s_name: str) -> bool:
-        """No kubelet will confirm anything there: the node is gone, or not Ready past the grace.
-        Pods there are deleted without waiting for a confirmation that never comes."""
+        """No kubelet will ever confirm anything there: the Node object is gone (past the grace),
+        or an operator tainted it out-of-service. Pods there are removed without waiting for a
+        confirmation that never comes. A node that is merely NotReady is not dead: its kubelet may
+        still run the containers, and removing their pods would hide them from Kubernetes."""
         if not self.nodes.synced.is_set():
             return False
         twin = self.nodes.get(k8s_name)
-        if twin is None:
-            return True
+        if twin is not None:
+            return any(t.key == nodehealth.OUT_OF_SERVICE_TAINT for t in twin.taints)
         since = self._not_ready_since.get(k8s_name)
         return since is not None and time.monotonic() - since >= self._settings.not_ready_grace_s
 
@@ -128,7 +132,7 @@ class NodeHealthSync:
     def on_kube_node_changed(self, k8s_name: str) -> None:
         """The watcher's callback: note readiness changes, queue the Slurm nodes concerned."""
         twin = self.nodes.get(k8s_name)
-        if twin is not None and twin.ready != "True":
+        if twin is None or twin.ready != "True":
             self._not_ready_since.setdefault(k8s_name, time.monotonic())
         else:
             self._not_ready_since.pop(k8s_name, None)
@@ -199,18 +203,32 @@ class NodeHealthSync:
         twin_name = self.twin_name(slurm)
         if twin_name is not None:
             self._twin_of[name] = twin_name
-        health = self.health(slurm)
+            if self.nodes.get(twin_name) is None:
+                self._not_ready_since.setdefault(twin_name, time.monotonic())
+        health = self._braked(self.health(slurm))
         if health.verdict == "wait" and health.recheck_in_s is not None:
             self.queue.add_after(name, health.recheck_in_s + 0.05)
-        if health.verdict == "down" and name in self._downed and "DOWN" not in slurm.states:
-            if not self.drain_with_down:
-                bound.warning("node.returned_to_service_while_down",
-                              hint="ReturnToService=2 undoes DOWN; the bridge now drains such nodes too")
-            self.drain_with_down = True
         updates = nodehealth.plan_updates(slurm, health, drain_with_down=self.drain_with_down)
+        if updates:
+            # The poll's view may be a second old (or older than our own last write): act on
+            # slurmctld's answer of now, never override an admin's fresh decision.
+            fresh = await self.slurm.node(name)
+            if fresh is None:
+                return
+            slurm = fresh if fresh.partitions else nodehealth.SlurmNode(
+                fresh.name, fresh.states, fresh.reason, slurm.partitions)
+            self._slurm_nodes[name] = slurm
+            if health.verdict == "down" and name in self._downed and "DOWN" not in slurm.states:
+                if not self.drain_with_down:
+                    bound.warning("node.returned_to_service_while_down",
+                                  hint="ReturnToService=2 undoes DOWN; the bridge now drains such nodes too")
+                self.drain_with_down = True
+            updates = nodehealth.plan_updates(slurm, health, drain_with_down=self.drain_with_down)
         if any(u.state == "DOWN" for u in updates) and self._announce(name, _announcement(name, health)):
             await asyncio.sleep(ANNOUNCE_LEAD_S)
         for update in updates:
+            if not self._leading():
+                return  # lost the Lease meanwhile: the new leader decides
             await self.slurm.update_node(update.node, update.state, update.reason)
             self.metrics.inc("slurm_node_updates_total")
             report = bound.info if update.state == "RESUME" else bound.warning
@@ -226,9 +244,22 @@ class NodeHealthSync:
         twin = self.nodes.get(twin_name) if twin_name is not None else None
         if twin is not None and twin_name is not None:
             wanted = nodehealth.wanted_condition(slurm)
-            if nodehealth.condition_needs_update(twin, wanted):
+            if nodehealth.condition_needs_update(twin, wanted) and self._leading():
                 await self.kube.set_node_condition(twin_name, nodehealth.SLURM_CONDITION, *wanted)
                 bound.info("node.condition_set", kube_node=twin_name, status=wanted[0], reason=wanted[1])
+
+    def _braked(self, health: Health) -> Health:
+        """Past half the bridged nodes unhealthy at once, a control-plane outage (the API server,
+        etcd, the network to the kubelets) is far likelier than that many dead nodes, and
+        Kubernetes itself stops evicting then. DRAIN instead of DOWN: running jobs are left alone."""
+        if health.verdict != "down":
+            return health
+        unhealthy, total = len(self._not_ready_since), len(self._slurm_nodes)
+        if total >= MASS_FAILURE_MIN_NODES and unhealthy > total * MASS_FAILURE_FRACTION:
+            self.metrics.inc("node_mass_failure_brakes_total")
+            return Health("drain", f"{health.why}; not DOWN: {unhealthy} of {total} nodes are unhealthy at "
+                          "once, a Kubernetes control-plane problem is likelier")
+        return health
 
     def _tolerations(self, partitions: Iterable[str]) -> list[Any]:
         found: list[Any] = []

@@ -225,7 +225,9 @@ class Reconciler:
         if isinstance(decision, outcomes.FailedBeforeStart) and decision.overdue:
             reason = await self._overdue_reason(decision, pods)
             if reason is None:
-                self.requeue_after(alloc.job_id, min(grace, 5.0))
+                # Progress, or nothing known: look again a grace period later (not every few
+                # seconds: each look lists the pod's events).
+                self.requeue_after(alloc.job_id, grace)
                 return
             await self._fail(session, alloc, reason, bound)
         elif isinstance(decision, outcomes.FailedBeforeStart):
@@ -233,9 +235,10 @@ class Reconciler:
         elif isinstance(decision, outcomes.Finished):
             if self._logs_drained(session, pods):
                 bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal)
-                # A plain exit code speaks for itself (native Slurm prints nothing either);
-                # signals, OOM kills and timeouts get an explanation in slurm-<id>.out.
-                explain = decision.signal is not None or decision.oom_killed or decision.timed_out
+                # An exit code or a kill by signal speaks for itself (native Slurm prints nothing
+                # either: sacct shows it); what native Slurm would not do (OOM kills, time limits,
+                # Kubernetes evicting a pod) gets a line in the job's stderr.
+                explain = decision.oom_killed or decision.timed_out or decision.by_kubernetes
                 session.finish({
                     "type": "exit", "code": decision.exit_code, "signal": decision.signal,
                     "reason": decision.reason if explain else "",
@@ -243,28 +246,31 @@ class Reconciler:
         elif (waited := _longest_unstarted_s(pods)) is not None:
             # The start deadline (or a retried start error's grace) runs out without any pod
             # event to wake us up then: look again when it does.
-            self.requeue_after(alloc.job_id, max(0.1, min(grace - waited + 0.1, 5.0)))
+            self.requeue_after(alloc.job_id, max(0.1, grace - waited + 0.1))
 
     async def _overdue_reason(
         self, decision: outcomes.FailedBeforeStart, pods: list[dict[str, Any]]
     ) -> str | None:
-        """Why a pod has not started, from its latest event; None to wait on (its image is being
-        pulled, or Kubernetes cannot be asked)."""
+        """Why a pod has not started: its latest event if that is a Warning (FailedMount,
+        FailedCreatePodSandBox, ...). None means wait on: the latest event is Normal (an image
+        being pulled, or just pulled), there is none (a kubelet drops events under load; a node
+        without a kubelet is node health's business), the pod has started meanwhile (the watch
+        lags), or Kubernetes cannot be asked."""
         pod = next((p for p in pods if p["metadata"]["name"] == decision.overdue), None)
         uid = pod["metadata"].get("uid") if pod is not None else None
-        node = ((pod or {}).get("spec") or {}).get("nodeName") or "?"
         try:
             event = await self.kube.latest_pod_event(decision.overdue, uid)
+            if event is None or event[0] != "Warning":
+                return None
+            live = await self.kube.get_pod(decision.overdue)
         except BridgeError as error:
             # The API server is not answering: the cached pod may be stale too (the kubelet
             # cannot report either). Judge it once Kubernetes answers again.
             log.warning("pod.events_unreadable", pod=decision.overdue, error=repr(error))
             return None
-        if event is None:
-            return f"{decision.reason}: no kubelet reported on it (is node {node} up?)"
-        kind, reason, message = event
-        if kind == "Normal" and reason == "Pulling":
+        if live is None or outcomes.not_started_for_s(outcomes.pod_view(live), datetime.now(UTC)) is None:
             return None
+        _, reason, message = event
         return f"{decision.reason}: {reason}: {message}" if message else f"{decision.reason}: {reason}"
 
     # -- actions -------------------------------------------------------------------
@@ -328,12 +334,19 @@ class Reconciler:
             if await self.kube.delete_pod(name, 0 if stopped else grace):
                 self.metrics.inc("pods_deleted_total")
                 bound.info("pod.deleted", pod=name, slurm_state=state)
+        if session is not None and pods and all(_containers_stopped(p) for p in pods):
+            # How the script ended (a TERM trap may exit 0): the batch step reports that, as
+            # natively, once the pods are gone.
+            ended = outcomes.job_outcome(pods, len(pods), now=datetime.now(UTC), wait_for_all=True)
+            if isinstance(ended, outcomes.Finished):
+                session.stopped_with = (ended.exit_code, ended.signal)
         if session is None or pods:
             return  # the waiter leaves only once the pods are gone: Slurm frees what they used
-        reason = f"this run of the job is over ({state})"
-        if cancelled:
-            reason = "cancelled: the job's pods are gone"
-        event = {"type": "exit", "code": 0, "signal": 15, "reason": reason}
+        # A cancel needs no word: slurmstepd writes its own "*** JOB ... CANCELLED ***" line, as
+        # for a native job, and anything more would differ from native output.
+        reason = "" if cancelled else f"this run of the job is over ({state})"
+        code, signum = session.stopped_with or (0, 15)
+        event = {"type": "exit", "code": code, "signal": signum, "reason": reason}
         run_over = alloc is None or _over(alloc) or alloc.run != session.run
         if run_over:
             bound.info("session.ended", slurm_state=state)

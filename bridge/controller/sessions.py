@@ -37,6 +37,8 @@ class JobSession:
     """This daemon created (or found) the pods; a missing pod afterwards is a failure."""
     final: Event | None = None
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
+    stopped_with: tuple[int, int | None] | None = None
+    """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
 
     def attach(self, last_log: dict[str, str]) -> asyncio.Queue[Event]:
         """A new waiter connection replaces any older one (and its log relays)."""

@@ -30,11 +30,21 @@ REASON_PREFIX: Final = "slurm-k8s-bridge:"
 SLURM_CONDITION: Final = "SlurmUnavailable"
 """Condition type on a Kubernetes node whose Slurm twin an admin (or Slurm) took out."""
 
-# Taints Kubernetes itself sets for conditions handled here on their own (NotReady, cordon).
-_CONDITION_TAINTS: Final = frozenset({
-    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
-    "node.kubernetes.io/unschedulable",
+# Taints Kubernetes itself sets from node conditions (not-ready, unreachable, unschedulable,
+# memory-, disk- and pid-pressure, network-unavailable, out-of-service): NotReady and cordon are
+# judged here on their own, and a pressure condition comes and goes with one job's use of a node
+# (draining the node for everybody over it would flap with it).
+_CONDITION_TAINT_PREFIX: Final = "node.kubernetes.io/"
+_NOT_MANAGED_STATES: Final = frozenset({
+    "FUTURE", "CLOUD", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN", "REBOOT_REQUESTED",
+    "REBOOT_ISSUED",
 })
+"""Slurm nodes in these states are not expected to have a live Kubernetes node (power saving,
+future or rebooting nodes): the bridge leaves them to Slurm."""
+OUT_OF_SERVICE_TAINT: Final = "node.kubernetes.io/out-of-service"
+"""An operator's word that the node is shut down: its pods may be removed without a kubelet."""
+REASON_MAX = 200
+"""Slurm keeps a node reason in a 255-byte column (slurmdbd); Kubernetes text is cut to fit."""
 _OUT_STATES: Final = frozenset({"DOWN", "DRAIN", "FAIL"})
 """Slurm node states (base or flag) that keep new jobs off the node."""
 
@@ -160,7 +170,11 @@ def assess(
     `tolerations`: what the pods of the node's partitions tolerate, besides the bridged taint.
     """
     if twin is None:
-        return Health("down", f"no Kubernetes node {twin_name}")
+        # A relabelling or a re-registered Node object is gone for a moment only: the same grace.
+        waited = not_ready_for_s or 0.0
+        if waited >= grace_s:
+            return Health("down", f"no Kubernetes node {twin_name}")
+        return Health("wait", f"no Kubernetes node {twin_name}", recheck_in_s=grace_s - waited)
     if twin.ready != "True":
         state = "NotReady" if twin.ready == "False" else "Unknown" if twin.ready else "not Ready yet"
         detail = _because(twin.ready_reason, twin.ready_message)
@@ -169,11 +183,13 @@ def assess(
         if waited >= grace_s:
             return Health("down", f"{why} for {waited:.0f}s")
         return Health("wait", why, recheck_in_s=grace_s - waited)
+    if any(t.key == OUT_OF_SERVICE_TAINT for t in twin.taints):
+        return Health("down", f"Kubernetes node {twin.name} is out of service ({OUT_OF_SERVICE_TAINT})")
     if twin.unschedulable:
         return Health("drain", f"Kubernetes node {twin.name} is cordoned")
     accepted = [*tolerations, {"key": wellknown.TAINT_BRIDGED, "operator": "Exists"}]
     for taint in twin.taints:
-        if taint.effect not in ("NoSchedule", "NoExecute") or taint.key in _CONDITION_TAINTS:
+        if taint.effect not in ("NoSchedule", "NoExecute") or taint.key.startswith(_CONDITION_TAINT_PREFIX):
             continue
         if not tolerated(taint, accepted):
             return Health("drain", f"Kubernetes node {twin.name} has taint {taint}")
@@ -197,18 +213,21 @@ def plan_updates(slurm: SlurmNode, health: Health, *, drain_with_down: bool = Fa
     (it runs beside slurmctld); only DRAIN then keeps new jobs off. The caller sets it once it has
     seen one of its DOWN nodes come back while its Kubernetes node was still unhealthy.
     """
-    if health.verdict == "wait":
+    if health.verdict == "wait" or not slurm.states.isdisjoint(_NOT_MANAGED_STATES):
         return []
     if slurm.out and not slurm.set_by_bridge:
         return []  # an admin's (or Slurm's own) decision: never overridden
     down, drain = "DOWN" in slurm.states, "DRAIN" in slurm.states
     ours = slurm.set_by_bridge
-    reason = f"{REASON_PREFIX} {health.why}"
+    reason = slurm_reason(health.why)
     if health.verdict == "down":
-        updates = [] if down and ours else [NodeUpdate(slurm.name, "DOWN", reason)]
-        if drain_with_down and not (drain and ours):
-            updates.append(NodeUpdate(slurm.name, "DRAIN", reason))
-        return updates
+        if drain_with_down:
+            # DRAIN first, so no job starts in between; a registration that lifts DOWN later leaves
+            # the DRAIN, which is enough from then on (DOWN again would kill nothing new).
+            if ours and drain:
+                return []
+            return [NodeUpdate(slurm.name, "DRAIN", reason), NodeUpdate(slurm.name, "DOWN", reason)]
+        return [] if down and ours else [NodeUpdate(slurm.name, "DOWN", reason)]
     if health.verdict == "drain":
         if ours and drain and not down:
             return []
@@ -217,6 +236,13 @@ def plan_updates(slurm: SlurmNode, health: Health, *, drain_with_down: bool = Fa
             return [NodeUpdate(slurm.name, "RESUME"), NodeUpdate(slurm.name, "DRAIN", reason)]
         return [NodeUpdate(slurm.name, "DRAIN", reason)]
     return [NodeUpdate(slurm.name, "RESUME")] if ours and (down or drain) else []
+
+
+def slurm_reason(why: str) -> str:
+    """The bridge's node reason: its prefix, then `why` on one line, cut to fit Slurm's column."""
+    flat = "".join(ch if ch.isprintable() else " " for ch in why)
+    text = f"{REASON_PREFIX} {flat}"
+    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 
 def after(slurm: SlurmNode, updates: Iterable[NodeUpdate]) -> SlurmNode:
@@ -241,7 +267,8 @@ def wanted_condition(slurm: SlurmNode | None) -> tuple[str, str, str]:
         return ("False", "SlurmNodeAvailable", "")
     state = "DOWN" if "DOWN" in slurm.states else "FAIL" if "FAIL" in slurm.states else "DRAIN"
     reason = {"DOWN": "SlurmNodeDown", "FAIL": "SlurmNodeFailed"}.get(state, "SlurmNodeDrained")
-    return ("True", reason, f"Slurm node {slurm.name} is {state}: {slurm.reason or 'no reason given'}")
+    why = "".join(ch if ch.isprintable() else " " for ch in slurm.reason)[:REASON_MAX] or "no reason given"
+    return ("True", reason, f"Slurm node {slurm.name} is {state}: {why}")
 
 
 def condition_needs_update(twin: KubeNode, wanted: tuple[str, str, str]) -> bool:

@@ -64,6 +64,9 @@ class Finished:
     """Explanation for the job's stderr; empty for a clean exit 0."""
     timed_out: bool = False
     oom_killed: bool = False
+    by_kubernetes: bool = False
+    """Kubernetes itself ended it (status.reason set: Evicted, Preempting, ...), which native Slurm
+    has no word for: worth a line in the job's output, where a plain kill by signal is not."""
 
 
 @dataclass(frozen=True)
@@ -288,7 +291,7 @@ def _from_terminated(pod: PodView, term: Terminated) -> Outcome:
         text = f"{pod.name}: exited with code {term.exit_code}"
     if pod.reason:
         text += f" ({_because(pod.reason, pod.message)})"
-    return Finished(term.exit_code, sig, text, oom_killed=oom)
+    return Finished(term.exit_code, sig, text, oom_killed=oom, by_kubernetes=bool(pod.reason))
 
 
 def _timeout(pod: PodView, exit_code: int, sig: int | None) -> Finished:

@@ -202,11 +202,18 @@ async def run(cfg: BridgeConfig) -> int:
             if leader_pod is not None:
                 workers.append(asyncio.create_task(_until_done(leader_pod.mark, "leader_pod.mark"),
                                                    name="leader-pod-label"))
-            waits = {asyncio.ensure_future(stop.wait())}
+            waits = {asyncio.ensure_future(stop.wait()), *background}
             if elector is not None:
                 waits.add(asyncio.ensure_future(elector.lost.wait()))
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if elector is not None and elector.lost.is_set():
+                exit_code = 1
+            for task in done & set(background):
+                # A watch or a poll only ends by a permanent error (RBAC, a config the server
+                # refuses): its cache would freeze while the daemon looked ready. Exit; the
+                # supervisor restarts us and the error is in the log.
+                error = task.exception() if not task.cancelled() else None
+                log.error("daemon.source_died", task=task.get_name(), error=repr(error))
                 exit_code = 1
     finally:
         log.info("daemon.stopping", exit_code=exit_code)

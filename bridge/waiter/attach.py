@@ -347,8 +347,8 @@ def main(argv: list[str]) -> int:
     waiter = Waiter(api_url, job_id, script, environment, work_dir, ca_file)
 
     def on_terminate(signum: int, _frame: object) -> None:
+        # Silent, as a native batch script is: slurmstepd reports a cancel or a time limit itself.
         if not waiter._state.cancel_requested:
-            _stderr(f"got signal {signum}: stopping the job's pods")
             waiter.request_cancel()
 
     signal.signal(signal.SIGTERM, on_terminate)

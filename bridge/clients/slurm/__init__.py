@@ -58,6 +58,9 @@ class SlurmClient(Protocol):
     async def changed_nodes(self, partitions: Collection[str]) -> list[SlurmNode] | None:
         """The nodes of `partitions` if any node changed since the previous call, else None."""
 
+    async def node(self, name: str) -> SlurmNode | None:
+        """One node's current state (read before the bridge changes it), None if unknown."""
+
     async def update_node(self, name: str, state: str, reason: str = "") -> None:
         """`scontrol update nodename=<name> state=<state> [reason=<reason>]`."""
 

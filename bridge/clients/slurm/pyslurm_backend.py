@@ -131,6 +131,9 @@ class PyslurmSlurmClient:
         self._last_nodes = nodes
         return nodes
 
+    async def node(self, name: str) -> SlurmNode | None:
+        return await self._call(f"load node {name}", self._load_node, name)
+
     async def update_node(self, name: str, state: str, reason: str = "") -> None:
         await self._call(f"update node {name}", self._update_node, name, state, reason)
 
@@ -170,6 +173,13 @@ class PyslurmSlurmClient:
             if not partitions.isdisjoint(parts):
                 nodes.append(slurm_node(node.name, [node.state or ""], node.reason, parts))
         return sorted(nodes, key=lambda n: n.name)
+
+    def _load_node(self, name: str) -> SlurmNode | None:
+        try:
+            node = self._pyslurm.Node.load(name)
+        except self._pyslurm.RPCError:
+            return None
+        return slurm_node(node.name, [node.state or ""], node.reason, list(node.partitions or []))
 
     def _update_node(self, name: str, state: str, reason: str) -> None:
         self._ext.clear_errno()

@@ -24,7 +24,7 @@ from bridge.clients.slurm import (
     parse_listing,
     slurm_node,
 )
-from bridge.core.errors import SlurmAuthError, SlurmUnavailable
+from bridge.core.errors import PermanentError, SlurmAuthError, SlurmUnavailable
 from bridge.core.model import JobAllocation, allocation_from_rest
 from bridge.core.nodehealth import SlurmNode
 
@@ -173,6 +173,8 @@ class RestSlurmClient:
         if self._nodes_recheck_second is not None and time.time() >= self._nodes_recheck_second + 1:
             since, self._nodes_recheck_second = self._nodes_recheck_second - 1, None  # see changed_jobs
         body = await self._request("GET", f"/slurm/{API_VERSION}/nodes/", params={"update_time": str(since)})
+        if body.get("errors"):
+            raise SlurmUnavailable(f"slurmrestd could not list nodes: {body['errors']}")
         raw_nodes = body.get("nodes") or []
         if not raw_nodes:
             return None
@@ -188,6 +190,19 @@ class RestSlurmClient:
             nodes.append(slurm_node(str(raw["name"]), raw.get("state") or [], raw.get("reason"), parts))
         return nodes
 
+    async def node(self, name: str) -> SlurmNode | None:
+        try:
+            body = await self._request("GET", f"/slurm/{API_VERSION}/node/{name}")
+        except SlurmRequestFailed as failure:
+            if _refused(failure.body):
+                return None
+            raise
+        for raw in body.get("nodes") or []:
+            if raw.get("name") == name:
+                return slurm_node(name, raw.get("state") or [], raw.get("reason"),
+                                  [str(p) for p in raw.get("partitions") or []])
+        return None
+
     async def update_node(self, name: str, state: str, reason: str = "") -> None:
         body: dict[str, Any] = {"state": [state]}
         if reason:
@@ -197,6 +212,9 @@ class RestSlurmClient:
         except SlurmRequestFailed as failure:
             answer = failure.body if isinstance(failure.body, dict) else {}
         errors = answer.get("errors") or []
+        if errors and _refused(answer):
+            # An unknown node or a refusal of the bridge's user: retrying cannot help.
+            raise SlurmNodeRefused(f"slurmctld refused to set node {name} {state}: {errors}")
         if errors:
             raise SlurmUnavailable(f"slurmrestd could not set node {name} {state}: {errors}")
 
@@ -213,6 +231,15 @@ class SlurmRequestFailed(SlurmUnavailable):
         self.body: dict[str, Any] = body if isinstance(body, dict) else {}
         detail = "; ".join(str(e.get("description") or e.get("error")) for e in self.body.get("errors") or [])
         super().__init__(f"slurmrestd {method} {path}: HTTP {status}" + (f": {detail}" if detail else ""))
+
+
+class SlurmNodeRefused(PermanentError):
+    """slurmctld refused a node update for good (unknown node, no permission)."""
+
+
+def _refused(body: object) -> bool:
+    text = str((body or {}).get("errors") if isinstance(body, dict) else "").lower()
+    return any(word in text for word in ("invalid node", "access denied", "permission", "not found"))
 
 
 class MalformedAnswer(SlurmAuthError):

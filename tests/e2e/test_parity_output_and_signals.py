@@ -1,0 +1,138 @@
+"""Parity with native Slurm (issue 10): every script runs in `native` and in `k8s` at once, and
+the -o/-e files and the sacct rows (job and steps) must be the same, byte for byte, once node
+names and job ids are normalised. All cases are submitted together, so each run is also a load
+test of the attach, the log relays and the signal path.
+
+Lines that only native Slurm or only the bridge writes for the same event are not compared
+where they legitimately differ (slurmstepd's own "*** JOB ... CANCELLED AT <time> ***" carries a
+time); everything the script writes is.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.sandbox import Sandbox, wait_until, write_script
+
+pytestmark = pytest.mark.e2e
+
+BUSYBOX = "#K8S image=sandbox.local/busybox:1\n"
+ALL_BYTES = 'i=0; while [ $i -lt 256 ]; do printf "\\\\$(printf %o $i)"; i=$((i+1)); done\n'
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    body: str
+    args: tuple[str, ...] = ()
+    stderr_file: bool = False
+    """Submit with -e (a file of its own) besides -o."""
+    action: str = ""
+    """"usr1": scancel -s USR1 -b once "started" is out; "cancel": scancel then."""
+    array: int = 0
+
+
+CASES = [
+    Case("interleaved", "for i in 1 2 3 4 5; do echo out$i; echo err$i >&2; done\n"),
+    Case("separate_stderr", "for i in 1 2 3; do echo out$i; echo err$i >&2; done\nexit 3\n",
+         stderr_file=True),
+    Case("no_final_newline", "printf 'first\\nlast line without newline'\n"),
+    Case("binary", ALL_BYTES + "printf '\\377\\376 not utf-8\\n' >&2\n", stderr_file=True),
+    Case("one_megabyte_line", "head -c 1048576 /dev/zero | tr '\\0' x\necho\necho after\n"),
+    Case("exit_code", "echo before; exit 42\n"),
+    Case("killed_by_signal", "echo before; kill -9 $$\n"),
+    Case("usr1_by_scancel",
+         "trap 'echo got-usr1; exit 0' USR1\necho started\ni=0; while [ $i -lt 60 ]; do sleep 1; "
+         "i=$((i+1)); done\necho never\n", action="usr1"),
+    Case("usr1_before_time_limit",
+         "trap 'echo checkpoint; exit 0' USR1\necho started\ni=0; while [ $i -lt 200 ]; do sleep 1; "
+         "i=$((i+1)); done\necho never\n", args=("--time=1", "--signal=B:USR1@50")),
+    Case("term_trap_on_cancel",
+         "trap 'sleep 2; echo cleaned-up; exit 0' TERM\necho started\nsleep 100 &\nwait\n", action="cancel"),
+    Case("array_outputs", 'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT"\n', array=6),
+]
+
+
+def _submit(sandbox: Sandbox, case: Case, partition: str, workdir: Path) -> int:
+    script = write_script(sandbox, "alice", f"parity-{case.name}.sh", "#!/bin/sh\n" + BUSYBOX + case.body)
+    pattern = "%A_%a" if case.array else "%j"
+    args = ["-p", partition, "-D", str(workdir), "-o", f"{case.name}-{partition}-{pattern}.out"]
+    if case.stderr_file:
+        args += ["-e", f"{case.name}-{partition}-{pattern}.err"]
+    if case.array:
+        args += [f"--array=0-{case.array - 1}"]
+    return sandbox.sbatch(*args, *case.args, str(script))
+
+
+def _sacct(sandbox: Sandbox, job_id: int) -> list[tuple[str, str, str]] | None:
+    """(JobID with the id replaced, State, ExitCode) of the job and its steps, once final."""
+    out = sandbox.slurm("sacct", "-n", "-P", "-j", str(job_id), "-o", "JobID,State,ExitCode",
+                        check=False).stdout
+    rows = []
+    for line in out.splitlines():
+        job, state, code = line.split("|")
+        if state in ("PENDING", "RUNNING", "REQUEUED"):
+            return None
+        rows.append((re.sub(r"^\d+", "N", job), state.split()[0], code))
+    if not rows or any(state in ("PENDING", "RUNNING") for _, state, _ in rows):
+        return None
+    return sorted(rows)
+
+
+def _normalised(text: bytes) -> bytes:
+    """slurmstepd's cancel and time-limit lines carry a time stamp, the job id and the node."""
+    return re.sub(rb"^(\[\S+\] )?(slurmstepd: )?error: \*\*\* JOB \d+ ON \S+ (\w+) AT \S+ (.*)\*\*\*$",
+                  rb"error: *** JOB \3 \4***", text, flags=re.M)
+
+
+def _started(path: Path) -> bool:
+    return path.exists() and b"started" in path.read_bytes()
+
+
+def test_every_script_writes_the_same_bytes_and_sacct_rows_in_native_and_k8s(bridge: Sandbox) -> None:
+    workdir = bridge.home("alice") / f"parity-{int(time.time())}"
+    workdir.mkdir()
+    user = pwd.getpwnam("alice")
+    os.chown(workdir, user.pw_uid, user.pw_gid)
+
+    jobs = {(case.name, part): _submit(bridge, case, part, workdir)
+            for case in CASES for part in ("native", "k8s")}
+    for case in CASES:
+        if not case.action:
+            continue
+        for part in ("native", "k8s"):
+            job = jobs[(case.name, part)]
+            out = workdir / f"{case.name}-{part}-{job}.out"
+            wait_until(f"{case.name} started in {part}", lambda o=out: _started(o), timeout=90)
+            if case.action == "usr1":
+                bridge.slurm("scancel", "-s", "USR1", "-b", str(job))
+            else:
+                bridge.slurm("scancel", str(job))
+
+    rows = {key: wait_until(f"{key} final in sacct", lambda j=job: _sacct(bridge, j), timeout=240)
+            for key, job in jobs.items()}
+    differences = []
+    for case in CASES:
+        native, bridged = jobs[(case.name, "native")], jobs[(case.name, "k8s")]
+        if rows[(case.name, "native")] != rows[(case.name, "k8s")]:
+            differences.append(f"{case.name}: sacct native {rows[(case.name, 'native')]} "
+                               f"!= k8s {rows[(case.name, 'k8s')]}")
+        suffixes = [".out", ".err"] if case.stderr_file else [".out"]
+        tasks = [f"_{i}" for i in range(case.array)] if case.array else [""]
+        for task in tasks:
+            for suffix in suffixes:
+                native_file = workdir / f"{case.name}-native-{native}{task}{suffix}"
+                bridged_file = workdir / f"{case.name}-k8s-{bridged}{task}{suffix}"
+                want = _normalised(native_file.read_bytes())
+                got = _normalised(bridged_file.read_bytes())
+                if want != got:
+                    differences.append(
+                        f"{case.name}{task}{suffix}: native {want[:300]!r} != k8s {got[:300]!r}")
+    assert not differences, "\n".join(differences)
