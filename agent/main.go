@@ -15,6 +15,10 @@
 //	    their own pipes (the job has -e elsewhere than -o); "merged": one pipe for both, so the
 //	    order between them stays the order of the writes, as in one Slurm output file
 //	slurm-k8s-bridge-agent signal PIDFILE SIG    send SIG (a number) to the script run wrote to PIDFILE
+//	slurm-k8s-bridge-agent wait                  hold a node of the job until stopped (exit 0)
+//
+// A batch script runs once, on the job's first node, as Slurm runs it on the batch host; the pods
+// of the other nodes run `wait`.
 //
 // Signals: SIGTERM, SIGINT, SIGHUP and SIGQUIT that reach the agent (the kubelet stopping the pod)
 // go to the script's whole process group, as slurmstepd signals every process of a step on
@@ -44,7 +48,7 @@ const drainAfterExit = 2 * time.Second
 
 func main() {
 	if len(os.Args) < 2 {
-		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | signal PIDFILE SIG")
+		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | signal PIDFILE SIG | wait")
 	}
 	switch os.Args[1] {
 	case "install":
@@ -57,6 +61,8 @@ func main() {
 			fail("usage: slurm-k8s-bridge-agent run PIDFILE split|merged -- ARGV...")
 		}
 		os.Exit(run(os.Args[2], os.Args[3] == "merged", os.Args[5:]))
+	case "wait":
+		hold()
 	case "signal":
 		if len(os.Args) != 4 {
 			fail("usage: slurm-k8s-bridge-agent signal PIDFILE SIG")
@@ -197,6 +203,14 @@ func run(pidfile string, merged bool, argv []string) int {
 		return 128 + int(status.Signal())
 	}
 	return status.ExitStatus()
+}
+
+// hold waits for the kubelet's SIGTERM (or SIGINT) and exits 0: the node was only held for the job.
+func hold() {
+	stops := make(chan os.Signal, 1)
+	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT)
+	<-stops
+	os.Exit(0)
 }
 
 func sendSignal(pidfile, sig string) {

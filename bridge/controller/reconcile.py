@@ -219,7 +219,8 @@ class Reconciler:
         # Like srun: wait for every rank, then the highest non-zero exit code wins (deciding at the
         # first failure would make the code depend on which rank happened to end first).
         decision = outcomes.job_outcome(
-            pods, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace, wait_for_all=True
+            pods, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace, wait_for_all=True,
+            batch_only=any(_runs_agent(p) for p in pods),
         )
         self._ensure_log_relays(session, pods)
         if isinstance(decision, outcomes.FailedBeforeStart) and decision.overdue:
@@ -372,7 +373,7 @@ class Reconciler:
     def _ensure_log_relays(self, session: JobSession, pods: list[dict[str, Any]]) -> None:
         if not session.attached:
             return
-        for pod in pods:
+        for pod in _with_output(pods):
             name = pod["metadata"]["name"]
             if name in session.log_tasks or name in session.logs_done or not _container_started(pod):
                 continue
@@ -384,7 +385,8 @@ class Reconciler:
     def _logs_drained(self, session: JobSession, pods: list[dict[str, Any]]) -> bool:
         if not session.attached:
             return False
-        return all(pod["metadata"]["name"] in session.logs_done for pod in pods if _container_started(pod))
+        return all(pod["metadata"]["name"] in session.logs_done
+                   for pod in _with_output(pods) if _container_started(pod))
 
     async def _relay_logs(self, session: JobSession, pod_name: str, index: int) -> None:
         """Relay one pod's log to the waiter until its container has terminated and every line is out.
@@ -443,6 +445,16 @@ def _output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
         return {"type": "out", "pod": index, "ts": stamp, "fd": 1 if tag == "o" else 2, "data": data}
     text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()
     return {"type": "out", "pod": index, "ts": stamp, "fd": 2, "data": text}
+
+
+def _runs_agent(pod: dict[str, Any]) -> bool:
+    return _annotation(pod, wellknown.ANNOTATION_OUTPUT) == wellknown.OUTPUT_FRAMED
+
+
+def _with_output(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods whose logs carry the job's output: with the agent only the first node's (the
+    others hold their node and print nothing), else every pod's."""
+    return [p for p in pods if not _runs_agent(p) or (node_index_of(p) or 0) == 0]
 
 
 def _annotation(pod: dict[str, Any], key: str) -> str | None:

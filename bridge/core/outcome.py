@@ -237,10 +237,13 @@ def job_outcome(
     now: datetime,
     grace_s: float = DEFAULT_GRACE_S,
     wait_for_all: bool = False,
+    batch_only: bool = False,
 ) -> Outcome:
     """The outcome of a job with `node_count` nodes from the pods observed for it.
 
     Pods not observed yet count as still starting; the caller knows whether it created them.
+    `batch_only`: the script runs in the first node's pod only (the in-pod agent holds the other
+    nodes); the job ends as that pod ends, while any pod that cannot start still fails it.
     """
     views = sorted((pod_view(p) for p in pods), key=lambda v: (v.index, v.name))
     outcomes = [(view, pod_outcome(view, now, grace_s)) for view in views]
@@ -248,6 +251,9 @@ def job_outcome(
     for _, outcome in outcomes:
         if isinstance(outcome, FailedBeforeStart):
             return outcome
+    if batch_only:
+        outcomes = [(view, outcome) for view, outcome in outcomes if view.index == 0]
+        node_count = 1
     finished = [o for _, o in outcomes if isinstance(o, Finished)]
     failed = [o for o in finished if o.exit_code != 0 or o.signal is not None or o.timed_out]
     everyone_done = len(finished) >= node_count and len(finished) == len(outcomes)

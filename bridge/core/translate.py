@@ -429,8 +429,11 @@ def _pod(
         volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
         mounts.append({"name": wellknown.AGENT_VOLUME, "mountPath": wellknown.AGENT_DIR})
         mode = "merged" if payload.output_merged else "split"
-        command = [f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}", "run", wellknown.AGENT_PIDFILE,
-                   mode, "--", *command]
+        agent_path = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+        # The batch script runs once, on the first node, as on Slurm's batch host; the other
+        # nodes' pods hold their share of the allocation.
+        command = ([agent_path, "run", wellknown.AGENT_PIDFILE, mode, "--", *command] if index == 0
+                   else [agent_path, "wait"])
     container: dict[str, Any] = {
         "name": wellknown.CONTAINER_NAME,
         "image": image,

@@ -57,6 +57,9 @@ CASES = [
     Case("term_trap_on_cancel",
          "trap 'sleep 2; echo cleaned-up; exit 0' TERM\necho started\nsleep 100 &\nwait\n", action="cancel"),
     Case("array_outputs", 'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT"\n', array=6),
+    # The batch script runs once, on the first node, however many nodes the job has.
+    Case("two_nodes_run_the_script_once", "echo once on node $SLURM_NODEID of $SLURM_NNODES\nexit 5\n",
+         args=("-N", "2")),
 ]
 
 

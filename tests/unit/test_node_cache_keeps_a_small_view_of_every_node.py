@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.clients.kube.nodes import NodeCache
-from bridge.core.nodehealth import KubeNode, Taint
+from bridge.core.nodehealth import OUT_OF_SERVICE_TAINT, KubeNode, Taint
 
 SLURM = "example.org/slurm-node"
 
@@ -122,6 +122,21 @@ def test_a_taint_with_a_new_time_added_is_no_change(cache: NodeCache) -> None:
     got = cache.get("k1")
     assert got is not None
     assert got.taints == (Taint("gpu", "", "NoExecute"),)
+
+
+def test_the_out_of_service_taint_is_kept_and_its_removal_is_a_change(cache: NodeCache) -> None:
+    """node_is_dead reads it from the cache: it must arrive, and its removal too."""
+    oos = {"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute",
+           "timeAdded": "2025-12-01T12:00:00Z"}
+    cache.apply("ADDED", node("k1", ready="False"))
+    assert cache.apply("MODIFIED", node("k1", ready="False", taints=[oos])) == {"k1"}
+    got = cache.get("k1")
+    assert got is not None
+    assert got.taints == (Taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute"),)
+    assert cache.apply("MODIFIED", node("k1", ready="False")) == {"k1"}
+    got = cache.get("k1")
+    assert got is not None
+    assert got.taints == ()
 
 
 def test_a_deleted_node_is_a_change_once(cache: NodeCache) -> None:

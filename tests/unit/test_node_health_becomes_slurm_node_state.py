@@ -10,6 +10,8 @@ import pytest
 
 from bridge.core import nodehealth, wellknown
 from bridge.core.nodehealth import (
+    OUT_OF_SERVICE_TAINT,
+    REASON_MAX,
     REASON_PREFIX,
     SLURM_CONDITION,
     Health,
@@ -23,6 +25,7 @@ from bridge.core.nodehealth import (
     disagreement,
     kube_node,
     plan_updates,
+    slurm_reason,
     tolerated,
     wanted_condition,
 )
@@ -189,10 +192,13 @@ def test_equal_with_no_value_tolerates_a_taint_without_value() -> None:
 # -- assess -----------------------------------------------------------------------------------
 
 
-def test_no_twin_means_down() -> None:
-    assert assess(None, "kube9", not_ready_for_s=None, grace_s=GRACE) == Health(
-        "down", "no Kubernetes node kube9"
-    )
+def test_no_twin_waits_out_the_grace_then_goes_down() -> None:
+    why = "no Kubernetes node kube9"
+    assert assess(None, "kube9", not_ready_for_s=None, grace_s=GRACE) == Health("wait", why, GRACE)
+    assert assess(None, "kube9", not_ready_for_s=20.0, grace_s=GRACE) == Health("wait", why, 40.0)
+    assert assess(None, "kube9", not_ready_for_s=GRACE - 0.5, grace_s=GRACE).verdict == "wait"
+    assert assess(None, "kube9", not_ready_for_s=GRACE, grace_s=GRACE) == Health("down", why)
+    assert assess(None, "kube9", not_ready_for_s=GRACE * 10, grace_s=GRACE) == Health("down", why)
 
 
 @pytest.mark.parametrize(("ready", "shown"), [("False", "NotReady"), ("Unknown", "Unknown")])
@@ -240,6 +246,11 @@ IGNORED_TAINTS = [
     Taint("node.kubernetes.io/not-ready", "", "NoExecute"),
     Taint("node.kubernetes.io/unreachable", "", "NoExecute"),
     Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),
+    Taint("node.kubernetes.io/memory-pressure", "", "NoSchedule"),
+    Taint("node.kubernetes.io/disk-pressure", "", "NoSchedule"),
+    Taint("node.kubernetes.io/pid-pressure", "", "NoSchedule"),
+    Taint("node.kubernetes.io/network-unavailable", "", "NoSchedule"),
+    Taint("node.kubernetes.io/some-future-condition", "x", "NoExecute"),
     Taint("gpu", "broken", "PreferNoSchedule"),
 ]
 
@@ -248,6 +259,31 @@ IGNORED_TAINTS = [
 def test_taints_the_bridge_ignores_leave_the_node_ok(taint: Taint) -> None:
     node = twin(taints=(taint,))
     assert assess(node, "kube1", not_ready_for_s=None, grace_s=GRACE) == Health("ok")
+
+
+@pytest.mark.parametrize(
+    "key", ["node.kubernetes.io", "node.kubernetes.io.example.org/x", "example.org/node.kubernetes.io/x"]
+)
+def test_only_the_kubernetes_condition_prefix_is_ignored(key: str) -> None:
+    node = twin(taints=(Taint(key, "", "NoSchedule"),))
+    assert assess(node, "kube1", not_ready_for_s=None, grace_s=GRACE).verdict == "drain"
+
+
+@pytest.mark.parametrize("effect", ["NoExecute", "NoSchedule"])
+def test_the_out_of_service_taint_means_down_at_once(effect: str) -> None:
+    why = f"Kubernetes node kube1 is out of service ({OUT_OF_SERVICE_TAINT})"
+    for node in (
+        twin(taints=(Taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", effect),)),
+        twin(unschedulable=True,
+             taints=(Taint("gpu", "", "NoSchedule"), Taint(OUT_OF_SERVICE_TAINT, "", effect))),
+    ):
+        assert assess(node, "kube1", not_ready_for_s=None, grace_s=GRACE) == Health("down", why)
+
+
+def test_the_out_of_service_taint_is_not_tolerated_away() -> None:
+    node = twin(taints=(Taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute"),))
+    health = assess(node, "kube1", not_ready_for_s=None, grace_s=GRACE, tolerations=[{"operator": "Exists"}])
+    assert health.verdict == "down"
 
 
 def test_a_taint_the_partition_tolerates_leaves_the_node_ok() -> None:
@@ -284,8 +320,36 @@ WAIT = Health("wait", "Kubernetes node kube1 is NotReady", recheck_in_s=10.0)
     ids="+".join,
 )
 @pytest.mark.parametrize("reason", ["maintenance", "", "Not responding", "slurm-k8s-bridge no colon"])
-def test_an_admins_state_is_never_overridden(health: Health, states: set[str], reason: str) -> None:
-    assert plan_updates(slurm(states, reason), health) == []
+@pytest.mark.parametrize("drain_with_down", [False, True], ids=["down alone", "drain with down"])
+def test_an_admins_state_is_never_overridden(
+    health: Health, states: set[str], reason: str, drain_with_down: bool
+) -> None:
+    assert plan_updates(slurm(states, reason), health, drain_with_down=drain_with_down) == []
+
+
+NOT_MANAGED = ["FUTURE", "CLOUD", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN",
+               "REBOOT_REQUESTED", "REBOOT_ISSUED"]
+
+
+@pytest.mark.parametrize("flag", NOT_MANAGED)
+@pytest.mark.parametrize("health", [DOWN, DRAIN, OK], ids=lambda h: h.verdict)
+@pytest.mark.parametrize(
+    ("base", "reason"), [({"IDLE"}, ""), ({"DOWN"}, OURS), ({"IDLE", "DRAIN"}, OURS)],
+    ids=["in service", "bridge down", "bridge drain"],
+)
+@pytest.mark.parametrize("drain_with_down", [False, True], ids=["down alone", "drain with down"])
+def test_power_saving_future_and_rebooting_nodes_are_left_to_slurm(
+    flag: str, health: Health, base: set[str], reason: str, drain_with_down: bool
+) -> None:
+    node = slurm(base | {flag}, reason)
+    assert plan_updates(node, health, drain_with_down=drain_with_down) == []
+    assert disagreement(node, health) is None
+
+
+def test_the_same_node_without_such_a_state_is_managed() -> None:
+    assert plan_updates(slurm({"IDLE"}), DOWN) != []
+    assert plan_updates(slurm({"DOWN"}, OURS), OK) != []
+    assert plan_updates(slurm({"ALLOCATED", "COMPLETING"}), DOWN) != []  # only the listed states
 
 
 def test_wait_changes_nothing_whatever_the_state() -> None:
@@ -329,6 +393,75 @@ def test_the_bridges_own_drain_is_downed_when_the_node_dies() -> None:
 def test_what_the_bridge_already_set_is_not_sent_again() -> None:
     assert plan_updates(slurm({"DOWN"}, OURS), DOWN) == []
     assert plan_updates(slurm({"IDLE", "DRAIN"}, OURS), DRAIN) == []
+
+
+DOWN_REASON = f"{REASON_PREFIX} no Kubernetes node kube1"
+
+
+@pytest.mark.parametrize(
+    "node",
+    [slurm({"IDLE"}), slurm({"ALLOCATED"}), slurm({"DOWN"}, OURS), slurm({"DOWN", "NOT_RESPONDING"}, OURS)],
+    ids=["idle", "allocated", "bridge down", "bridge down, not responding"],
+)
+def test_drain_with_down_drains_first_then_downs(node: SlurmNode) -> None:
+    assert plan_updates(node, DOWN, drain_with_down=True) == [
+        NodeUpdate("kube1", "DRAIN", DOWN_REASON), NodeUpdate("kube1", "DOWN", DOWN_REASON),
+    ]
+
+
+@pytest.mark.parametrize(
+    "states", [{"IDLE", "DRAIN"}, {"ALLOCATED", "DRAIN"}, {"DOWN", "DRAIN"}], ids="+".join,
+)
+def test_drain_with_down_sends_nothing_to_a_node_with_the_bridges_drain(states: set[str]) -> None:
+    # Each registration lifts DOWN and leaves DRAIN: downing it again would loop for ever.
+    assert plan_updates(slurm(states, DOWN_REASON), DOWN, drain_with_down=True) == []
+
+
+def test_drain_with_down_changes_nothing_for_other_verdicts() -> None:
+    for node in (slurm({"IDLE"}), slurm({"DOWN"}, OURS), slurm({"IDLE", "DRAIN"}, OURS)):
+        for health in (DRAIN, OK, WAIT):
+            assert plan_updates(node, health, drain_with_down=True) == plan_updates(node, health)
+
+
+# -- slurm_reason -------------------------------------------------------------------------------
+
+
+def test_a_reason_is_the_prefix_then_the_text() -> None:
+    assert slurm_reason("no Kubernetes node kube1") == f"{REASON_PREFIX} no Kubernetes node kube1"
+
+
+def test_a_reason_is_put_on_one_printable_line() -> None:
+    assert slurm_reason("a\nb\r\nc\td\x00e\x1bf\u2028g") == f"{REASON_PREFIX} a b  c d e f g"
+    assert slurm_reason("Knoten kaputt: Lüfter") == f"{REASON_PREFIX} Knoten kaputt: Lüfter"
+
+
+def test_a_reason_that_fits_is_not_cut() -> None:
+    why = "x" * (REASON_MAX - len(REASON_PREFIX) - 1)
+    assert slurm_reason(why) == f"{REASON_PREFIX} {why}"
+    assert len(slurm_reason(why)) == REASON_MAX
+
+
+def test_a_long_reason_is_cut_to_the_maximum_with_an_ellipsis() -> None:
+    why = "y" * (REASON_MAX - len(REASON_PREFIX))  # one character too many
+    text = slurm_reason(why)
+    assert len(text) == REASON_MAX == 200
+    assert text == f"{REASON_PREFIX} " + "y" * (REASON_MAX - len(REASON_PREFIX) - 4) + "..."
+    huge = slurm_reason("line\n" * 1000)
+    assert len(huge) == REASON_MAX
+    assert huge.startswith(f"{REASON_PREFIX} line line")
+    assert huge.endswith("...")
+    assert huge.isprintable()
+
+
+def test_the_planned_updates_carry_the_cut_reason() -> None:
+    why = "Kubernetes node kube1 is NotReady (KubeletNotReady: " + "container runtime down\n" * 20 + ")"
+    (update,) = plan_updates(slurm({"IDLE"}), Health("down", why))
+    assert update.reason == slurm_reason(why)
+    assert len(update.reason) <= REASON_MAX
+    assert "\n" not in update.reason
+    node = after(slurm({"IDLE"}), [update])
+    assert node.set_by_bridge  # the cut reason still marks the bridge's own state
+    assert plan_updates(node, Health("down", why)) == []
 
 
 # -- after ------------------------------------------------------------------------------------
@@ -378,6 +511,18 @@ def test_an_admins_drain_is_wanted_as_a_true_condition() -> None:
     assert wanted_condition(slurm({"FAIL"}, "bad dimm")) == (
         "True", "SlurmNodeFailed", "Slurm node kube1 is FAIL: bad dimm",
     )
+
+
+def test_an_admins_reason_is_shown_on_one_line_and_cut() -> None:
+    status, reason, message = wanted_condition(slurm({"IDLE", "DRAIN"}, "swap\ndisk\t3\x00"))
+    assert (status, reason) == ("True", "SlurmNodeDrained")
+    assert message == "Slurm node kube1 is DRAIN: swap disk 3 "
+    long = "z" * 1000
+    message = wanted_condition(slurm({"DOWN"}, long))[2]
+    head = "Slurm node kube1 is DOWN: "
+    assert message.startswith(head + "z" * 100)
+    assert len(message) <= len(head) + REASON_MAX
+    assert wanted_condition(slurm({"DOWN"}, "\n" * 5))[2].isprintable()
 
 
 @pytest.mark.parametrize(

@@ -144,7 +144,8 @@ CASES: list[tuple[str, list[dict[str, Any]], int, Outcome]] = [
             )
         ],
         1,
-        Finished(137, 9, "slurm-9-0: killed by signal 9 (SIGKILL) (Evicted: low on memory)"),
+        Finished(137, 9, "slurm-9-0: killed by signal 9 (SIGKILL) (Evicted: low on memory)",
+                 by_kubernetes=True),
     ),
     (
         "failed while running",
