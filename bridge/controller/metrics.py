@@ -21,6 +21,9 @@ HELP = {
     "log_relay_resumes_total": "Log relays resumed after their stream ended or stalled early.",
     "attach_requests_total": "Waiter attach requests accepted.",
     "attach_rejected_total": "Waiter requests rejected (identity, unknown job, bad payload).",
+    "slurm_node_polls_total": "Polls of Slurm for node changes.",
+    "slurm_node_updates_total": "Slurm node updates sent (DOWN, DRAIN, RESUME).",
+    "node_mass_failure_brakes_total": "DOWNs turned into DRAINs: over half the bridged nodes unhealthy.",
 }
 
 

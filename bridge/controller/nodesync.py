@@ -105,8 +105,13 @@ class NodeHealthSync:
     def health(self, slurm: SlurmNode, now: float | None = None) -> Health:
         name = self.twin_name(slurm)
         if name is None:
-            return nodehealth.assess(None, f"labelled {self._node_label(slurm)}={slurm.name}",
-                                     not_ready_for_s=None, grace_s=self._settings.not_ready_grace_s)
+            # No node carries the label (any more): its absence is timed under a key of its own.
+            label = f"labelled {self._node_label(slurm)}={slurm.name}"
+            since = self._not_ready_since.setdefault(label, time.monotonic())
+            waited = (now if now is not None else time.monotonic()) - since
+            return nodehealth.assess(None, label, not_ready_for_s=waited,
+                                     grace_s=self._settings.not_ready_grace_s)
+        self._not_ready_since.pop(f"labelled {self._node_label(slurm)}={slurm.name}", None)
         twin = self.nodes.get(name)
         since = self._not_ready_since.get(name)
         waited = None if since is None else (now if now is not None else time.monotonic()) - since
@@ -208,7 +213,8 @@ class NodeHealthSync:
         health = self._braked(self.health(slurm))
         if health.verdict == "wait" and health.recheck_in_s is not None:
             self.queue.add_after(name, health.recheck_in_s + 0.05)
-        updates = nodehealth.plan_updates(slurm, health, drain_with_down=self.drain_with_down)
+        updates = nodehealth.plan_updates(slurm, health, drain_with_down=self.drain_with_down,
+                                          downed=name in self._downed)
         if updates:
             # The poll's view may be a second old (or older than our own last write): act on
             # slurmctld's answer of now, never override an admin's fresh decision.
@@ -223,8 +229,10 @@ class NodeHealthSync:
                     bound.warning("node.returned_to_service_while_down",
                                   hint="ReturnToService=2 undoes DOWN; the bridge now drains such nodes too")
                 self.drain_with_down = True
-            updates = nodehealth.plan_updates(slurm, health, drain_with_down=self.drain_with_down)
-        if any(u.state == "DOWN" for u in updates) and self._announce(name, _announcement(name, health)):
+            updates = nodehealth.plan_updates(slurm, health, drain_with_down=self.drain_with_down,
+                                              downed=name in self._downed)
+        if any(u.state == "DOWN" for u in updates) and self._leading() and self._announce(
+                name, _announcement(name, health)):
             await asyncio.sleep(ANNOUNCE_LEAD_S)
         for update in updates:
             if not self._leading():
@@ -254,7 +262,10 @@ class NodeHealthSync:
         Kubernetes itself stops evicting then. DRAIN instead of DOWN: running jobs are left alone."""
         if health.verdict != "down":
             return health
-        unhealthy, total = len(self._not_ready_since), len(self._slurm_nodes)
+        # Only the twins of bridged Slurm nodes count (not other nodes of the cluster).
+        twins = {self.twin_name(node) or f"labelled {self._node_label(node)}={node.name}"
+                 for node in self._slurm_nodes.values()}
+        unhealthy, total = len(twins & self._not_ready_since.keys()), len(self._slurm_nodes)
         if total >= MASS_FAILURE_MIN_NODES and unhealthy > total * MASS_FAILURE_FRACTION:
             self.metrics.inc("node_mass_failure_brakes_total")
             return Health("drain", f"{health.why}; not DOWN: {unhealthy} of {total} nodes are unhealthy at "

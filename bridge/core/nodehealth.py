@@ -205,13 +205,16 @@ class NodeUpdate:
     reason: str = ""
 
 
-def plan_updates(slurm: SlurmNode, health: Health, *, drain_with_down: bool = False) -> list[NodeUpdate]:
+def plan_updates(
+    slurm: SlurmNode, health: Health, *, drain_with_down: bool = False, downed: bool = False
+) -> list[NodeUpdate]:
     """The Slurm updates that make `slurm` match `health`; none while an admin's state holds.
 
     `drain_with_down`: also DRAIN a node set DOWN. Under ReturnToService=2 slurmctld returns a
     DOWN node to service as soon as its slurmd answers, and a bridged node's slurmd always does
     (it runs beside slurmctld); only DRAIN then keeps new jobs off. The caller sets it once it has
     seen one of its DOWN nodes come back while its Kubernetes node was still unhealthy.
+    `downed`: the bridge has set this node DOWN before (and not seen it healthy since).
     """
     if health.verdict == "wait" or not slurm.states.isdisjoint(_NOT_MANAGED_STATES):
         return []
@@ -224,8 +227,10 @@ def plan_updates(slurm: SlurmNode, health: Health, *, drain_with_down: bool = Fa
         if drain_with_down:
             # DRAIN first, so no job starts in between; a registration that lifts DOWN later leaves
             # the DRAIN, which is enough from then on (DOWN again would kill nothing new).
+            if ours and drain and (down or downed):
+                return []  # DOWN once (its jobs ended); a registration may lift DOWN, DRAIN holds
             if ours and drain:
-                return []
+                return [NodeUpdate(slurm.name, "DOWN", reason)]  # drained for a cordon, now dead
             return [NodeUpdate(slurm.name, "DRAIN", reason), NodeUpdate(slurm.name, "DOWN", reason)]
         return [] if down and ours else [NodeUpdate(slurm.name, "DOWN", reason)]
     if health.verdict == "drain":

@@ -414,7 +414,16 @@ def test_drain_with_down_drains_first_then_downs(node: SlurmNode) -> None:
 )
 def test_drain_with_down_sends_nothing_to_a_node_with_the_bridges_drain(states: set[str]) -> None:
     # Each registration lifts DOWN and leaves DRAIN: downing it again would loop for ever.
-    assert plan_updates(slurm(states, DOWN_REASON), DOWN, drain_with_down=True) == []
+    assert plan_updates(slurm(states, DOWN_REASON), DOWN, drain_with_down=True, downed=True) == []
+
+
+def test_a_node_the_bridge_drained_for_a_cordon_is_still_downed_when_it_dies() -> None:
+    """Found in review: with drain_with_down the bridge's own DRAIN (for a cordon) must not stand
+    for a DOWN that never happened, or the jobs on a dead node would never end."""
+    cordoned = slurm({"ALLOCATED", "DRAIN"}, f"{REASON_PREFIX} Kubernetes node kube1 is cordoned")
+    assert plan_updates(cordoned, DOWN, drain_with_down=True, downed=False) == [
+        NodeUpdate("kube1", "DOWN", DOWN_REASON),
+    ]
 
 
 def test_drain_with_down_changes_nothing_for_other_verdicts() -> None:

@@ -554,8 +554,6 @@ async def test_a_deleted_twin_found_by_label_queues_its_slurm_node(monkeypatch: 
     assert world.slurm.updates == []  # gone for a moment only, maybe: the grace first
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a label-mapped Slurm node whose twin is gone waits forever "
-                   "(NodeHealthSync.health passes not_ready_for_s=None when no node carries the label)")
 async def test_a_deleted_twin_found_by_label_downs_its_slurm_node_past_the_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -802,8 +800,6 @@ async def test_a_label_mapped_node_without_its_label_is_never_mapped_by_name(
     assert world.kube.conditions == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: NodeHealthSync.health passes not_ready_for_s=None when no "
-                   "node carries the label, so the verdict stays 'wait' for ever")
 async def test_a_label_mapped_node_without_its_label_is_down_past_the_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -968,6 +964,28 @@ async def test_an_update_after_the_lead_is_lost_is_not_sent(monkeypatch: pytest.
     assert world.kube.conditions == []
 
 
+async def test_the_condition_is_not_written_after_the_lead_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world(monkeypatch)
+    shown = ("True", "SlurmNodeDrained", "Slurm node kube1 is DRAIN: maintenance")
+    list_kube(world, kube_dict("kube1", unschedulable=True, condition=shown))
+    await see_slurm(world, slurm_node("kube1"))  # the admin resumed it; the twin still says drained
+
+    def lose_the_lead() -> None:
+        world.leading[0] = False
+
+    world.slurm.after_update = lose_the_lead
+    await world.sync.sync("kube1")
+
+    assert [state for _, state, _ in world.slurm.updates] == ["DRAIN"]
+    assert world.kube.conditions == []
+
+    world.leading[0] = True  # the same, leading throughout: the stale condition is cleared
+    world.slurm.after_update = None
+    await see_slurm(world, slurm_node("kube1"))
+    await world.sync.sync("kube1")
+    assert world.kube.conditions == [("kube1", SLURM_CONDITION, "False", "SlurmNodeAvailable", "")]
+
+
 async def test_with_the_lead_kept_both_updates_are_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     world = make_world(monkeypatch)
     list_kube(world, kube_dict("kube1", unschedulable=True))
@@ -980,8 +998,6 @@ async def test_with_the_lead_kept_both_updates_are_sent(monkeypatch: pytest.Monk
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the brake counts every Kubernetes node in _not_ready_since "
-                   "(unbridged ones, deleted ones never forgotten) against the bridged Slurm nodes")
 async def test_unhealthy_nodes_outside_the_bridge_do_not_pull_the_brake(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -120,7 +120,6 @@ async def test_unavailable_is_raised_as_is_when_slurmrestd_does_not_answer(
         await slurm.update_node("kube1", "DOWN", "r")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: update_node takes a 5xx answer without `errors` for a success")
 async def test_a_5xx_answer_without_errors_is_no_success(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -211,6 +211,8 @@ class RestSlurmClient:
             answer = await self._request("POST", f"/slurm/{API_VERSION}/node/{name}", json=body)
         except SlurmRequestFailed as failure:
             answer = failure.body if isinstance(failure.body, dict) else {}
+            if not answer.get("errors"):
+                raise  # a 5xx without a word: not done
         errors = answer.get("errors") or []
         if errors and _refused(answer):
             # An unknown node or a refusal of the bridge's user: retrying cannot help.
