@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -47,6 +48,10 @@ const chunk = 12000
 const drainAfterExit = 2 * time.Second
 
 func main() {
+	if filepath.Base(os.Args[0]) == "srun" {
+		srunClient(os.Args[1:])
+		return
+	}
 	if len(os.Args) < 2 {
 		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | signal PIDFILE SIG | wait")
 	}
@@ -63,6 +68,16 @@ func main() {
 		os.Exit(run(os.Args[2], os.Args[3] == "merged", os.Args[5:]))
 	case "wait":
 		hold()
+	case "step-done":
+		if len(os.Args) != 4 {
+			fail("usage: slurm-k8s-bridge-agent step-done KEY CODE")
+		}
+		stepDone(os.Args[2], os.Args[3])
+	case "task":
+		if len(os.Args) < 5 || os.Args[3] != "--" {
+			fail("usage: slurm-k8s-bridge-agent task ENV -- ARGV...")
+		}
+		task(os.Args[2], os.Args[4:])
 	case "signal":
 		if len(os.Args) != 4 {
 			fail("usage: slurm-k8s-bridge-agent signal PIDFILE SIG")
@@ -102,6 +117,13 @@ func install(dest string) {
 	if err := os.Rename(tmp, dest); err != nil {
 		fail(err.Error())
 	}
+	// `srun` in the job is this binary too (see steps.go).
+	bin := filepath.Join(filepath.Dir(dest), "bin")
+	_ = os.MkdirAll(bin, 0o755)
+	_ = os.Remove(filepath.Join(bin, "srun"))
+	if err := os.Symlink(dest, filepath.Join(bin, "srun")); err != nil {
+		fail(err.Error())
+	}
 }
 
 // frames serialises the two streams' lines on the agent's stdout.
@@ -119,6 +141,9 @@ func (f *frames) write(tag byte, data []byte) {
 	defer f.mu.Unlock()
 	_, _ = f.out.Write(line)
 }
+
+// writeRaw frames data that is not the script's output (a step request).
+func (f *frames) writeRaw(tag byte, data []byte) { f.write(tag, data) }
 
 func (f *frames) relay(tag byte, from io.Reader, done chan<- struct{}) {
 	buf := make([]byte, chunk)
@@ -173,6 +198,7 @@ func run(pidfile string, merged bool, argv []string) int {
 		}
 	}()
 	out := &frames{out: os.Stdout}
+	serveSteps(filepath.Dir(pidfile), out)
 	outDone, errDone := make(chan struct{}), make(chan struct{})
 	go out.relay('o', stdout, outDone)
 	if merged {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -55,6 +56,8 @@ log = structlog.get_logger(__name__)
 EXIT_CODE_NOT_STARTED = 1
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+MAX_OPEN_STEPS = 256
+"""Step requests a run may have open at once (each srun in the script is one until it ends)."""
 # A log relay whose stream ended while its container still runs resumes after these pauses.
 LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
 # Failed reads tolerated once the container has ended, before its remaining lines are given up.
@@ -127,6 +130,57 @@ class Reconciler:
         alloc = view.alloc if view is not None else None
         if alloc is not None and alloc.state == "RUNNING" and not _over(alloc):
             return self.sessions.open(job_id, alloc.run)
+        return None
+
+    # -- steps (srun in the pods) ------------------------------------------------------------
+    def _register_step(self, session: JobSession, event: dict[str, Any], bound: Any) -> None:
+        """Keep a step request of the script's srun for the task proxies; the waiter gets only its
+        key and srun options (the event still carries the whole request, encoded)."""
+        try:
+            request = json.loads(base64.b64decode(event["data"]))
+            key = str(int(request["key"]))
+            argv = [str(a) for a in request["argv"]]
+            env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+        except (ValueError, KeyError, TypeError) as error:
+            bound.warning("step.bad_request", error=repr(error))
+            return
+        if len(session.steps) >= MAX_OPEN_STEPS:
+            bound.warning("step.too_many", key=key)
+            return
+        session.steps[key] = {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env}
+        bound.info("step.requested", key=key)
+
+    def task_pod(self, job_id: int, slurm_node: str) -> str | None:
+        """The pod of the job's current run on Slurm node `slurm_node`."""
+        view = self.jobs.get(job_id)
+        run = view.alloc.run if view is not None and view.alloc is not None else None
+        for pod in self.cache.pods_of(job_id):
+            if run_of(pod) == run and _annotation(pod, wellknown.ANNOTATION_SLURM_NODE) == slurm_node:
+                return str(pod["metadata"]["name"])
+        return None
+
+    def step_of(self, job_id: int, key: str) -> dict[str, Any] | None:
+        for session in reversed(self.sessions.of_job(job_id)):
+            if key in session.steps:
+                return session.steps[key]
+        return None
+
+    async def finish_step(self, job_id: int, key: str, code: int) -> None:
+        """Tell the script's srun how the step ended (Slurm's srun exit code)."""
+        for session in reversed(self.sessions.of_job(job_id)):
+            session.steps.pop(key, None)
+        pod = self.task_pod_of_index(job_id, 0)
+        if pod is None:
+            return
+        agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+        await self.kube.exec_in_pod(pod, [agent, "step-done", key, str(code)])
+
+    def task_pod_of_index(self, job_id: int, index: int) -> str | None:
+        view = self.jobs.get(job_id)
+        run = view.alloc.run if view is not None and view.alloc is not None else None
+        for pod in self.cache.pods_of(job_id):
+            if run_of(pod) == run and (node_index_of(pod) or 0) == index:
+                return str(pod["metadata"]["name"])
         return None
 
     async def signal_pods(self, job_id: int, signum: int) -> int:
@@ -409,8 +463,11 @@ class Reconciler:
             try:
                 async for stamp, line in self.kube.stream_logs(pod_name, since_time=since):
                     session.last_log[str(index)] = stamp
-                    session.publish(_output_event(index, stamp, line) if framed else
-                                    {"type": "log", "pod": index, "ts": stamp, "line": line})
+                    event = (_output_event(index, stamp, line) if framed else
+                             {"type": "log", "pod": index, "ts": stamp, "line": line})
+                    if event["type"] == "step":
+                        self._register_step(session, event, bound)
+                    session.publish(event)
                     self.metrics.inc("log_lines_total")
                     pauses = 0
             except asyncio.CancelledError:
@@ -443,6 +500,8 @@ def _output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
     tag, sep, data = line.partition(" ")
     if sep and tag in ("o", "e"):
         return {"type": "out", "pod": index, "ts": stamp, "fd": 1 if tag == "o" else 2, "data": data}
+    if sep and tag == "s" and index == 0:
+        return {"type": "step", "pod": index, "ts": stamp, "data": data}
     text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()
     return {"type": "out", "pod": index, "ts": stamp, "fd": 2, "data": text}
 

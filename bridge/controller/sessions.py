@@ -37,6 +37,8 @@ class JobSession:
     """This daemon created (or found) the pods; a missing pod afterwards is a failure."""
     final: Event | None = None
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Step requests of the script's `srun` calls, by key (argv, cwd, environment), until done."""
     stopped_with: tuple[int, int | None] | None = None
     """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
 

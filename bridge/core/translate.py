@@ -304,6 +304,7 @@ def _k8s_node(slurm_name: str, part: PartitionConfig, k8s_nodes: Mapping[str, st
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def expand_annotations(templates: Mapping[str, str], environment: Mapping[str, str]) -> dict[str, str]:
@@ -425,6 +426,8 @@ def _pod(
     command = [*interpreter_of(payload.script), script_path]
     agent = cfg.pods.agent_image
     if agent:
+        # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
+        env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
         volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
         mounts.append({"name": wellknown.AGENT_VOLUME, "mountPath": wellknown.AGENT_DIR})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Callable, Sequence
 
@@ -13,9 +14,10 @@ from bridge.clients import munge
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.sessions import JobSession
+from bridge.core import wellknown
 from bridge.core.errors import BridgeError, TemporaryError
 from bridge.core.model import ModelError, payload_from_json
-from bridge.waiter.attach import FORWARDED, request_digest
+from bridge.waiter.attach import FORWARDED, request_digest, split_srun_args
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +57,8 @@ class Api:
             web.post("/v1/jobs/{job_id:\\d+}/attach", self.attach),
             web.post("/v1/jobs/{job_id:\\d+}/cancel", self.cancel),
             web.post("/v1/jobs/{job_id:\\d+}/signal", self.signal),
+            web.post("/v1/jobs/{job_id:\\d+}/task", self.task),
+            web.post("/v1/jobs/{job_id:\\d+}/step-done", self.step_done),
         ])
         return app
 
@@ -184,6 +188,68 @@ class Api:
             raise web.HTTPServiceUnavailable(text=f"cannot signal the job's pods: {error}") from None
         log.info("signal.forwarded", job_id=job_id, signal=signum, pods=told)
         return web.json_response({"signalled": told})
+
+    async def task(self, request: web.Request) -> web.StreamResponse:
+        """One task of a step the script's srun asked for: a task proxy, started by Slurm's srun
+        as that task on the slurmd host, has the task run in the pod of its node and streams its
+        output back; the last line carries the exit code."""
+        job_id = int(request.match_info["job_id"])
+        raw = await request.read()
+        await self._identify(request, job_id, raw)
+        try:
+            body = json.loads(raw)
+            key, node = str(body["key"]), str(body["node"])
+            task_env = {str(k): str(v) for k, v in (body.get("env") or {}).items()
+                        if str(k).startswith("SLURM")}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise web.HTTPBadRequest(text="task request needs key, node and env") from None
+        step = self.reconciler.step_of(job_id, key)
+        if step is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
+        pod = self.reconciler.task_pod(job_id, node)
+        if pod is None:
+            raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod on node {node} (yet)")
+        try:
+            _, command = split_srun_args(step["argv"])
+        except ValueError as error:
+            raise web.HTTPBadRequest(text=str(error)) from None
+        env = {**step["env"], **task_env, "SLURM_K8S_BRIDGE_TASK_CWD": step["cwd"]}
+        encoded = base64.b64encode(json.dumps(env).encode()).decode()
+        agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        code = b"1"
+        try:
+            stream = self.reconciler.kube.exec_stream(pod, [agent, "task", encoded, "--", *command])
+            async for channel, data in stream:
+                if channel == 0:
+                    code = data
+                    break
+                line = {"fd": channel, "data": base64.b64encode(data).decode()}
+                await response.write(json.dumps(line).encode() + b"\n")
+        except BridgeError as error:
+            message = f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode()
+            line = {"fd": 2, "data": base64.b64encode(message).decode()}
+            await response.write(json.dumps(line).encode() + b"\n")
+        await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    async def step_done(self, request: web.Request) -> web.Response:
+        """The waiter's srun for a step ended: the script's srun gets its exit code."""
+        job_id = int(request.match_info["job_id"])
+        raw = await request.read()
+        await self._identify(request, job_id, raw)
+        try:
+            body = json.loads(raw)
+            key, code = str(int(body["key"])), int(body["code"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise web.HTTPBadRequest(text="step-done needs key and code") from None
+        try:
+            await self.reconciler.finish_step(job_id, key, code)
+        except BridgeError as error:
+            raise web.HTTPServiceUnavailable(text=f"cannot tell the pod the step ended: {error}") from None
+        return web.json_response({"step": key, "code": code})
 
     async def cancel(self, request: web.Request) -> web.Response:
         job_id = int(request.match_info["job_id"])

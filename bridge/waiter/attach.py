@@ -64,6 +64,48 @@ STREAM_READ_TIMEOUT_S = 45.0
 """The daemon sends a heartbeat every 10 s; silence this long means a half-open connection."""
 
 
+# srun options a step of a bridged job may use: layout, labels and exit handling. Anything else
+# (--prolog, --task-prolog, --bcast, --export, ...) would run or place something on the slurmd
+# host, or has no meaning for pods; it is refused with srun's own wording.
+SRUN_VALUE_OPTIONS = frozenset({
+    "-N", "--nodes", "-n", "--ntasks", "--ntasks-per-node", "-c", "--cpus-per-task", "-w", "--nodelist",
+    "-x", "--exclude", "-J", "--job-name", "-t", "--time", "--mem", "--mem-per-cpu", "--gres", "--gpus",
+    "--gpus-per-node", "--gpus-per-task", "-m", "--distribution", "--mpi", "--cpu-bind", "--network",
+})
+SRUN_FLAG_OPTIONS = frozenset({
+    "--overlap", "--exclusive", "-l", "--label", "-K", "--kill-on-bad-exit", "-u", "--unbuffered",
+    "-Q", "--quiet", "-v", "--verbose", "-X", "--disable-status", "--whole",
+})
+
+
+def split_srun_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """srun's own options and the command, as srun reads them; ValueError for an option a
+    bridged step cannot take, or no command."""
+    options: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            i += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        name, eq, _value = word.partition("=")
+        attached = len(name) > 2 and not name.startswith("--") and name[:2] in SRUN_VALUE_OPTIONS  # -n4
+        if (name in SRUN_FLAG_OPTIONS and not eq) or (name in SRUN_VALUE_OPTIONS and eq) or attached:
+            options.append(word)
+        elif name in SRUN_VALUE_OPTIONS and i + 1 < len(argv):
+            options += [word, argv[i + 1]]
+            i += 1
+        else:
+            raise ValueError(f"srun: error: option {word} is not available in a job that runs in Kubernetes")
+        i += 1
+    command = argv[i:]
+    if not command:
+        raise ValueError("srun: fatal: No command given to execute.")
+    return options, command
+
+
 def request_digest(method: str, path: str, job_id: int, body: bytes) -> str:
     """What the munge credential of a request carries: it binds the credential to this one request
     (a captured credential is refused for another job, path or body). The daemon checks it."""
@@ -95,6 +137,7 @@ class AttachState:
     def __init__(self) -> None:
         self.last_log: dict[str, str] = {}
         self.cancel_requested = False
+        self.steps_started: set[str] = set()
 
 
 class DaemonError(OSError):
@@ -161,6 +204,51 @@ def original_script(batch_script: str) -> str:
     return tail
 
 
+SRUN_PATHS = ("/usr/bin/srun", "/usr/local/bin/srun", "/opt/slurm/bin/srun")
+
+
+def srun_binary() -> str:
+    """Slurm's srun by absolute path, never from the job's PATH."""
+    for path in SRUN_PATHS:
+        if os.access(path, os.X_OK):
+            return path
+    raise OSError(f"srun is not installed on this host (looked for {', '.join(SRUN_PATHS)})")
+
+
+def run_task(api_url: str, ca_file: str | None, key: str) -> int:
+    """A task proxy (`waiter.py task KEY`), started by Slurm's srun as one task of a step: the
+    daemon runs the task in the pod of this node; its output comes back here, and srun gathers it
+    (--label and all) as it would a native task's. Exits with the task's exit code."""
+    environ = dict(os.environ)
+    job_id = int(environ["SLURM_JOB_ID"])
+    body = {
+        "key": key, "node": environ.get("SLURMD_NODENAME", ""),
+        "env": {k: v for k, v in environ.items()
+                if k.startswith("SLURM") and not k.startswith("SLURM_K8S_BRIDGE")},
+    }
+    os.chdir("/")
+    url = split_url(api_url)
+    for attempt in range(60):
+        try:
+            with post(url, f"/v1/jobs/{job_id}/task", job_id, body, None, ca_file) as stream:
+                for raw in stream:
+                    event = json.loads(raw)
+                    if "fd" in event:
+                        write_all(int(event["fd"]), binascii.a2b_base64(event["data"]))
+                    elif "exit" in event:
+                        return int(event["exit"])
+            return 1
+        except DaemonError as error:
+            if 400 <= error.status < 500:
+                _stderr(error.text)
+                return 1
+        except (OSError, ValueError):
+            pass
+        time.sleep(reconnect_delay(attempt))
+    _stderr("could not reach the bridge to run this task")
+    return 1
+
+
 def munge_binary() -> str:
     """munge from the system, never from the job's PATH (which is the user's to shape)."""
     for path in MUNGE_PATHS:
@@ -194,6 +282,9 @@ class Waiter:
         self._ca_file = ca_file
         self._state = AttachState()
         self._merged = output_merged()
+        # How this waiter was started, less its batch script: the task proxies of a step are the
+        # same command (the SPANK guard lets exactly that through as a step of a bridged job).
+        self._own_command = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", __file__]))[:-1]
 
     def _post(self, action: str, body: dict[str, Any], timeout: float | None) -> IO[bytes]:
         path = f"/v1/jobs/{self._job_id}/{action}"
@@ -205,6 +296,54 @@ class Waiter:
             self._post("signal", {"signal": int(signum)}, timeout=10).close()
         except OSError as error:
             _stderr(f"could not pass signal {signum} on to the job's pods: {error}")
+
+    def _start_step(self, data: str, stamp: str) -> None:
+        """The script ran srun: run Slurm's srun for it here, a real step whose tasks are the
+        bridge's task proxies (this same file, `task KEY`); its output goes where the script's
+        goes, and its exit code back to the script's srun. On the slurmd host nothing of the user
+        runs: the proxies only stream what the daemon runs in the pods."""
+        import threading  # only for jobs that use srun
+
+        try:
+            request = json.loads(binascii.a2b_base64(data))
+            key = str(int(request["key"]))
+            options, _command = split_srun_args([str(a) for a in request["argv"]])
+        except ValueError as error:
+            write_all(2, f"{error}\n".encode())
+            key = str(request.get("key", "0")) if isinstance(request, dict) else "0"
+            threading.Thread(target=self._step_done, args=(key, 1), daemon=True).start()
+            return
+        except (KeyError, TypeError):
+            return
+        if key in self._state.steps_started:
+            return  # seen before a reconnect
+        self._state.steps_started.add(key)
+        command = [srun_binary(), *options, "--chdir=/", *self._own_command, "task", key]
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith("SLURM_") and not k.startswith(HELD_PREFIX) and k != HELD_MARKER}
+        env.update(SAFE_ENVIRONMENT)
+
+        def run() -> None:
+            try:
+                code = subprocess.call(command, stdin=subprocess.DEVNULL, env=env, cwd="/")
+            except OSError as error:
+                write_all(2, f"srun: error: {error}\n".encode())
+                code = 1
+            self._step_done(key, 128 - code if code < 0 else code)
+
+        threading.Thread(target=run, name=f"step-{key}", daemon=True).start()
+
+    def _step_done(self, key: str, code: int) -> None:
+        for attempt in range(20):
+            try:
+                self._post("step-done", {"key": key, "code": code}, timeout=10).close()
+                return
+            except DaemonError as error:
+                if 400 <= error.status < 500:
+                    return
+            except OSError:
+                pass
+            time.sleep(reconnect_delay(attempt))
 
     def request_cancel(self) -> None:
         """Ask the daemon to delete the pods; the attach stream reports when they are gone."""
@@ -274,8 +413,9 @@ class Waiter:
                     sys.stdout.write(event["line"] + "\n")
                     sys.stdout.flush()
                     self._state.last_log[str(event["pod"])] = event["ts"]
-                elif kind == "signaled":
-                    pass  # the answer to a signal request; nothing to print
+                elif kind == "step":
+                    self._start_step(event["data"], event["ts"])
+                    self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "message":
                     _stderr(event["text"])
                 elif kind == "exit":
@@ -337,8 +477,10 @@ def main(argv: list[str]) -> int:
         else:
             ca_file = argv[1]
         argv = argv[2:]
+    if len(argv) == 2 and argv[0] == "task":
+        return run_task(api_url, ca_file, argv[1])
     if len(argv) != 1:
-        _stderr("usage: waiter.py [--api URL] [--ca CA_FILE] BATCH_SCRIPT")
+        _stderr("usage: waiter.py [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY")
         return 2
     job_id = int(environment["SLURM_JOB_ID"])
     with open(argv[0], encoding="utf-8", errors="surrogateescape") as file:

@@ -9,6 +9,7 @@ Retrying temporary errors is the caller's job (the work queue requeues with back
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -124,6 +125,38 @@ class KubeActions:
         finally:
             await ws.close()
         return answer if isinstance(answer, str) else str(answer)
+
+    async def exec_stream(
+        self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """Run `command` in the container and yield (1 or 2, bytes) as it writes to stdout or
+        stderr, then (0, exit code as text) once it has ended (the exec status channel)."""
+        ws_client = WsApiClient(configuration=self._api.configuration)
+        exit_code = b"1"
+        try:
+            try:
+                connection = await CoreV1Api(api_client=ws_client).connect_get_namespaced_pod_exec(
+                    pod_name, self.namespace, command=command, container=container,
+                    stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
+                )
+                async with connection as ws:
+                    async for message in ws:
+                        data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
+                        if not data:
+                            continue
+                        channel, payload = data[0], data[1:]
+                        if channel in (1, 2) and payload:
+                            yield channel, payload
+                        elif channel == 3 and payload:
+                            exit_code = _exit_code_of(payload)
+            except ApiException as error:
+                what = f"exec in pod {pod_name}"
+                raise error_for_status(error.status or 500, error.body or b"", what) from error
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
+        finally:
+            await ws_client.close()
+        yield 0, exit_code
 
     async def set_node_condition(
         self, name: str, condition_type: str, status: str, reason: str, message: str
@@ -245,6 +278,20 @@ class KubeActions:
             return None
         latest = max(events, key=_event_time_ns)
         return f"{latest.get('reason') or 'Warning'}: {(latest.get('message') or '').strip()}"
+
+
+def _exit_code_of(status: bytes) -> bytes:
+    """The exit code in an exec status message ({"status": "Success"} or a NonZeroExitCode cause)."""
+    try:
+        parsed = json.loads(status)
+    except ValueError:
+        return b"1"
+    if parsed.get("status") == "Success":
+        return b"0"
+    for cause in (parsed.get("details") or {}).get("causes") or []:
+        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            return str(cause["message"]).encode()
+    return b"1"
 
 
 def _ns_or_none(stamp: str) -> int | None:

@@ -9,6 +9,9 @@
  *   - lets the batch step start only if its script begins, byte for byte, with the wrapper
  *     job_submit.lua writes (which execs the waiter before anything else): a script that reached
  *     a bridged partition another way (a reservation's or an Alternate partition) never runs;
+ *   - lets a step through that is the bridge's own task proxy: exactly the waiter's command,
+ *     then `task` and a step key (the waiter starts such steps for the script's `srun`; their
+ *     tasks only stream what the daemon runs in the pods), with the environment held as below;
  *   - refuses every other step (srun --jobid, srun inside the allocation, an interactive step).
  *     Programs named by an `allow=` argument (absolute paths, written by the site in
  *     plugstack.conf) may run as steps: the bridge's own step launcher, if any. srun (local
@@ -198,6 +201,33 @@ static int is_wrapped_batch_script(spank_t sp, const struct settings *settings)
 	return got == want && memcmp(head, expected, want) == 0;
 }
 
+/* Is this step the bridge's own task proxy: exactly the waiter's command (attach_command, which
+ * is validated to be plain words), then "task" and a step key of digits? Such a step is what the
+ * waiter launches for a `srun` of the script; its tasks only stream what the daemon runs in the
+ * job's pods. Its environment is held like the batch step's. */
+static int is_task_proxy(spank_t sp, const struct settings *settings)
+{
+	int argc = 0, word = 0;
+	char **argv = NULL;
+	char command[4096];
+	char *save = NULL;
+
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || !argv)
+		return 0;
+	snprintf(command, sizeof(command), "%s", settings->attach_command);
+	for (char *part = strtok_r(command, " ", &save); part; part = strtok_r(NULL, " ", &save)) {
+		if (word >= argc || !argv[word] || strcmp(argv[word], part) != 0)
+			return 0;
+		word++;
+	}
+	if (word == 0 || argc != word + 2 || strcmp(argv[word], "task") != 0 || !argv[word + 1][0])
+		return 0;
+	for (const char *c = argv[word + 1]; *c; c++)
+		if (*c < '0' || *c > '9')
+			return 0;
+	return 1;
+}
+
 /* Refuse a step of a bridged job (both contexts); 0 lets it through. */
 static int guard_step(spank_t sp, const char *where)
 {
@@ -233,6 +263,9 @@ static int guard_step(spank_t sp, const char *where)
 				    "another way, e.g. a reservation or an Alternate partition): not started "
 				    "[%s]", job_id, partition, where);
 		}
+	} else if (is_task_proxy(sp, settings)) {
+		batch_of_bridged_job = 1; /* hold the environment, as for the waiter */
+		rc = 0;
 	} else if (program_is_allowed(sp)) {
 		rc = 0;
 	} else {
