@@ -27,6 +27,7 @@ package main
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -180,7 +181,7 @@ func run(pidfile string, merged bool, argv []string) int {
 	if err := cmd.Start(); err != nil {
 		// As a shell reports a missing interpreter: 127 not found, 126 not executable.
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
-		if os.IsNotExist(err) {
+		if os.IsNotExist(err) || errors.Is(err, exec.ErrNotFound) {
 			return 127
 		}
 		return 126

@@ -19,9 +19,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
+import hmac
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -38,7 +41,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.sessions import JobSession, SessionRegistry
 from bridge.core import outcome as outcomes
 from bridge.core import wellknown
-from bridge.core.config import BridgeConfig
+from bridge.core.config import BridgeConfig, ConfigError
 from bridge.core.directives import DirectiveError, parse_directives
 from bridge.core.errors import BridgeError, PermanentError
 from bridge.core.model import JobAllocation, JobPayload
@@ -98,6 +101,9 @@ class Reconciler:
         """Nodes that enforce supplementalGroupsPolicy Strict (the `auto` policy asks)."""
         self.nodes = nodes
         """The node watch's cache (maps Slurm nodes by label without listing the cluster)."""
+        self.step_key = read_step_key(cfg.waiter.step_key_file)
+        """Signs the steps of the scripts' srun (None: srun unavailable). Never logged."""
+        self._background: set[asyncio.Future[Any]] = set()
         self.node_is_dead = node_is_dead or (lambda _name: False)
         """True for a Kubernetes node that is gone or not Ready past the grace: no kubelet there
         will confirm a pod's end, so its pods are removed without waiting (node health sync)."""
@@ -147,8 +153,20 @@ class Reconciler:
         if len(session.steps) >= MAX_OPEN_STEPS:
             bound.warning("step.too_many", key=key)
             return
+        if self.step_key is None:
+            event.update(type="message", text="srun: error: job steps are not enabled for jobs that run in "
+                         "Kubernetes on this cluster (the bridge has no [waiter] step_key_file)")
+            self._spawn(self.finish_step(session.job_id, key, 1))
+            return
         session.steps[key] = {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env}
+        # The waiter passes it to its srun; the SPANK guard lets only steps with it through.
+        event["token"] = step_token(self.step_key, session.job_id, key)
         bound.info("step.requested", key=key)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def task_pod(self, job_id: int, slurm_node: str) -> str | None:
         """The pod of the job's current run on Slurm node `slurm_node`."""
@@ -491,6 +509,28 @@ class Reconciler:
         session.log_tasks.pop(pod_name, None)
         session.logs_done.add(pod_name)
         self.requeue(session.job_id)
+
+
+def step_token(key: bytes, job_id: int, step_key: str) -> str:
+    """HMAC-SHA256 of "<job id>:<step key>" (the SPANK guard computes the same)."""
+    return hmac.new(key, f"{job_id}:{step_key}".encode(), hashlib.sha256).hexdigest()
+
+
+def read_step_key(path: Path | None) -> bytes | None:
+    """The step key's bytes (trailing newline dropped), refusing a file others may read."""
+    if path is None:
+        return None
+    try:
+        info = path.stat()
+        raw = path.read_bytes().rstrip(b"\r\n")
+    except OSError as error:
+        raise ConfigError(f"waiter.step_key_file: cannot read {path}: {error.strerror}") from None
+    if info.st_mode & 0o077:
+        raise ConfigError(f"waiter.step_key_file: {path} is readable by others (mode "
+                          f"{info.st_mode & 0o777:o}); chmod 600 {path}")
+    if len(raw) < 16:
+        raise ConfigError(f"waiter.step_key_file: {path} holds fewer than 16 bytes")
+    return raw
 
 
 def _output_event(index: int, stamp: str, line: str) -> dict[str, Any]:

@@ -157,6 +157,10 @@ class WaiterConfig:
     ca_file: Path | None = None
     """CA bundle, on the slurmd hosts, that the waiters verify the API's certificate with
     (`--ca`); None: the system's CAs."""
+    step_key_file: Path | None = None
+    """Secret key (root only, mode 600) shared by this daemon and the SPANK step guard on the
+    bridged slurmds' hosts: it signs each `srun` step of a bridged job, so that only steps the
+    bridge launched pass the guard. None: srun is not available in bridged jobs."""
 
 
 @dataclass(frozen=True)
@@ -424,6 +428,9 @@ def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:
     problem = attach_command_problem(attach)
     if problem:
         t.fail("attach_command", problem)
+    step_key = t.get_str("step_key_file")
+    if step_key is not None and (not step_key.startswith("/") or set(step_key) & (_SHELL_SPECIAL | {" "})):
+        t.fail("step_key_file", f"{step_key!r} is not an absolute path without spaces or shell characters")
     ca_file = t.get_str("ca_file")
     if ca_file is not None:
         if not https:
@@ -434,7 +441,8 @@ def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:
             t.fail("ca_file", f"{ca_file!r} is not an absolute path without spaces or shell characters")
     t.done()
     return WaiterConfig(unmunge_command=tuple(shlex.split(unmunge)), attach_command=attach, api_url=url,
-                        ca_file=Path(ca_file) if ca_file else None)
+                        ca_file=Path(ca_file) if ca_file else None,
+                        step_key_file=Path(step_key) if step_key else None)
 
 
 def attach_command_problem(command: str) -> str | None:

@@ -204,6 +204,9 @@ def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -
             f"{pod.name}: the pod was deleted in Kubernetes before the job ended",
         )
 
+    if pod.init_failure and not pod.running and (persisted or any(
+            reason in pod.init_failure for reason in IMAGE_ERRORS_PERMANENT)):
+        return FailedBeforeStart(f"{pod.name}: the bridge's agent could not be set up: {pod.init_failure}")
     waiting = pod.waiting_reason
     if waiting in IMAGE_ERRORS_PERMANENT or (waiting in IMAGE_ERRORS_RETRIED and persisted):
         return FailedBeforeStart(

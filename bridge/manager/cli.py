@@ -78,6 +78,8 @@ def _job_submit_conf(path: str) -> int:
     ca = f" --ca {cfg.waiter.ca_file}" if cfg.waiter.ca_file else ""
     print(f"attach_command={cfg.waiter.attach_command} --api {cfg.waiter.api_url}{ca}")
     print(f"directive_keys={','.join(KEYS)}")
+    if cfg.waiter.step_key_file:
+        print(f"step_key_file={cfg.waiter.step_key_file}")
     for name, part in sorted(cfg.partitions.items()):
         default = f" default_image={part.default_image}" if part.default_image else ""
         print(f"partition={name}{default}")

@@ -204,6 +204,7 @@ def original_script(batch_script: str) -> str:
     return tail
 
 
+STEP_TOKEN = "SLURM_K8S_BRIDGE_STEP_TOKEN"
 SRUN_PATHS = ("/usr/bin/srun", "/usr/local/bin/srun", "/opt/slurm/bin/srun")
 
 
@@ -297,7 +298,7 @@ class Waiter:
         except OSError as error:
             _stderr(f"could not pass signal {signum} on to the job's pods: {error}")
 
-    def _start_step(self, data: str, stamp: str) -> None:
+    def _start_step(self, data: str, token: str) -> None:
         """The script ran srun: run Slurm's srun for it here, a real step whose tasks are the
         bridge's task proxies (this same file, `task KEY`); its output goes where the script's
         goes, and its exit code back to the script's srun. On the slurmd host nothing of the user
@@ -307,13 +308,14 @@ class Waiter:
         try:
             request = json.loads(binascii.a2b_base64(data))
             key = str(int(request["key"]))
-            options, _command = split_srun_args([str(a) for a in request["argv"]])
+            argv = [str(a) for a in request["argv"]]
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            return  # not a step request of the agent's: nothing to run
+        try:
+            options, _command = split_srun_args(argv)
         except ValueError as error:
             write_all(2, f"{error}\n".encode())
-            key = str(request.get("key", "0")) if isinstance(request, dict) else "0"
             threading.Thread(target=self._step_done, args=(key, 1), daemon=True).start()
-            return
-        except (KeyError, TypeError):
             return
         if key in self._state.steps_started:
             return  # seen before a reconnect
@@ -322,6 +324,7 @@ class Waiter:
         env = {k: v for k, v in os.environ.items()
                if k.startswith("SLURM_") and not k.startswith(HELD_PREFIX) and k != HELD_MARKER}
         env.update(SAFE_ENVIRONMENT)
+        env[STEP_TOKEN] = token  # the SPANK guard checks it (the daemon signed this very step)
 
         def run() -> None:
             try:
@@ -414,7 +417,7 @@ class Waiter:
                     sys.stdout.flush()
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "step":
-                    self._start_step(event["data"], event["ts"])
+                    self._start_step(event["data"], str(event.get("token", "")))
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "message":
                     _stderr(event["text"])

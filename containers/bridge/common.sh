@@ -34,6 +34,12 @@ mint_jwt() {
   mv "$1.new" "$1"
 }
 
+STEP_KEY="$SLURM_ETC/bridge-step.key"
+# ensure_step_key: the secret that signs srun steps of bridged jobs (daemon and SPANK guard).
+ensure_step_key() {
+  [ -s "$STEP_KEY" ] && return 0
+  (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$STEP_KEY.new" && mv "$STEP_KEY.new" "$STEP_KEY")
+}
 SCRATCH_DIR="$SBX_STATE/scratch"
 ensure_scratch() { mkdir -p "$SCRATCH_DIR" && chmod 1777 "$SCRATCH_DIR"; }
 
@@ -92,6 +98,7 @@ TOML
 # sandbox can write it before any venv exists. Replaced atomically: both readers fail closed.
 write_job_submit_settings() {
   local out="$SLURM_ETC/job_submit_bridge.conf"
+  ensure_step_key
   python3 -I -c 'import sys; sys.path.insert(0, sys.argv[1]); from bridge.manager.cli import main
 sys.exit(main(["job-submit-conf", "-c", sys.argv[2]]))' "$SBX_REPO" "$1" >"$out.new"
   chmod 644 "$out.new" && mv "$out.new" "$out"
@@ -103,7 +110,7 @@ sandbox_bridge_config() {
   {
     job_settings_config
     printf '\n[slurm]\nurl = "http://127.0.0.1:%s"\ntoken_file = "%s"\n' "$SBX_SLURMRESTD_PORT" "$BRIDGE_STATE/slurm.jwt"
-    printf '\n[waiter]\nattach_command = "%s"\n\n' "$WAITER_COMMAND"
+    printf '\n[waiter]\nattach_command = "%s"\nstep_key_file = "%s"\n\n' "$WAITER_COMMAND" "$STEP_KEY"
     partitions_config
   } >"$1"
 }

@@ -13,6 +13,7 @@ require_sandbox
 if kc_deployed 2>/dev/null; then die "the bridge runs as the Deployment (make bridge-deploy); make bridge-down first"; fi
 install_waiter
 ensure_scratch
+ensure_step_key
 mint_jwt "$BRIDGE_STATE/slurm.jwt"
 
 if [ "$SBX_BRIDGE_BACKEND" = pyslurm ]; then
@@ -45,6 +46,8 @@ listen = "127.0.0.1:${SBX_BRIDGE_PORT:-8470}"
 [waiter]
 unmunge_command = "$unmunge"
 attach_command = "$WAITER_COMMAND"
+# Signs the steps of srun in the pods; the SPANK guard reads the same file.
+step_key_file = "$STEP_KEY"
 
 TOML
   partitions_config

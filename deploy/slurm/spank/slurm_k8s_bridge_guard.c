@@ -62,6 +62,7 @@ struct settings {
 	char partitions[MAX_PARTITIONS][NAME_LEN];
 	int count;
 	char attach_command[4096];
+	char step_key_file[1024];
 };
 
 static void parse_args(int ac, char **av)
@@ -113,6 +114,8 @@ static int load_settings(struct settings *settings)
 				settings->count++;
 		} else if (strncmp(line, "attach_command=", 15) == 0) {
 			snprintf(settings->attach_command, sizeof(settings->attach_command), "%s", line + 15);
+		} else if (strncmp(line, "step_key_file=", 14) == 0) {
+			snprintf(settings->step_key_file, sizeof(settings->step_key_file), "%s", line + 14);
 		}
 	}
 	fclose(file);
@@ -201,11 +204,151 @@ static int is_wrapped_batch_script(spank_t sp, const struct settings *settings)
 	return got == want && memcmp(head, expected, want) == 0;
 }
 
+/* --- HMAC-SHA256, to check the step token (no crypto library is needed on the slurmd host) --- */
+static const uint32_t sha_k[64] = {
+	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+	0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+	0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+	0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+	0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+	0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+	0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+	0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+struct sha256 {
+	uint32_t h[8];
+	uint8_t block[64];
+	size_t used;
+	uint64_t bits;
+};
+
+static void sha256_init(struct sha256 *c)
+{
+	static const uint32_t iv[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+					0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+	memcpy(c->h, iv, sizeof(iv));
+	c->used = 0;
+	c->bits = 0;
+}
+
+static void sha256_block(struct sha256 *c)
+{
+	uint32_t w[64], a, b, d, e, f, g, h, cc, t1, t2;
+
+	for (int i = 0; i < 16; i++)
+		w[i] = (uint32_t) c->block[4 * i] << 24 | (uint32_t) c->block[4 * i + 1] << 16 |
+		       (uint32_t) c->block[4 * i + 2] << 8 | c->block[4 * i + 3];
+	for (int i = 16; i < 64; i++)
+		w[i] = w[i - 16] + (ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
+		       (ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10));
+	a = c->h[0]; b = c->h[1]; cc = c->h[2]; d = c->h[3];
+	e = c->h[4]; f = c->h[5]; g = c->h[6]; h = c->h[7];
+	for (int i = 0; i < 64; i++) {
+		t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] + w[i];
+		t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
+		h = g; g = f; f = e; e = d + t1; d = cc; cc = b; b = a; a = t1 + t2;
+	}
+	c->h[0] += a; c->h[1] += b; c->h[2] += cc; c->h[3] += d;
+	c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
+}
+
+static void sha256_update(struct sha256 *c, const uint8_t *data, size_t len)
+{
+	for (size_t i = 0; i < len; i++) {
+		c->block[c->used++] = data[i];
+		c->bits += 8;
+		if (c->used == 64) {
+			sha256_block(c);
+			c->used = 0;
+		}
+	}
+}
+
+static void sha256_final(struct sha256 *c, uint8_t out[32])
+{
+	uint64_t bits = c->bits;
+	uint8_t pad = 0x80, zero = 0, len[8];
+
+	sha256_update(c, &pad, 1);
+	while (c->used != 56)
+		sha256_update(c, &zero, 1);
+	for (int i = 0; i < 8; i++)
+		len[i] = (uint8_t) (bits >> (56 - 8 * i));
+	sha256_update(c, len, 8);
+	for (int i = 0; i < 8; i++) {
+		out[4 * i] = (uint8_t) (c->h[i] >> 24);
+		out[4 * i + 1] = (uint8_t) (c->h[i] >> 16);
+		out[4 * i + 2] = (uint8_t) (c->h[i] >> 8);
+		out[4 * i + 3] = (uint8_t) c->h[i];
+	}
+}
+
+static void hmac_sha256_hex(const uint8_t *key, size_t key_len, const char *msg, char hex[65])
+{
+	uint8_t k[64] = { 0 }, pad[64], inner[32], outer[32];
+	struct sha256 c;
+
+	if (key_len > 64) {
+		sha256_init(&c);
+		sha256_update(&c, key, key_len);
+		sha256_final(&c, k);
+	} else {
+		memcpy(k, key, key_len);
+	}
+	for (int i = 0; i < 64; i++)
+		pad[i] = k[i] ^ 0x36;
+	sha256_init(&c);
+	sha256_update(&c, pad, 64);
+	sha256_update(&c, (const uint8_t *) msg, strlen(msg));
+	sha256_final(&c, inner);
+	for (int i = 0; i < 64; i++)
+		pad[i] = k[i] ^ 0x5c;
+	sha256_init(&c);
+	sha256_update(&c, pad, 64);
+	sha256_update(&c, inner, 32);
+	sha256_final(&c, outer);
+	for (int i = 0; i < 32; i++)
+		snprintf(hex + 2 * i, 3, "%02x", outer[i]);
+}
+
+/* The step token the daemon gave the waiter for this step (env SLURM_K8S_BRIDGE_STEP_TOKEN) must
+ * be HMAC-SHA256(step key file, "<job id>:<step key>"): a user who launches a task proxy step
+ * by hand (srun --jobid, with --task-prolog or --container, which would run their code on this
+ * host) has no token, and cannot read the key file (root only, read here in slurmstepd). */
+static int step_token_is_valid(spank_t sp, const struct settings *settings, uint32_t job_id,
+			       const char *step_key)
+{
+	char token[128] = "", want[65], msg[128];
+	uint8_t key[256];
+	size_t key_len;
+	FILE *file;
+
+	if (!settings->step_key_file[0])
+		return 0;
+	if (spank_getenv(sp, "SLURM_K8S_BRIDGE_STEP_TOKEN", token, sizeof(token)) != ESPANK_SUCCESS)
+		return 0;
+	file = fopen(settings->step_key_file, "r");
+	if (!file)
+		return 0;
+	key_len = fread(key, 1, sizeof(key), file);
+	fclose(file);
+	while (key_len > 0 && (key[key_len - 1] == '\n' || key[key_len - 1] == '\r'))
+		key_len--;
+	if (key_len < 16)
+		return 0;
+	snprintf(msg, sizeof(msg), "%u:%s", job_id, step_key);
+	hmac_sha256_hex(key, key_len, msg, want);
+	return strlen(token) == 64 && memcmp(token, want, 64) == 0;
+}
+
 /* Is this step the bridge's own task proxy: exactly the waiter's command (attach_command, which
  * is validated to be plain words), then "task" and a step key of digits? Such a step is what the
  * waiter launches for a `srun` of the script; its tasks only stream what the daemon runs in the
  * job's pods. Its environment is held like the batch step's. */
-static int is_task_proxy(spank_t sp, const struct settings *settings)
+static int is_task_proxy(spank_t sp, const struct settings *settings, uint32_t job_id, int remote)
 {
 	int argc = 0, word = 0;
 	char **argv = NULL;
@@ -225,7 +368,13 @@ static int is_task_proxy(spank_t sp, const struct settings *settings)
 	for (const char *c = argv[word + 1]; *c; c++)
 		if (*c < '0' || *c > '9')
 			return 0;
-	return 1;
+	/* srun (local context) runs as the user and cannot read the key: it only checks there is a
+	 * token, to say early why a hand-made one is refused; slurmstepd decides. */
+	if (!remote) {
+		char token[8];
+		return spank_getenv(sp, "SLURM_K8S_BRIDGE_STEP_TOKEN", token, sizeof(token)) != ESPANK_ENV_NOEXIST;
+	}
+	return step_token_is_valid(sp, settings, job_id, argv[word + 1]);
 }
 
 /* Refuse a step of a bridged job (both contexts); 0 lets it through. */
@@ -263,7 +412,7 @@ static int guard_step(spank_t sp, const char *where)
 				    "another way, e.g. a reservation or an Alternate partition): not started "
 				    "[%s]", job_id, partition, where);
 		}
-	} else if (is_task_proxy(sp, settings)) {
+	} else if (is_task_proxy(sp, settings, job_id, spank_context() == S_CTX_REMOTE)) {
 		batch_of_bridged_job = 1; /* hold the environment, as for the waiter */
 		rc = 0;
 	} else if (program_is_allowed(sp)) {

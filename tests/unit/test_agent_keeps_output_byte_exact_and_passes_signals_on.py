@@ -1,0 +1,372 @@
+"""The in-pod agent (agent/main.go), built and run here: `run` frames the script's output as
+"o <base64>" / "e <base64>" lines that decode to exactly the bytes written, in the order written;
+it exits as the script does; signals reach the script (`signal`) or its whole process group (a
+SIGTERM to the agent); `wait` holds a node until SIGTERM; `install` copies the agent."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import os
+import shlex
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.controller.reconcile import _output_event
+
+AGENT_SOURCE = Path(__file__).resolve().parents[2] / "agent"
+GO = Path("/usr/local/go/bin/go")
+CHUNK = 12000
+"""The agent's read size: one frame never carries more."""
+MAX_FRAME_CHARS = 2 + 4 * CHUNK // 3
+"""Tag, space and the base64 of one chunk: 16,002, below the runtimes' 16 KiB line split."""
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not GO.exists():
+        pytest.skip(f"{GO} is not installed: the agent cannot be built")
+    out = tmp_path_factory.mktemp("agent") / "slurm-k8s-bridge-agent"
+    env = {**os.environ, "PATH": f"{GO.parent}:{os.environ.get('PATH', '')}", "CGO_ENABLED": "0",
+           "GOTOOLCHAIN": "local"}
+    if "HOME" not in env and "GOCACHE" not in env:
+        env["GOCACHE"] = str(tmp_path_factory.mktemp("gocache"))
+    subprocess.run([str(GO), "build", "-o", str(out), "."], cwd=AGENT_SOURCE, env=env, check=True,
+                   timeout=300)
+    return out
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def frame_lines(stdout: bytes) -> list[bytes]:
+    """The agent's stdout as lines; it must end with a complete line."""
+    assert stdout == b"" or stdout.endswith(b"\n"), f"the last frame is cut: {stdout[-80:]!r}"
+    return stdout.split(b"\n")[:-1]
+
+
+def frames(stdout: bytes) -> list[tuple[str, bytes]]:
+    """(tag, decoded bytes) of every frame; every line must be a well-formed frame."""
+    result = []
+    for line in frame_lines(stdout):
+        tag, sep, data = line.partition(b" ")
+        assert sep and tag in (b"o", b"e"), f"not a frame: {line[:80]!r}"
+        result.append((tag.decode(), base64.b64decode(data, validate=True)))
+    return result
+
+
+def stream(stdout: bytes, tag: str) -> bytes:
+    return b"".join(data for t, data in frames(stdout) if t == tag)
+
+
+def run(agent: Path, tmp_path: Path, script: str, mode: str = "merged",
+        **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    pidfile = tmp_path / "script.pid"
+    return subprocess.run(
+        [str(agent), "run", str(pidfile), mode, "--", "/bin/sh", "-c", script],
+        capture_output=True, timeout=60, check=False, **kwargs,  # type: ignore[call-overload]
+    )
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def is_gone(pid: int) -> bool:
+    """The process no longer runs (absent, or a zombie nobody reaped yet)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return fields[0] in ("Z", "X")
+
+
+def kill_quietly(pid: int, group: bool = False) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def started(
+    agent: Path, tmp_path: Path, script: str, mode: str = "merged"
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A running `agent run`; whatever is left of it is killed at the end (the script's process
+    group too, so that a failed test leaves no loop behind)."""
+    pidfile = tmp_path / "script.pid"
+    proc = subprocess.Popen(
+        [str(agent), "run", str(pidfile), mode, "--", "/bin/sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                kill_quietly(int(pidfile.read_text()), group=True)
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+# -- byte-exact output ------------------------------------------------------------------------
+
+
+def test_all_256_byte_values_arrive_unchanged_on_both_streams(agent: Path, tmp_path: Path) -> None:
+    data = tmp_path / "bytes"
+    data.write_bytes(bytes(range(256)))
+    q = shlex.quote(str(data))
+
+    result = run(agent, tmp_path, f"cat {q}; cat {q} >&2", "split")
+
+    assert result.returncode == 0, result.stderr
+    assert stream(result.stdout, "o") == bytes(range(256))
+    assert stream(result.stdout, "e") == bytes(range(256))
+
+
+def test_output_without_a_final_newline_gets_none_added(agent: Path, tmp_path: Path) -> None:
+    result = run(agent, tmp_path, "printf 'first\\nlast line'; printf 'no newline either' >&2", "split")
+
+    assert result.returncode == 0
+    assert stream(result.stdout, "o") == b"first\nlast line"
+    assert stream(result.stdout, "e") == b"no newline either"
+
+
+def test_a_one_megabyte_line_comes_in_frames_below_the_runtime_line_split(
+    agent: Path, tmp_path: Path
+) -> None:
+    size = 1024 * 1024
+    result = run(agent, tmp_path, f"head -c {size} /dev/zero | tr '\\0' x; echo")
+
+    assert result.returncode == 0
+    lines = frame_lines(result.stdout)
+    assert max(len(line) for line in lines) <= MAX_FRAME_CHARS
+    assert len(lines) >= size // CHUNK, "one chunk of at most 12,000 bytes per frame"
+    assert all(len(data) <= CHUNK for _, data in frames(result.stdout))
+    assert stream(result.stdout, "o") == b"x" * size + b"\n"
+
+
+INTERLEAVED = 'i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo "out $i"; echo "err $i" >&2; done'
+
+
+def test_merged_mode_keeps_the_exact_order_of_interleaved_writes(agent: Path, tmp_path: Path) -> None:
+    result = run(agent, tmp_path, INTERLEAVED, "merged")
+
+    assert result.returncode == 0
+    assert {tag for tag, _ in frames(result.stdout)} == {"o"}, "one pipe: everything is tagged o"
+    assert stream(result.stdout, "o") == b"".join(
+        f"out {i}\nerr {i}\n".encode() for i in range(1, 301)
+    )
+
+
+def test_split_mode_keeps_each_streams_own_order(agent: Path, tmp_path: Path) -> None:
+    result = run(agent, tmp_path, INTERLEAVED, "split")
+
+    assert result.returncode == 0
+    assert stream(result.stdout, "o") == b"".join(f"out {i}\n".encode() for i in range(1, 301))
+    assert stream(result.stdout, "e") == b"".join(f"err {i}\n".encode() for i in range(1, 301))
+
+
+def test_frames_decode_to_the_same_bytes_through_the_daemon_and_the_waiter(
+    agent: Path, tmp_path: Path
+) -> None:
+    """The Go side's base64 is the one the daemon passes on and the waiter's a2b_base64 reads."""
+    data = tmp_path / "bytes"
+    data.write_bytes(bytes(range(256)) * 100)
+    q = shlex.quote(str(data))
+    result = run(agent, tmp_path, f"cat {q}; cat {q} >&2", "split")
+
+    written: dict[int, bytes] = {1: b"", 2: b""}
+    for line in frame_lines(result.stdout):
+        event = _output_event(0, "2025-12-01T12:00:00Z", line.decode("ascii"))
+        written[event["fd"]] += binascii.a2b_base64(event["data"])
+
+    assert written == {1: data.read_bytes(), 2: data.read_bytes()}
+
+
+def test_the_script_reads_dev_null_not_the_agents_stdin(agent: Path, tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [str(agent), "run", str(tmp_path / "pid"), "merged", "--", "/bin/sh", "-c", "cat; echo done"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as proc:
+        try:
+            out, _ = proc.communicate(timeout=10)  # stdin stays open: only /dev/null ends `cat`
+        except subprocess.TimeoutExpired:
+            kill_quietly(int((tmp_path / "pid").read_text()), group=True)
+            proc.kill()
+            raise
+    assert proc.returncode == 0
+    assert stream(out, "o") == b"done\n"
+
+
+# -- exit status ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [0, 1, 42, 255])
+def test_the_scripts_exit_code_is_the_agents(agent: Path, tmp_path: Path, code: int) -> None:
+    result = run(agent, tmp_path, f"echo before; exit {code}")
+
+    assert result.returncode == code
+    assert stream(result.stdout, "o") == b"before\n"
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGKILL, 137), (signal.SIGTERM, 143)])
+def test_a_script_killed_by_signal_n_exits_128_plus_n(
+    agent: Path, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    result = run(agent, tmp_path, f"echo before; kill -{int(sig)} $$; echo after")
+
+    assert result.returncode == code
+    assert stream(result.stdout, "o") == b"before\n"
+
+
+@pytest.mark.parametrize("program", ["/nonexistent/interpreter", "nonexistent-interpreter"])
+def test_a_missing_program_exits_127_as_in_a_shell(agent: Path, tmp_path: Path, program: str) -> None:
+    """127 like sh's "not found", whether the shebang names a path or a bare name."""
+    result = subprocess.run([str(agent), "run", str(tmp_path / "pid"), "merged", "--", program, "x"],
+                            capture_output=True, timeout=30, check=False)
+
+    assert result.returncode == 127, result.stderr
+    assert result.stdout == b""
+    assert program.encode() in result.stderr
+
+
+def test_a_program_that_is_not_executable_exits_126(agent: Path, tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("echo hi\n")
+    plain.chmod(0o644)
+
+    result = subprocess.run([str(agent), "run", str(tmp_path / "pid"), "merged", "--", str(plain)],
+                            capture_output=True, timeout=30, check=False)
+
+    assert result.returncode == 126, result.stderr
+
+
+def test_the_pid_file_holds_the_scripts_pid(agent: Path, tmp_path: Path) -> None:
+    result = run(agent, tmp_path, "echo $$")
+
+    assert result.returncode == 0
+    assert (tmp_path / "script.pid").read_text().strip() == stream(result.stdout, "o").decode().strip()
+
+
+def test_what_the_script_left_running_is_killed_when_it_exits(agent: Path, tmp_path: Path) -> None:
+    """The background sleep holds the pipe: only the kill of the group lets the agent end at once."""
+    bgpid = tmp_path / "bg.pid"
+    script = f"sleep 1000 & echo $! > {shlex.quote(str(bgpid))}; echo started"
+    begin = time.monotonic()
+    result = run(agent, tmp_path, script)
+    elapsed = time.monotonic() - begin
+    pid = int(bgpid.read_text())
+    try:
+        assert result.returncode == 0
+        assert stream(result.stdout, "o") == b"started\n"
+        wait_for(lambda: is_gone(pid), "the background sleep to die", timeout=5)
+        assert elapsed < 1.5, f"the agent waited {elapsed:.1f}s for a pipe the group kill should close"
+    finally:
+        kill_quietly(pid)
+
+
+def test_a_process_that_left_the_group_delays_the_exit_only_for_a_bounded_drain(
+    agent: Path, tmp_path: Path
+) -> None:
+    bgpid = tmp_path / "bg.pid"
+    script = f"setsid sleep 30 & echo $! > {shlex.quote(str(bgpid))}; echo started; exit 7"
+    begin = time.monotonic()
+    result = run(agent, tmp_path, script)
+    elapsed = time.monotonic() - begin
+    try:
+        assert result.returncode == 7
+        assert stream(result.stdout, "o") == b"started\n"
+        assert elapsed < 15, "the agent must not wait for a pipe held outside the script's group"
+    finally:
+        kill_quietly(int(bgpid.read_text()))
+
+
+# -- signals ----------------------------------------------------------------------------------
+
+
+def test_signal_reaches_the_scripts_usr1_trap(agent: Path, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    pidfile = tmp_path / "script.pid"
+    script = (f"trap 'echo got USR1; exit 5' USR1; : > {shlex.quote(str(ready))}; "
+              "while :; do sleep 0.05; done")
+    with started(agent, tmp_path, script) as proc:
+        wait_for(lambda: ready.exists() and pidfile.exists(), "the script's trap")
+
+        sent = subprocess.run([str(agent), "signal", str(pidfile), str(int(signal.SIGUSR1))],
+                              capture_output=True, timeout=30, check=False)
+        out, err = proc.communicate(timeout=10)
+
+    assert sent.returncode == 0, sent.stderr
+    assert proc.returncode == 5, err
+    assert stream(out, "o") == b"got USR1\n"
+
+
+def test_sigterm_to_the_agent_reaches_the_trap_and_the_background_child(agent: Path, tmp_path: Path) -> None:
+    """The trap waits for the background sleep: it returns only if the TERM reached it too (the
+    whole process group), not just the script; without that the wait would hang."""
+    ready, bgpid = tmp_path / "ready", tmp_path / "bg.pid"
+    script = (
+        "trap 'wait $bg; echo \"bg ended $?\"; exit 3' TERM\n"
+        f"sleep 1000 & bg=$!; echo $bg > {shlex.quote(str(bgpid))}; : > {shlex.quote(str(ready))}\n"
+        "wait $bg\n"
+        "echo 'no trap ran'\n"
+    )
+    with started(agent, tmp_path, script) as proc:
+        wait_for(lambda: ready.exists() and (tmp_path / "script.pid").exists(), "the script's trap")
+        pid = int(bgpid.read_text())
+        try:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=10)
+        finally:
+            if not is_gone(pid):
+                kill_quietly(pid)
+
+    assert proc.returncode == 3, err
+    output = stream(out, "o")
+    assert b"bg ended 143\n" in output
+    assert b"no trap ran" not in output
+    assert is_gone(pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_wait_holds_until_stopped_and_exits_0(agent: Path, sig: signal.Signals) -> None:
+    proc = subprocess.Popen([str(agent), "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None, "wait must block"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert out == b""
+
+
+def test_install_copies_a_working_executable(agent: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "bin" / "slurm-k8s-bridge-agent"
+    dest.parent.mkdir()
+
+    result = subprocess.run([str(agent), "install", str(dest)], capture_output=True, timeout=30, check=False,
+                            preexec_fn=lambda: os.umask(0o022))
+
+    assert result.returncode == 0, result.stderr
+    assert dest.read_bytes() == agent.read_bytes()
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert not dest.with_name(dest.name + ".tmp").exists(), "no temporary file is left"
+    copy = subprocess.run(
+        [str(dest), "run", str(tmp_path / "pid"), "merged", "--", "/bin/sh", "-c", "echo ok"],
+        capture_output=True, timeout=30, check=False,
+    )
+    assert (copy.returncode, stream(copy.stdout, "o")) == (0, b"ok\n")
