@@ -8,6 +8,7 @@ no job image) and IN_POD otherwise; planted programs leave a file in the user's 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import subprocess
@@ -152,7 +153,9 @@ def test_without_its_settings_job_submit_refuses_every_job(bridge: Sandbox) -> N
 
 # -- steps: the SPANK guard -------------------------------------------------------------------------
 
-def _raw_client(bridge: Sandbox, cmd: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _raw_client(
+    bridge: Sandbox, cmd: str, *args: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """A Slurm client run as alice with a slurm.conf of her own that loads no SPANK plugin: what a
     user who builds her own srun gets. Only slurmstepd's check stands in her way."""
     own = bridge.home("alice") / "own-slurm"
@@ -166,8 +169,9 @@ def _raw_client(bridge: Sandbox, cmd: str, *args: str) -> subprocess.CompletedPr
     root = Path(bridge.env["SLURM_CONF"]).parents[3] / "rootfs"
     loader = root / "usr/lib64/ld-linux-x86-64.so.2"
     libs = f"{root}/usr/lib/x86_64-linux-gnu/slurm-wlm:{root}/usr/lib/x86_64-linux-gnu"
-    argv = ["runuser", "-u", "alice", "--", "env", f"SLURM_CONF={conf}", str(loader), "--library-path", libs,
-            "--argv0", cmd, str(root / "usr/bin" / cmd), *args]
+    extra = [f"{k}={v}" for k, v in (extra_env or {}).items()]
+    argv = ["runuser", "-u", "alice", "--", "env", f"SLURM_CONF={conf}", *extra, str(loader),
+            "--library-path", libs, "--argv0", cmd, str(root / "usr/bin" / cmd), *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/home/alice")
 
 
@@ -190,6 +194,45 @@ def test_srun_into_a_running_bridged_job_is_refused(bridge: Sandbox) -> None:
         attached = bridge.slurm("sattach", f"{job_id}.batch", user="alice", check=False)
         assert attached.returncode != 0
         assert "ON_SLURMD_HOST" not in attached.stdout
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+
+
+def test_a_hand_made_task_proxy_step_never_runs_anything_on_the_slurmd_host(bridge: Sandbox) -> None:
+    """The one other step the guard admits is the bridge's task proxy, and only with the token the
+    daemon signed for that very step: the same command line, started by the user with a task
+    prolog of their own (which slurmstepd would run on the slurmd host), is refused, with a
+    forged token and without one, by srun with its plugin and by one without."""
+    marker = bridge.home("alice") / "PROLOG_RAN_ON_THE_SLURMD_HOST"
+    marker.unlink(missing_ok=True)
+    prolog = write_script(bridge, "alice", "prolog.sh", f"#!/bin/sh\ntouch {marker}\n")
+    prolog.chmod(0o755)
+    script = write_script(bridge, "alice", "long.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
+    job_id = bridge.sbatch("-p", "k8s", str(script))
+    settings = Path("/var/lib/slurm-k8s-sandbox/slurm/etc/job_submit_bridge.conf").read_text()
+    waiter = next(line for line in settings.splitlines() if line.startswith("attach_command="))
+    proxy = waiter.split("=", 1)[1].split()
+    try:
+        _running(bridge, job_id)
+        forged = {"SLURM_K8S_BRIDGE_STEP_TOKEN": "0" * 64}
+        for env in ({}, forged):
+            args = [f"--jobid={job_id}", "--overlap", "-N1", f"--task-prolog={prolog}", *proxy, "task", "1"]
+            with_plugin = subprocess.run(
+                ["runuser", "-u", "alice", "--", "env", *(f"{k}={v}" for k, v in env.items()), "srun", *args],
+                env=bridge.environ(), cwd="/home/alice", capture_output=True, text=True, timeout=60)
+            without_plugin = _raw_client(bridge, "srun", *args, extra_env=env)
+            assert with_plugin.returncode != 0, with_plugin
+            assert without_plugin.returncode != 0, without_plugin
+        time.sleep(1)
+        assert not marker.exists(), "the user's task prolog ran on the slurmd host"
+        # The control: with the token the daemon would sign for that step, the guard admits the
+        # step (and slurmstepd runs its task prolog): the token is what stands in the way.
+        key = Path("/var/lib/slurm-k8s-sandbox/slurm/etc/bridge-step.key").read_bytes().rstrip(b"\n")
+        token = hmac.new(key, f"{job_id}:1".encode(), hashlib.sha256).hexdigest()
+        _raw_client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-N1", f"--task-prolog={prolog}",
+                    *proxy, "task", "1", extra_env={"SLURM_K8S_BRIDGE_STEP_TOKEN": token})
+        assert wait_until("the control step's prolog", marker.exists, timeout=20)
+        marker.unlink()
     finally:
         bridge.slurm("scancel", str(job_id), check=False)
 

@@ -37,6 +37,10 @@ class Case:
     action: str = ""
     """"usr1": scancel -s USR1 -b once "started" is out; "cancel": scancel then."""
     array: int = 0
+    raw: bool = False
+    """The body is a whole script, with its own shebang and directives."""
+    sort_lines: bool = False
+    """Tasks of a step write concurrently, natively too: compare their lines in any order."""
 
 
 CASES = [
@@ -57,6 +61,22 @@ CASES = [
     Case("term_trap_on_cancel",
          "trap 'sleep 2; echo cleaned-up; exit 0' TERM\necho started\nsleep 100 &\nwait\n", action="cancel"),
     Case("array_outputs", 'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT"\n', array=6),
+    # srun across the job's nodes: real steps in sacct, ranks, labels, srun's own messages.
+    Case("srun_ranks_with_labels",
+         "srun --label sh -c 'echo rank $SLURM_PROCID of $SLURM_NTASKS local $SLURM_LOCALID "
+         "node $SLURM_NODEID on $SLURMD_NODENAME step $SLURM_STEP_ID'\necho after $?\n",
+         args=("-N", "2", "--ntasks-per-node=2"), sort_lines=True),
+    Case("srun_failing_step",
+         "srun sh -c 'exit $((SLURM_PROCID * 3))'\necho srun said $?\nsrun -N 1 -n 1 true\n"
+         "srun sh -c 'echo to stderr >&2'\n",
+         args=("-N", "2"), stderr_file=True, sort_lines=True),
+    Case("srun_env_and_cwd",
+         "export MY_SETTING=from-the-script\ncd /tmp\nsrun -n 1 sh -c 'echo $MY_SETTING in $(pwd)'\n"),
+    Case("srun_in_an_array",
+         "srun sh -c 'echo task $SLURM_ARRAY_TASK_ID rank $SLURM_PROCID of $SLURM_NTASKS'\n",
+         args=("-n", "2"), array=8, sort_lines=True),
+    Case("ddp_example", (Path(__file__).resolve().parents[2] / "docs/examples/ddp.sh").read_text(),
+         sort_lines=True, raw=True),
     # The batch script runs once, on the first node, however many nodes the job has.
     Case("two_nodes_run_the_script_once", "echo once on node $SLURM_NODEID of $SLURM_NNODES\nexit 5\n",
          args=("-N", "2")),
@@ -64,7 +84,8 @@ CASES = [
 
 
 def _submit(sandbox: Sandbox, case: Case, partition: str, workdir: Path) -> int:
-    script = write_script(sandbox, "alice", f"parity-{case.name}.sh", "#!/bin/sh\n" + BUSYBOX + case.body)
+    body = case.body if case.raw else "#!/bin/sh\n" + BUSYBOX + case.body
+    script = write_script(sandbox, "alice", f"parity-{case.name}.sh", body)
     pattern = "%A_%a" if case.array else "%j"
     args = ["-p", partition, "-D", str(workdir), "-o", f"{case.name}-{partition}-{pattern}.out"]
     if case.stderr_file:
@@ -89,10 +110,15 @@ def _sacct(sandbox: Sandbox, job_id: int) -> list[tuple[str, str, str]] | None:
     return sorted(rows)
 
 
-def _normalised(text: bytes) -> bytes:
-    """slurmstepd's cancel and time-limit lines carry a time stamp, the job id and the node."""
-    return re.sub(rb"^(\[\S+\] )?(slurmstepd: )?error: \*\*\* JOB \d+ ON \S+ (\w+) AT \S+ (.*)\*\*\*$",
+def _normalised(text: bytes, sort_lines: bool = False) -> bytes:
+    """slurmstepd's cancel and time-limit lines carry a time stamp, the job id and the node; node
+    names differ by partition (native1, native2 / kreal1, kreal2), and so do job ids."""
+    text = re.sub(rb"^(\[\S+\] )?(slurmstepd: )?error: \*\*\* JOB \d+ ON \S+ (\w+) AT \S+ (.*)\*\*\*$",
                   rb"error: *** JOB \3 \4***", text, flags=re.M)
+    text = re.sub(rb"\b(native|kreal)([0-9])\b", rb"NODE\2", text)
+    if sort_lines:
+        text = b"\n".join(sorted(text.split(b"\n")))
+    return text
 
 
 def _started(path: Path) -> bool:
@@ -133,8 +159,8 @@ def test_every_script_writes_the_same_bytes_and_sacct_rows_in_native_and_k8s(bri
             for suffix in suffixes:
                 native_file = workdir / f"{case.name}-native-{native}{task}{suffix}"
                 bridged_file = workdir / f"{case.name}-k8s-{bridged}{task}{suffix}"
-                want = _normalised(native_file.read_bytes())
-                got = _normalised(bridged_file.read_bytes())
+                want = _normalised(native_file.read_bytes(), case.sort_lines)
+                got = _normalised(bridged_file.read_bytes(), case.sort_lines)
                 if want != got:
                     differences.append(
                         f"{case.name}{task}{suffix}: native {want[:300]!r} != k8s {got[:300]!r}")
