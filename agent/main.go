@@ -48,6 +48,38 @@ const chunk = 12000
 // left the script's process group (setsid) may hold the pipes open for ever.
 const drainAfterExit = 2 * time.Second
 
+// scriptDeliveryTimeout bounds the wait for a script the daemon copies in.
+const scriptDeliveryTimeout = 10 * time.Minute
+
+func waitForFile(path string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(path); err == nil {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+// receiveScript is `agent receive-script DEST SIZE`: exactly SIZE bytes from stdin become DEST.
+func receiveScript(dest, size string) {
+	n, err := strconv.Atoi(size)
+	if err != nil || n < 0 {
+		fail("not a size: " + strconv.Quote(size))
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(os.Stdin, data); err != nil {
+		fail("short script: " + err.Error())
+	}
+	if err := os.WriteFile(dest+".tmp", data, 0o644); err != nil {
+		fail(err.Error())
+	}
+	if err := os.Rename(dest+".tmp", dest); err != nil {
+		fail(err.Error())
+	}
+}
+
 func main() {
 	if filepath.Base(os.Args[0]) == "srun" {
 		srunClient(os.Args[1:])
@@ -69,6 +101,11 @@ func main() {
 		os.Exit(run(os.Args[2], os.Args[3] == "merged", os.Args[5:]))
 	case "wait":
 		hold()
+	case "receive-script":
+		if len(os.Args) != 4 {
+			fail("usage: slurm-k8s-bridge-agent receive-script DEST SIZE")
+		}
+		receiveScript(os.Args[2], os.Args[3])
 	case "step-done":
 		if len(os.Args) != 4 {
 			fail("usage: slurm-k8s-bridge-agent step-done KEY CODE")
@@ -161,6 +198,14 @@ func (f *frames) relay(tag byte, from io.Reader, done chan<- struct{}) {
 }
 
 func run(pidfile string, merged bool, argv []string) int {
+	if pending := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING"); pending != "" {
+		// A script too big for an annotation: the daemon copies it in (receive-script).
+		_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING")
+		if !waitForFile(pending, scriptDeliveryTimeout) {
+			fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: the job script never arrived in %s\n", pending)
+			return 1
+		}
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin = nil // /dev/null, as for a batch script
 	stdout, stdoutW, err := os.Pipe()

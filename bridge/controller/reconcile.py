@@ -43,7 +43,7 @@ from bridge.core import outcome as outcomes
 from bridge.core import wellknown
 from bridge.core.config import BridgeConfig, ConfigError
 from bridge.core.directives import DirectiveError, parse_directives
-from bridge.core.errors import BridgeError, PermanentError
+from bridge.core.errors import BridgeError, PermanentError, TemporaryError
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.translate import (
     TranslateError,
@@ -137,6 +137,22 @@ class Reconciler:
         if alloc is not None and alloc.state == "RUNNING" and not _over(alloc):
             return self.sessions.open(job_id, alloc.run)
         return None
+
+    async def _deliver_script(self, session: JobSession, pods: list[dict[str, Any]], bound: Any) -> None:
+        """Copy a script too big for an annotation into the first pod, once it runs (the agent
+        waits for it there)."""
+        for pod in pods:
+            copied_in = _annotation(pod, wellknown.ANNOTATION_SCRIPT_DELIVERY) == "exec"
+            if not copied_in or not _container_running(pod) or session.payload is None:
+                continue
+            data = session.payload.script.encode("utf-8", "surrogateescape")
+            agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+            command = [agent, "receive-script", wellknown.AGENT_SCRIPT, str(len(data))]
+            code = await self.kube.exec_with_input(pod["metadata"]["name"], command, data)
+            if code != 0:
+                raise TemporaryError(f"copying the script into pod {pod['metadata']['name']} exited {code}")
+            session.script_delivered = True
+            bound.info("script.delivered", pod=pod["metadata"]["name"], bytes=len(data))
 
     # -- steps (srun in the pods) ------------------------------------------------------------
     def _register_step(self, session: JobSession, event: dict[str, Any], bound: Any) -> None:
@@ -295,6 +311,8 @@ class Reconciler:
             batch_only=any(_runs_agent(p) for p in pods),
         )
         self._ensure_log_relays(session, pods)
+        if not session.script_delivered:
+            await self._deliver_script(session, pods, bound)
         if isinstance(decision, outcomes.FailedBeforeStart) and decision.overdue:
             reason = await self._overdue_reason(decision, pods)
             if reason is None:

@@ -37,6 +37,8 @@ class JobSession:
     """This daemon created (or found) the pods; a missing pod afterwards is a failure."""
     final: Event | None = None
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
+    script_delivered: bool = False
+    """A script too big for an annotation has been copied into the first pod."""
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Step requests of the script's `srun` calls, by key (argv, cwd, environment), until done."""
     stopped_with: tuple[int, int | None] | None = None

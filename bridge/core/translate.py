@@ -26,6 +26,9 @@ from bridge.core.errors import PermanentError
 from bridge.core.model import JobAllocation, JobPayload
 
 MAX_SCRIPT_BYTES = 240 * 1024
+"""What one annotation (the downward API file) carries; Kubernetes allows 256 KiB of them in all."""
+MAX_DELIVERED_SCRIPT_BYTES = 4 * 1024 * 1024
+"""Slurm's own default max_script_size: larger scripts are copied into the pod by the agent."""
 """Largest script accepted: Kubernetes caps all annotations of an object at 256 KiB together."""
 
 MASTER_PORT_BASE = 20000
@@ -260,9 +263,14 @@ def desired_pods(
         script_bytes = len(payload.script.encode("utf-8"))
     except UnicodeEncodeError:
         raise TranslateError("the job script is not valid UTF-8") from None
-    if script_bytes > MAX_SCRIPT_BYTES:
+    if script_bytes > MAX_SCRIPT_BYTES and not cfg.pods.agent_image:
         raise TranslateError(
-            f"the job script has {script_bytes} bytes; at most {MAX_SCRIPT_BYTES} fit into a pod"
+            f"the job script has {script_bytes} bytes; at most {MAX_SCRIPT_BYTES} fit into a pod "
+            "without the bridge's in-pod agent ([pods] agent_image)"
+        )
+    if script_bytes > MAX_DELIVERED_SCRIPT_BYTES:
+        raise TranslateError(
+            f"the job script has {script_bytes} bytes; at most {MAX_DELIVERED_SCRIPT_BYTES} are accepted"
         )
     image = resolve_image(directives, part)
     k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
@@ -360,6 +368,8 @@ def _pod(
     node = alloc.nodes[index]
     env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0], home=home)
     script_path = f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
+    # A script too big for its annotation is copied in once the pod runs (agent receive-script).
+    delivered = len(payload.script.encode("utf-8")) > MAX_SCRIPT_BYTES
 
     labels = {
         wellknown.LABEL_MANAGED_BY: wellknown.MANAGER,
@@ -375,8 +385,9 @@ def _pod(
         wellknown.ANNOTATION_NODE_COUNT: str(len(alloc.nodes)),
         wellknown.ANNOTATION_SLURM_NODE: node.name,
         wellknown.ANNOTATION_USER: alloc.user,
-        wellknown.ANNOTATION_SCRIPT: payload.script,
     }
+    if not delivered:
+        annotations[wellknown.ANNOTATION_SCRIPT] = payload.script
 
     quantities: dict[str, str] = {}
     if node.cpus > 0:
@@ -423,8 +434,12 @@ def _pod(
         )
         mounts.append({"name": wellknown.SHM_VOLUME, "mountPath": "/dev/shm"})
 
-    command = [*interpreter_of(payload.script), script_path]
     agent = cfg.pods.agent_image
+    if delivered and index == 0:
+        script_path = wellknown.AGENT_SCRIPT
+        annotations[wellknown.ANNOTATION_SCRIPT_DELIVERY] = "exec"
+        env[wellknown.ENV_SCRIPT_PENDING] = script_path
+    command = [*interpreter_of(payload.script), script_path]
     if agent:
         # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
         env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)

@@ -96,6 +96,15 @@ AGENT_PIDFILE: Final = AGENT_DIR + "/script.pid"
 
 INIT_CONTAINER_NAME: Final = "slurm-k8s-bridge-agent"
 
+AGENT_SCRIPT: Final = AGENT_DIR + "/slurm_script"
+"""Where a script too big for an annotation is copied (`agent receive-script`)."""
+
+ENV_SCRIPT_PENDING: Final = "SLURM_K8S_BRIDGE_SCRIPT_PENDING"
+"""Set in the first pod when its script is copied in: the agent waits for that file."""
+
+ANNOTATION_SCRIPT_DELIVERY: Final = PREFIX + "script-delivery"
+"""`exec` on a pod whose script the daemon copies in once it runs (too big for an annotation)."""
+
 ANNOTATION_OUTPUT: Final = PREFIX + "output"
 """`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
 

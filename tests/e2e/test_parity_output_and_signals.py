@@ -77,6 +77,9 @@ CASES = [
          args=("-n", "2"), array=8, sort_lines=True),
     Case("ddp_example", (Path(__file__).resolve().parents[2] / "docs/examples/ddp.sh").read_text(),
          sort_lines=True, raw=True),
+    # Beyond what one pod annotation holds (240 KB): the agent copies the script in.
+    Case("script_of_300_kb", "n=0\n" + "".join(f"n=$((n+1)) # line {i:06d} {'x' * 40}\n" for i in range(4500))
+         + "echo ran $n lines\n"),
     # The batch script runs once, on the first node, however many nodes the job has.
     Case("two_nodes_run_the_script_once", "echo once on node $SLURM_NODEID of $SLURM_NNODES\nexit 5\n",
          args=("-N", "2")),
@@ -96,18 +99,17 @@ def _submit(sandbox: Sandbox, case: Case, partition: str, workdir: Path) -> int:
 
 
 def _sacct(sandbox: Sandbox, job_id: int) -> list[tuple[str, str, str]] | None:
-    """(JobID with the id replaced, State, ExitCode) of the job and its steps, once final."""
-    out = sandbox.slurm("sacct", "-n", "-P", "-j", str(job_id), "-o", "JobID,State,ExitCode",
+    """(JobID with the id replaced, State, ExitCode) of the job and its steps, once every one of
+    them has ended (a cancelled job is final before its batch step is: wait for that too)."""
+    out = sandbox.slurm("sacct", "-n", "-P", "-j", str(job_id), "-o", "JobID,State,ExitCode,End",
                         check=False).stdout
     rows = []
     for line in out.splitlines():
-        job, state, code = line.split("|")
-        if state in ("PENDING", "RUNNING", "REQUEUED"):
+        job, state, code, end = line.split("|")
+        if state in ("PENDING", "RUNNING", "REQUEUED") or end in ("", "Unknown"):
             return None
         rows.append((re.sub(r"^\d+", "N", job), state.split()[0], code))
-    if not rows or any(state in ("PENDING", "RUNNING") for _, state, _ in rows):
-        return None
-    return sorted(rows)
+    return sorted(rows) if rows else None
 
 
 def _normalised(text: bytes, sort_lines: bool = False) -> bytes:

@@ -158,6 +158,34 @@ class KubeActions:
             await ws_client.close()
         yield 0, exit_code
 
+    async def exec_with_input(
+        self, pod_name: str, command: list[str], data: bytes, container: str = wellknown.CONTAINER_NAME
+    ) -> int:
+        """Run `command` in the container with `data` on its stdin (it must read exactly that much,
+        as the v4 exec protocol cannot close stdin); return its exit code."""
+        ws_client = WsApiClient(configuration=self._api.configuration)
+        code = b"1"
+        try:
+            connection = await CoreV1Api(api_client=ws_client).connect_get_namespaced_pod_exec(
+                pod_name, self.namespace, command=command, container=container,
+                stdout=True, stderr=True, stdin=True, tty=False, _preload_content=False,
+            )
+            async with connection as ws:
+                for start in range(0, len(data), 65536):
+                    await ws.send_bytes(b"\x00" + data[start:start + 65536])
+                async for message in ws:
+                    raw = message.data if isinstance(message.data, bytes) else str(message.data).encode()
+                    if raw[:1] == b"\x03" and len(raw) > 1:
+                        code = _exit_code_of(raw[1:])
+        except ApiException as error:
+            what = f"exec in pod {pod_name}"
+            raise error_for_status(error.status or 500, error.body or b"", what) from error
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
+        finally:
+            await ws_client.close()
+        return int(code)
+
     async def set_node_condition(
         self, name: str, condition_type: str, status: str, reason: str, message: str
     ) -> None:
