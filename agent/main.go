@@ -112,10 +112,10 @@ func main() {
 		}
 		stepDone(os.Args[2], os.Args[3])
 	case "task":
-		if len(os.Args) < 5 || os.Args[3] != "--" {
-			fail("usage: slurm-k8s-bridge-agent task ENV -- ARGV...")
+		if len(os.Args) < 6 || os.Args[4] != "--" {
+			fail("usage: slurm-k8s-bridge-agent task PIDFILE ENV -- ARGV...")
 		}
-		task(os.Args[2], os.Args[4:])
+		task(os.Args[2], os.Args[3], os.Args[5:])
 	case "signal":
 		if len(os.Args) != 4 {
 			fail("usage: slurm-k8s-bridge-agent signal PIDFILE SIG")

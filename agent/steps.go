@@ -128,10 +128,14 @@ func stepDone(key, code string) {
 	}
 }
 
-// task is `agent task ENV -- ARGV`: one task of a step, run by the daemon in this pod. ENV is
+// task is `agent task PIDFILE ENV -- ARGV`: one task of a step, run by the daemon in this pod. ENV is
 // base64 JSON of the variables the task gets on top of the container's (srun's environment in
 // the script, and the SLURM_* slurmstepd set for this task).
-func task(encodedEnv string, argv []string) {
+func task(pidfile, encodedEnv string, argv []string) {
+	_ = os.MkdirAll(filepath.Dir(pidfile), 0o755)
+	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
+	// --signal=SIG@T for steps, and the kill of a task whose proxy died).
+	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 	raw, err := base64.StdEncoding.DecodeString(encodedEnv)
 	if err != nil {
 		fail("bad task environment")

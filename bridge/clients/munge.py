@@ -39,6 +39,8 @@ class MungeIdentity:
     gid: int
     payload: bytes = b""
     """What the sender put into the credential (the waiters: a digest of their request)."""
+    encode_host: str = ""
+    """The address of the host whose munged made the credential (unmunge's ENCODE_HOST)."""
 
 
 async def verify(credential: str, unmunge_command: Sequence[str] = ("unmunge",)) -> MungeIdentity:
@@ -46,7 +48,7 @@ async def verify(credential: str, unmunge_command: Sequence[str] = ("unmunge",))
     munged cannot tell."""
     try:
         process = await asyncio.create_subprocess_exec(
-            *unmunge_command, "--keys=uid,gid",
+            *unmunge_command, "--keys=uid,gid,encode_host",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
     except OSError as error:
@@ -69,16 +71,19 @@ def parse_unmunge_output(output: bytes) -> MungeIdentity:
     """unmunge prints the metadata lines, one empty line, then the payload."""
     head, _, payload = output.partition(b"\n\n")
     identity = parse_unmunge_metadata(head.decode(errors="replace"))
-    return MungeIdentity(uid=identity.uid, gid=identity.gid, payload=payload)
+    return MungeIdentity(identity.uid, identity.gid, payload=payload, encode_host=identity.encode_host)
 
 
 def parse_unmunge_metadata(text: str) -> MungeIdentity:
     """Read UID/GID from unmunge's metadata lines (`UID:  alice (2001)`)."""
     ids: dict[str, int] = {}
+    host = ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("UID", "GID") and "(" in value:
             ids[key.strip()] = int(value.rsplit("(", 1)[1].rstrip(") \t"))
+        elif key.strip() == "ENCODE_HOST" and "(" in value:
+            host = value.rsplit("(", 1)[1].rstrip(") \t")
     if set(ids) != {"UID", "GID"}:
         raise MungeError(f"unexpected unmunge output: {text.strip()!r}")
-    return MungeIdentity(uid=ids["UID"], gid=ids["GID"])
+    return MungeIdentity(uid=ids["UID"], gid=ids["GID"], encode_host=host)

@@ -59,7 +59,9 @@ log = structlog.get_logger(__name__)
 EXIT_CODE_NOT_STARTED = 1
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
-MAX_OPEN_STEPS = 256
+MAX_OPEN_STEPS = 64
+MAX_STEP_REQUEST_BYTES = 96 * 1024
+"""A step's environment goes into one exec argument in the pod; Linux allows 128 KiB per argument."""
 """Step requests a run may have open at once (each srun in the script is one until it ends)."""
 # A log relay whose stream ended while its container still runs resumes after these pauses.
 LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -165,18 +167,32 @@ class Reconciler:
             env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
         except (ValueError, KeyError, TypeError) as error:
             bound.warning("step.bad_request", error=repr(error))
+            event.clear()
+            event.update(type="heartbeat")  # nothing the waiter should act on
             return
-        if len(session.steps) >= MAX_OPEN_STEPS:
-            bound.warning("step.too_many", key=key)
+        refusal = None
+        if key in session.tokens_issued:
+            # Seen before (a relay replaying after a re-attach): never signed twice.
+            event.update(type="heartbeat")
             return
         if self.step_key is None:
-            event.update(type="message", text="srun: error: job steps are not enabled for jobs that run in "
-                         "Kubernetes on this cluster (the bridge has no [waiter] step_key_file)")
+            refusal = ("job steps are not enabled for jobs that run in Kubernetes on this cluster (the "
+                       "bridge has no [waiter] step_key_file)")
+        elif len(session.steps) >= MAX_OPEN_STEPS:
+            refusal = f"more than {MAX_OPEN_STEPS} job steps at once"
+        elif len(event["data"]) > MAX_STEP_REQUEST_BYTES:
+            refusal = f"the step's environment and arguments exceed {MAX_STEP_REQUEST_BYTES // 1024} KiB"
+        if refusal is not None:
+            bound.warning("step.refused", key=key, reason=refusal)
+            event.clear()
+            event.update(type="message", text=f"srun: error: {refusal}")
             self._spawn(self.finish_step(session.job_id, key, 1))
             return
         session.steps[key] = {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env}
+        session.tokens_issued.add(key)
         # The waiter passes it to its srun; the SPANK guard lets only steps with it through.
-        event["token"] = step_token(self.step_key, session.job_id, key)
+        assert self.step_key is not None
+        event["token"] = step_token(self.step_key, session.job_id, session.run, key)
         bound.info("step.requested", key=key)
 
     def _spawn(self, work: Any) -> None:
@@ -529,9 +545,10 @@ class Reconciler:
         self.requeue(session.job_id)
 
 
-def step_token(key: bytes, job_id: int, step_key: str) -> str:
-    """HMAC-SHA256 of "<job id>:<step key>" (the SPANK guard computes the same)."""
-    return hmac.new(key, f"{job_id}:{step_key}".encode(), hashlib.sha256).hexdigest()
+def step_token(key: bytes, job_id: int, run: int, step_key: str) -> str:
+    """HMAC-SHA256 of "<job id>:<run>:<step key>" (the SPANK guard computes the same, with
+    Slurm's restart count as the run): good for that one step of that one run."""
+    return hmac.new(key, f"{job_id}:{run}:{step_key}".encode(), hashlib.sha256).hexdigest()
 
 
 def read_step_key(path: Path | None) -> bytes | None:

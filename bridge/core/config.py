@@ -157,6 +157,11 @@ class WaiterConfig:
     ca_file: Path | None = None
     """CA bundle, on the slurmd hosts, that the waiters verify the API's certificate with
     (`--ca`); None: the system's CAs."""
+    slurmd_hosts: frozenset[str] = frozenset()
+    """Addresses (as munged reports them: unmunge's ENCODE_HOST) of the hosts where bridged
+    slurmds run. If set, waiter and task-proxy requests are only taken from there: a user's
+    credential made on a login node cannot attach to their job (and so never sees its step
+    tokens). Empty: any host of the munge realm."""
     step_key_file: Path | None = None
     """Secret key (root only, mode 600) shared by this daemon and the SPANK step guard on the
     bridged slurmds' hosts: it signs each `srun` step of a bridged job, so that only steps the
@@ -428,6 +433,9 @@ def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:
     problem = attach_command_problem(attach)
     if problem:
         t.fail("attach_command", problem)
+    hosts_raw = t._get("slurmd_hosts", list, "a list of addresses") or []
+    if not all(isinstance(h, str) and h for h in hosts_raw):
+        t.fail("slurmd_hosts", "must be a list of non-empty strings (addresses as unmunge reports them)")
     step_key = t.get_str("step_key_file")
     if step_key is not None and (not step_key.startswith("/") or set(step_key) & (_SHELL_SPECIAL | {" "})):
         t.fail("step_key_file", f"{step_key!r} is not an absolute path without spaces or shell characters")
@@ -442,7 +450,8 @@ def _waiter(t: _Table, api: ApiConfig) -> WaiterConfig:
     t.done()
     return WaiterConfig(unmunge_command=tuple(shlex.split(unmunge)), attach_command=attach, api_url=url,
                         ca_file=Path(ca_file) if ca_file else None,
-                        step_key_file=Path(step_key) if step_key else None)
+                        step_key_file=Path(step_key) if step_key else None,
+                        slurmd_hosts=frozenset(hosts_raw))
 
 
 def attach_command_problem(command: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import signal
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -27,6 +28,12 @@ HEARTBEAT_S = 10.0
 """Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
 HEARTBEAT = {"type": "heartbeat"}
 FORWARDED_SIGNALS = frozenset(int(s) for s in FORWARDED)
+AGENT = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+
+
+def task_pidfile(key: str, procid: str) -> str:
+    """Where `agent task` keeps a task's pid (key and procid are digits: checked by the callers)."""
+    return f"{wellknown.AGENT_DIR}/tasks/{int(key)}-{int(procid)}.pid"
 """What a waiter may ask to pass on to its script: what it forwards itself (TERM and INT cancel)."""
 
 
@@ -47,6 +54,7 @@ class Api:
         self.synced = synced or ready
         self.unmunge_command = tuple(unmunge_command)
         self._verifying = asyncio.Semaphore(MAX_CONCURRENT_VERIFY)
+        self._background: set[asyncio.Future[object]] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -59,6 +67,7 @@ class Api:
             web.post("/v1/jobs/{job_id:\\d+}/signal", self.signal),
             web.post("/v1/jobs/{job_id:\\d+}/task", self.task),
             web.post("/v1/jobs/{job_id:\\d+}/step-done", self.step_done),
+            web.post("/v1/jobs/{job_id:\\d+}/task-signal", self.task_signal),
         ])
         return app
 
@@ -103,6 +112,12 @@ class Api:
             raise web.HTTPServiceUnavailable(text=str(error)) from None
         except munge.MungeError as error:
             raise web.HTTPForbidden(text=str(error)) from None
+        hosts = self.reconciler.cfg.waiter.slurmd_hosts
+        if hosts and who.encode_host not in hosts:
+            raise web.HTTPForbidden(
+                text=f"munge credential of uid {who.uid} was made on {who.encode_host or 'an unknown host'}, "
+                "not on a host of the bridged slurmds ([waiter] slurmd_hosts)"
+            )
         expected = request_digest(request.method, request.path, job_id, body)
         if who.payload.strip() != expected.encode():
             raise web.HTTPForbidden(
@@ -145,6 +160,11 @@ class Api:
         self.metrics.inc("attach_requests_total")
 
         session = self.reconciler.attach_session(job_id, payload)
+        if session.attached:
+            # One waiter per run: a second attach (another host of the same user) must not take
+            # over the stream (and the step tokens in it). A waiter whose stream broke retries
+            # until this one's next heartbeat write fails and it is detached.
+            raise web.HTTPServiceUnavailable(text=f"another waiter of job {job_id} is attached")
         session.payload = payload
         if body.get("cancel"):
             session.cancel_requested = True
@@ -215,18 +235,28 @@ class Api:
             raise web.HTTPBadRequest(text=str(error)) from None
         env = {**step["env"], **task_env, "SLURM_K8S_BRIDGE_TASK_CWD": step["cwd"]}
         encoded = base64.b64encode(json.dumps(env).encode()).decode()
-        agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+        procid = task_env.get("SLURM_PROCID", "0")
+        if not procid.isdigit() or not key.isdigit():
+            raise web.HTTPBadRequest(text="task request needs a numeric key and SLURM_PROCID")
+        pidfile = task_pidfile(key, procid)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         code = b"1"
         try:
-            stream = self.reconciler.kube.exec_stream(pod, [agent, "task", encoded, "--", *command])
+            stream = self.reconciler.kube.exec_stream(pod, [AGENT, "task", pidfile, encoded, "--", *command])
             async for channel, data in stream:
                 if channel == 0:
                     code = data
                     break
                 line = {"fd": channel, "data": base64.b64encode(data).decode()}
                 await response.write(json.dumps(line).encode() + b"\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
+            # stream does not stop its process, so the task is killed in the pod.
+            kill = self.reconciler.kube.exec_in_pod(pod, [AGENT, "signal", pidfile, "9"])
+            self._background.add(task := asyncio.ensure_future(kill))
+            task.add_done_callback(self._background.discard)
+            raise
         except BridgeError as error:
             message = f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode()
             line = {"fd": 2, "data": base64.b64encode(message).decode()}
@@ -234,6 +264,32 @@ class Api:
         await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
         await response.write_eof()
         return response
+
+    async def task_signal(self, request: web.Request) -> web.Response:
+        """A task proxy got a signal (scancel -s SIG for the steps, --signal=SIG@TIME, a step
+        cancel): pass it to its task in the pod."""
+        job_id = int(request.match_info["job_id"])
+        raw = await request.read()
+        await self._identify(request, job_id, raw)
+        try:
+            body = json.loads(raw)
+            key, procid, node = str(int(body["key"])), str(int(body["procid"])), str(body["node"])
+            signum = int(body["signal"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise web.HTTPBadRequest(text="task-signal needs key, procid, node and signal") from None
+        if signum not in FORWARDED_SIGNALS | {int(signal.SIGTERM), int(signal.SIGINT)}:
+            raise web.HTTPBadRequest(text=f"signal {signum} is not passed on")
+        if self.reconciler.step_of(job_id, key) is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
+        pod = self.reconciler.task_pod(job_id, node)
+        if pod is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {node}")
+        try:
+            command = [AGENT, "signal", task_pidfile(key, procid), str(signum)]
+            await self.reconciler.kube.exec_in_pod(pod, command)
+        except BridgeError as error:
+            raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
+        return web.json_response({"signalled": f"{key}.{procid}"})
 
     async def step_done(self, request: web.Request) -> web.Response:
         """The waiter's srun for a step ended: the script's srun gets its exit code."""

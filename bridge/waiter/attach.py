@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
 # The waiter is installed as one file and started by absolute path with `python3 -I -S`
@@ -205,6 +206,35 @@ def original_script(batch_script: str) -> str:
 
 
 STEP_TOKEN = "SLURM_K8S_BRIDGE_STEP_TOKEN"
+MAX_CONCURRENT_STEPS = 64
+"""Real sruns a waiter runs at once for its script (each is a slurmctld RPC and a slurmstepd)."""
+SRUN_LAYOUT_VARIABLES = frozenset({
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+    "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET",
+    "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_CPUS_PER_NODE",
+    "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS",
+    "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION",
+    "SLURM_JOB_NAME", "SLURM_DISTRIBUTION", "SLURM_OVERCOMMIT", "SLURM_THREADS_PER_CORE",
+})
+"""What Slurm's srun is started with of the batch environment: the job's layout, nothing else.
+Many other SLURM_* variables are srun options (SLURM_PROLOG, SLURM_TASK_PROLOG, SLURM_CONTAINER,
+SLURM_BCAST, SLURM_MPI_TYPE, SLURM_EXPORT_ENV, ...) that would run or place the user's things on
+this host, and a job may export any of them."""
+
+
+def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the waiter's srun: the job's layout variables, a fixed PATH and locale,
+    and SLURM_CONF only if root owns it and only root can write it (a user may export their own)."""
+    env = {k: v for k, v in environ.items() if k in SRUN_LAYOUT_VARIABLES}
+    env.update(SAFE_ENVIRONMENT)
+    conf = environ.get("SLURM_CONF", "")
+    try:
+        info = os.stat(conf) if conf.startswith("/") else None
+    except OSError:
+        info = None
+    if info is not None and info.st_uid == 0 and not info.st_mode & 0o022:
+        env["SLURM_CONF"] = conf
+    return env
 SRUN_PATHS = ("/usr/bin/srun", "/usr/local/bin/srun", "/opt/slurm/bin/srun")
 
 
@@ -229,22 +259,39 @@ def run_task(api_url: str, ca_file: str | None, key: str) -> int:
     }
     os.chdir("/")
     url = split_url(api_url)
+
+    def pass_on(signum: int, _frame: object) -> None:
+        # slurmstepd signals the step's tasks (scancel -s SIG, --signal=SIG@T, a step cancel):
+        # the task in the pod gets it; its output and exit still come through the stream.
+        signal_body = {"key": key, "procid": environ.get("SLURM_PROCID", "0"), "node": body["node"],
+                       "signal": int(signum)}
+        with contextlib.suppress(OSError):
+            post(url, f"/v1/jobs/{job_id}/task-signal", job_id, signal_body, 10, ca_file).close()
+
+    for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, pass_on)
     for attempt in range(60):
+        started = False
         try:
             with post(url, f"/v1/jobs/{job_id}/task", job_id, body, None, ca_file) as stream:
+                started = True
                 for raw in stream:
                     event = json.loads(raw)
                     if "fd" in event:
                         write_all(int(event["fd"]), binascii.a2b_base64(event["data"]))
                     elif "exit" in event:
                         return int(event["exit"])
+            _stderr("the bridge stopped streaming this task before it ended")
             return 1
         except DaemonError as error:
             if 400 <= error.status < 500:
                 _stderr(error.text)
                 return 1
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError) as error:
+            if started:
+                # The task runs (or ran) in the pod: asking again would run it twice.
+                _stderr(f"lost the bridge while the task ran: {error}")
+                return 1
         time.sleep(reconnect_delay(attempt))
     _stderr("could not reach the bridge to run this task")
     return 1
@@ -283,6 +330,7 @@ class Waiter:
         self._ca_file = ca_file
         self._state = AttachState()
         self._merged = output_merged()
+        self._active_steps = 0
         # How this waiter was started, less its batch script: the task proxies of a step are the
         # same command (the SPANK guard lets exactly that through as a step of a bridged job).
         self._own_command = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", __file__]))[:-1]
@@ -320,11 +368,15 @@ class Waiter:
         if key in self._state.steps_started:
             return  # seen before a reconnect
         self._state.steps_started.add(key)
-        command = [srun_binary(), *options, "--chdir=/", *self._own_command, "task", key]
-        env = {k: v for k, v in os.environ.items()
-               if k.startswith("SLURM_") and not k.startswith(HELD_PREFIX) and k != HELD_MARKER}
-        env.update(SAFE_ENVIRONMENT)
+        if not token or self._active_steps >= MAX_CONCURRENT_STEPS:
+            write_all(2, b"srun: error: this step was not started (too many at once, or not signed)\n")
+            threading.Thread(target=self._step_done, args=(key, 1), daemon=True).start()
+            return
+        command = [srun_binary(), f"--jobid={os.environ.get('SLURM_JOB_ID', '')}", *options, "--chdir=/",
+                   *self._own_command, "task", key]
+        env = srun_environment(os.environ)
         env[STEP_TOKEN] = token  # the SPANK guard checks it (the daemon signed this very step)
+        self._active_steps += 1
 
         def run() -> None:
             try:
@@ -332,6 +384,7 @@ class Waiter:
             except OSError as error:
                 write_all(2, f"srun: error: {error}\n".encode())
                 code = 1
+            self._active_steps -= 1
             self._step_done(key, 128 - code if code < 0 else code)
 
         threading.Thread(target=run, name=f"step-{key}", daemon=True).start()

@@ -25,6 +25,10 @@ else
   daemon=("$VENV/bin/slurm-k8s-bridge")
 fi
 
+# The address munged puts into the credentials made on this host (where the bridged slurmds run).
+encode_ip=$(echo | "$SLURM_DIR/cli.sh" munge | "$SLURM_DIR/cli.sh" unmunge --keys=encode_host |
+  sed -n 's/^ENCODE_HOST:.*(\(.*\)).*$/\1/p')
+slurmd_hosts=${encode_ip:+\"$encode_ip\"}
 {
   echo "# Bridge config for the sandbox, written by containers/bridge/up.sh."
   job_settings_config
@@ -48,6 +52,8 @@ unmunge_command = "$unmunge"
 attach_command = "$WAITER_COMMAND"
 # Signs the steps of srun in the pods; the SPANK guard reads the same file.
 step_key_file = "$STEP_KEY"
+# Waiter requests only from the bridged slurmds' host (here: this one, as munged names it).
+slurmd_hosts = [$slurmd_hosts]
 
 TOML
   partitions_config

@@ -228,7 +228,7 @@ def test_a_hand_made_task_proxy_step_never_runs_anything_on_the_slurmd_host(brid
         # The control: with the token the daemon would sign for that step, the guard admits the
         # step (and slurmstepd runs its task prolog): the token is what stands in the way.
         key = Path("/var/lib/slurm-k8s-sandbox/slurm/etc/bridge-step.key").read_bytes().rstrip(b"\n")
-        token = hmac.new(key, f"{job_id}:1".encode(), hashlib.sha256).hexdigest()
+        token = hmac.new(key, f"{job_id}:0:1".encode(), hashlib.sha256).hexdigest()  # run 0, step 1
         _raw_client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-N1", f"--task-prolog={prolog}",
                     *proxy, "task", "1", extra_env={"SLURM_K8S_BRIDGE_STEP_TOKEN": token})
         assert wait_until("the control step's prolog", marker.exists, timeout=20)

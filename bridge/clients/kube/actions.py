@@ -8,6 +8,7 @@ Retrying temporary errors is the caller's job (the work queue requeues with back
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -35,6 +36,8 @@ from bridge.core.errors import KubeUnavailable
 
 log = structlog.get_logger(__name__)
 
+EXEC_TIMEOUT_S = 30.0
+"""How long a short exec of the agent (signal, step-done) may take."""
 LOG_READ_TIMEOUT_S = 60.0
 """A followed log silent this long is broken off: a half-open connection (a restarted API server or
 kubelet, a lost network path) would otherwise hang for ever. A job that computes quietly for hours
@@ -113,10 +116,12 @@ class KubeActions:
         return what it printed. Used only with the bridge's own agent (`agent signal`)."""
         ws = WsApiClient(configuration=self._api.configuration)
         try:
-            answer = await CoreV1Api(api_client=ws).connect_get_namespaced_pod_exec(
+            # Bounded: the command is the agent's (signal, step-done), which ends at once; a user
+            # who replaced it in their pod must not hold the daemon.
+            answer = await asyncio.wait_for(CoreV1Api(api_client=ws).connect_get_namespaced_pod_exec(
                 pod_name, self.namespace, command=command, container=container,
                 stdout=True, stderr=True, stdin=False, tty=False,
-            )
+            ), timeout=EXEC_TIMEOUT_S)
         except ApiException as error:
             what = f"exec in pod {pod_name}"
             raise error_for_status(error.status or 500, error.body or b"", what) from error
@@ -170,7 +175,7 @@ class KubeActions:
                 pod_name, self.namespace, command=command, container=container,
                 stdout=True, stderr=True, stdin=True, tty=False, _preload_content=False,
             )
-            async with connection as ws:
+            async with asyncio.timeout(EXEC_TIMEOUT_S * 4), connection as ws:
                 for start in range(0, len(data), 65536):
                     await ws.send_bytes(b"\x00" + data[start:start + 65536])
                 async for message in ws:

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
@@ -315,7 +316,7 @@ static void hmac_sha256_hex(const uint8_t *key, size_t key_len, const char *msg,
 }
 
 /* The step token the daemon gave the waiter for this step (env SLURM_K8S_BRIDGE_STEP_TOKEN) must
- * be HMAC-SHA256(step key file, "<job id>:<step key>"): a user who launches a task proxy step
+ * be HMAC-SHA256(step key file, "<job id>:<restart count>:<step key>"): a user who launches a task proxy step
  * by hand (srun --jobid, with --task-prolog or --container, which would run their code on this
  * host) has no token, and cannot read the key file (root only, read here in slurmstepd). */
 static int step_token_is_valid(spank_t sp, const struct settings *settings, uint32_t job_id,
@@ -324,6 +325,8 @@ static int step_token_is_valid(spank_t sp, const struct settings *settings, uint
 	char token[128] = "", want[65], msg[128];
 	uint8_t key[256];
 	size_t key_len;
+	uint32_t run = 0;
+	struct stat info;
 	FILE *file;
 
 	if (!settings->step_key_file[0])
@@ -333,13 +336,23 @@ static int step_token_is_valid(spank_t sp, const struct settings *settings, uint
 	file = fopen(settings->step_key_file, "r");
 	if (!file)
 		return 0;
+	/* Root's secret: a key file anybody else could read or write proves nothing. */
+	if (fstat(fileno(file), &info) != 0 || info.st_uid != 0 || (info.st_mode & 077)) {
+		fclose(file);
+		slurm_error("slurm-k8s-bridge: %s must be owned by root, mode 600", settings->step_key_file);
+		return 0;
+	}
 	key_len = fread(key, 1, sizeof(key), file);
 	fclose(file);
 	while (key_len > 0 && (key[key_len - 1] == '\n' || key[key_len - 1] == '\r'))
 		key_len--;
 	if (key_len < 16)
 		return 0;
-	snprintf(msg, sizeof(msg), "%u:%s", job_id, step_key);
+	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &run) != ESPANK_SUCCESS)
+		return 0;
+	if (strlen(step_key) > 19 ||
+	    (size_t) snprintf(msg, sizeof(msg), "%u:%u:%s", job_id, run, step_key) >= sizeof(msg))
+		return 0;
 	hmac_sha256_hex(key, key_len, msg, want);
 	return strlen(token) == 64 && memcmp(token, want, 64) == 0;
 }
