@@ -220,6 +220,9 @@ func run(pidfile string, merged bool, argv []string) int {
 	}
 	cmd.Stdout, cmd.Stderr = stdoutW, stderrW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Listening before the script starts: its first line may be srun.
+	out := &frames{out: os.Stdout}
+	serveSteps(filepath.Dir(pidfile), out)
 	// Caught before the start, so none is lost in between; forwarded once the script runs.
 	stops := make(chan os.Signal, 8)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
@@ -243,8 +246,6 @@ func run(pidfile string, merged bool, argv []string) int {
 			_ = syscall.Kill(-pid, sig.(syscall.Signal))
 		}
 	}()
-	out := &frames{out: os.Stdout}
-	serveSteps(filepath.Dir(pidfile), out)
 	outDone, errDone := make(chan struct{}), make(chan struct{})
 	go out.relay('o', stdout, outDone)
 	if merged {

@@ -83,6 +83,10 @@ func srunClient(args []string) {
 		}
 	}
 	conn, err := net.Dial("unix", socketPath(dir))
+	for attempt := 0; err != nil && attempt < 50; attempt++ {
+		time.Sleep(100 * time.Millisecond) // the agent may still be starting up
+		conn, err = net.Dial("unix", socketPath(dir))
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "srun: error: cannot reach the job's step launcher: %v\n", err)
 		os.Exit(1)

@@ -59,6 +59,12 @@ log = structlog.get_logger(__name__)
 EXIT_CODE_NOT_STARTED = 1
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+BLOCKING_EVENTS = frozenset({
+    "FailedMount", "FailedAttachVolume", "FailedMapVolume", "FailedCreatePodSandBox",
+    "FailedCreatePodContainer", "FailedScheduling", "Failed", "BackOff", "InspectFailed",
+    "ErrImageNeverPull", "NetworkNotReady", "FailedPodSandBoxStatus", "UnexpectedAdmissionError",
+})
+"""Warning events that keep a pod from starting (others, e.g. MissingClusterDNS, do not)."""
 MAX_OPEN_STEPS = 64
 MAX_STEP_REQUEST_BYTES = 96 * 1024
 """A step's environment goes into one exec argument in the pod; Linux allows 128 KiB per argument."""
@@ -165,7 +171,7 @@ class Reconciler:
             key = str(int(request["key"]))
             argv = [str(a) for a in request["argv"]]
             env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             bound.warning("step.bad_request", error=repr(error))
             event.clear()
             event.update(type="heartbeat")  # nothing the waiter should act on
@@ -183,6 +189,7 @@ class Reconciler:
         elif len(event["data"]) > MAX_STEP_REQUEST_BYTES:
             refusal = f"the step's environment and arguments exceed {MAX_STEP_REQUEST_BYTES // 1024} KiB"
         if refusal is not None:
+            session.tokens_issued.add(key)  # answered once: a replay is not answered again
             bound.warning("step.refused", key=key, reason=refusal)
             event.clear()
             event.update(type="message", text=f"srun: error: {refusal}")
@@ -366,7 +373,7 @@ class Reconciler:
         pod = next((p for p in pods if p["metadata"]["name"] == decision.overdue), None)
         uid = pod["metadata"].get("uid") if pod is not None else None
         try:
-            event = await self.kube.latest_pod_event(decision.overdue, uid)
+            event = await self.kube.latest_pod_event(decision.overdue, uid, reasons=BLOCKING_EVENTS)
             if event is None or event[0] != "Warning":
                 return None
             live = await self.kube.get_pod(decision.overdue)
@@ -563,8 +570,9 @@ def read_step_key(path: Path | None) -> bytes | None:
     if info.st_mode & 0o077:
         raise ConfigError(f"waiter.step_key_file: {path} is readable by others (mode "
                           f"{info.st_mode & 0o777:o}); chmod 600 {path}")
-    if len(raw) < 16:
-        raise ConfigError(f"waiter.step_key_file: {path} holds fewer than 16 bytes")
+    if not 16 <= len(raw) <= 256:
+        # The SPANK guard reads at most 256 bytes of it.
+        raise ConfigError(f"waiter.step_key_file: {path} must hold 16 to 256 bytes, not {len(raw)}")
     return raw
 
 

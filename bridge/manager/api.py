@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import signal
 from collections.abc import Callable, Sequence
 
@@ -236,7 +237,7 @@ class Api:
         env = {**step["env"], **task_env, "SLURM_K8S_BRIDGE_TASK_CWD": step["cwd"]}
         encoded = base64.b64encode(json.dumps(env).encode()).decode()
         procid = task_env.get("SLURM_PROCID", "0")
-        if not procid.isdigit() or not key.isdigit():
+        if not re.fullmatch(r"[0-9]{1,9}", procid) or not re.fullmatch(r"[0-9]{1,19}", key):
             raise web.HTTPBadRequest(text="task request needs a numeric key and SLURM_PROCID")
         pidfile = task_pidfile(key, procid)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})

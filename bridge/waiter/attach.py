@@ -228,13 +228,27 @@ def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k in SRUN_LAYOUT_VARIABLES}
     env.update(SAFE_ENVIRONMENT)
     conf = environ.get("SLURM_CONF", "")
-    try:
-        info = os.stat(conf) if conf.startswith("/") else None
-    except OSError:
-        info = None
-    if info is not None and info.st_uid == 0 and not info.st_mode & 0o022:
+    if conf.startswith("/") and root_controlled(conf):
         env["SLURM_CONF"] = conf
     return env
+
+
+def root_controlled(path: str) -> bool:
+    """The file and every directory above it are owned by root and writable by nobody else, and
+    none of them is a symlink: what is read there now and later is root's (Slurm also reads files
+    beside it, plugstack.conf)."""
+    current = path
+    while True:
+        try:
+            info = os.lstat(current)
+        except OSError:
+            return False
+        if (info.st_mode & 0o170000) == 0o120000 or info.st_uid != 0 or info.st_mode & 0o022:
+            return False
+        parent = os.path.dirname(current)
+        if parent == current:
+            return True
+        current = parent
 SRUN_PATHS = ("/usr/bin/srun", "/usr/local/bin/srun", "/opt/slurm/bin/srun")
 
 
@@ -372,7 +386,13 @@ class Waiter:
             write_all(2, b"srun: error: this step was not started (too many at once, or not signed)\n")
             threading.Thread(target=self._step_done, args=(key, 1), daemon=True).start()
             return
-        command = [srun_binary(), f"--jobid={os.environ.get('SLURM_JOB_ID', '')}", *options, "--chdir=/",
+        try:
+            srun = srun_binary()
+        except OSError as error:
+            write_all(2, f"srun: error: {error}\n".encode())
+            threading.Thread(target=self._step_done, args=(key, 1), daemon=True).start()
+            return
+        command = [srun, f"--jobid={os.environ.get('SLURM_JOB_ID', '')}", *options, "--chdir=/",
                    *self._own_command, "task", key]
         env = srun_environment(os.environ)
         env[STEP_TOKEN] = token  # the SPANK guard checks it (the daemon signed this very step)
@@ -381,7 +401,7 @@ class Waiter:
         def run() -> None:
             try:
                 code = subprocess.call(command, stdin=subprocess.DEVNULL, env=env, cwd="/")
-            except OSError as error:
+            except (OSError, ValueError) as error:  # ValueError: a NUL byte in an argument
                 write_all(2, f"srun: error: {error}\n".encode())
                 code = 1
             self._active_steps -= 1

@@ -96,11 +96,14 @@ def test_gpu_indices_follow_slurm_when_another_job_holds_the_first_gpus(bridge: 
     assert (bridge.home("bob") / f"slurm-{second}.out").read_text() == "slurm=2,3 nvidia=2,3\n"
 
 
-def test_two_node_job_gets_a_pod_per_node_with_ranks_and_the_highest_exit_code(bridge: Sandbox) -> None:
+def test_two_node_job_gets_a_pod_per_node_runs_its_script_once_and_srun_gives_the_highest_exit_code(
+    bridge: Sandbox,
+) -> None:
     script = write_script(bridge, "alice", "two-nodes.sh", _script(
-        'echo "rank=$SLURM_NODEID of $SLURM_NNODES on $SLURMD_NODENAME list=$SLURM_JOB_NODELIST"\n'
-        # Rank 0 fails first with the lower code: the job must still wait for rank 1's higher one.
-        'sleep $((1 + 2 * SLURM_NODEID))\nexit $((SLURM_NODEID == 0 ? 2 : 5))\n'
+        'echo "script on $SLURMD_NODENAME of $SLURM_NNODES list=$SLURM_JOB_NODELIST"\n'
+        # Rank 0 fails first with the lower code: srun still waits for rank 1's higher one.
+        "srun sh -c 'echo rank=$SLURM_NODEID on $SLURMD_NODENAME; sleep $((1 + 2 * SLURM_NODEID)); "
+        "exit $((SLURM_NODEID == 0 ? 2 : 5))'\nexit $?\n"
     ))
     job_id = bridge.sbatch("-p", "k8s", "-N", "2", str(script))
 
@@ -111,8 +114,11 @@ def test_two_node_job_gets_a_pod_per_node_with_ranks_and_the_highest_exit_code(b
     assert (row["State"], row["ExitCode"]) == ("FAILED", "5:0")
     lines = sorted((bridge.home("alice") / f"slurm-{job_id}.out").read_text().splitlines())
     assert lines == [
-        "rank=0 of 2 on kreal1 list=kreal[1-2]",
-        "rank=1 of 2 on kreal2 list=kreal[1-2]",
+        "rank=0 on kreal1",
+        "rank=1 on kreal2",
+        "script on kreal1 of 2 list=kreal[1-2]",
+        "srun: error: kreal1: task 0: Exited with exit code 2",
+        "srun: error: kreal2: task 1: Exited with exit code 5",
     ]
 
 

@@ -275,9 +275,12 @@ class KubeActions:
                         continue
                 yield stamp, text
 
-    async def latest_pod_event(self, pod_name: str, uid: str | None = None) -> tuple[str, str, str] | None:
+    async def latest_pod_event(
+        self, pod_name: str, uid: str | None = None, reasons: frozenset[str] | None = None
+    ) -> tuple[str, str, str] | None:
         """(type, reason, message) of the latest event about the pod, Normal or Warning (Pulling,
-        FailedMount, ...); with `uid`, of that incarnation only. None if there is none."""
+        FailedMount, ...); with `uid`, of that incarnation only; with `reasons`, only Normal events
+        and Warnings of those reasons count. None if there is none."""
         selector = f"involvedObject.kind=Pod,involvedObject.name={pod_name}"
         if uid:
             selector += f",involvedObject.uid={uid}"
@@ -285,7 +288,8 @@ class KubeActions:
             self._api, "GET", f"/api/v1/namespaces/{self.namespace}/events",
             f"list events in namespace {self.namespace}", query={"fieldSelector": selector},
         )
-        events = body.get("items") or []
+        events = [e for e in body.get("items") or []
+                  if reasons is None or e.get("type") != "Warning" or e.get("reason") in reasons]
         if not events:
             return None
         latest = max(events, key=_event_time_ns)

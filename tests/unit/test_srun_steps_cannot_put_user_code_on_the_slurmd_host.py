@@ -1,0 +1,713 @@
+"""A script's `srun` in a bridged pod becomes a real Slurm step on the slurmd host, whose tasks are
+the bridge's task proxies. Nothing of the user may run there: the waiter takes only layout options
+and layout variables for its srun, the daemon signs each step once (HMAC of job, run and step key,
+which the SPANK guard recomputes in C), and only the first pod's agent may ask for a step."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import (
+    MAX_OPEN_STEPS,
+    MAX_STEP_REQUEST_BYTES,
+    Reconciler,
+    _output_event,
+    read_step_key,
+    step_token,
+)
+from bridge.controller.sessions import JobSession
+from bridge.core import wellknown
+from bridge.core.config import ConfigError, PartitionConfig, WaiterConfig
+from bridge.waiter import attach
+from bridge.waiter.attach import (
+    SAFE_ENVIRONMENT,
+    SRUN_LAYOUT_VARIABLES,
+    Waiter,
+    split_srun_args,
+    srun_environment,
+)
+
+from .builders import allocation, config
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARD_SOURCE = ROOT / "deploy/slurm/spank/slurm_k8s_bridge_guard.c"
+STAMP = "2025-12-01T12:00:00.000000000Z"
+AGENT = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+IS_ROOT = os.geteuid() == 0
+NOBODY = 65534
+
+
+# -- 1. split_srun_args: srun's own options, as srun reads them ------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "options", "command"),
+    [
+        (["-n", "4", "hostname"], ["-n", "4"], ["hostname"]),
+        (["-n4", "hostname"], ["-n4"], ["hostname"]),
+        (["--ntasks=4", "hostname"], ["--ntasks=4"], ["hostname"]),
+        (["--ntasks", "4", "hostname"], ["--ntasks", "4"], ["hostname"]),
+        (["-l", "hostname"], ["-l"], ["hostname"]),
+        (["--label", "hostname"], ["--label"], ["hostname"]),
+        (["-K", "hostname"], ["-K"], ["hostname"]),
+        (["--overlap", "hostname"], ["--overlap"], ["hostname"]),
+        (["-N2", "-w", "kreal1", "hostname"], ["-N2", "-w", "kreal1"], ["hostname"]),
+        (["-l", "-n", "2", "--overlap", "python3", "-c", "print(1)"],
+         ["-l", "-n", "2", "--overlap"], ["python3", "-c", "print(1)"]),
+        # The command starts at the first non-option; what follows is the command's own.
+        (["-n", "2", "env", "--prolog=x", "-o", "f"], ["-n", "2"], ["env", "--prolog=x", "-o", "f"]),
+        (["hostname", "--bcast"], [], ["hostname", "--bcast"]),
+        # `--` ends srun's options; `-` alone is a command word.
+        (["-l", "--", "--prolog=x"], ["-l"], ["--prolog=x"]),
+        (["--", "-n", "4"], [], ["-n", "4"]),
+        (["-l", "-"], ["-l"], ["-"]),
+    ],
+)
+def test_allowed_options_are_split_from_the_command(
+    argv: list[str], options: list[str], command: list[str]
+) -> None:
+    assert split_srun_args(argv) == (options, command)
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        ["--prolog=x"], ["--task-prolog=x"], ["--task-epilog"], ["--epilog"], ["--bcast"],
+        ["--bcast=/tmp/x"], ["--container=x"], ["--export=ALL"], ["--chdir=/x"], ["-D", "/x"],
+        ["--input"], ["-o", "file"], ["-e", "file"], ["--pty"], ["--het-group"],
+        ["-lK"],  # clustered flags are not read apart
+        ["-K1"],  # a value attached to a flag
+        ["--label=1"],  # a value given to a flag
+        ["--task-prolog", "/home/alice/x.sh"],
+    ],
+)
+def test_options_that_would_run_or_place_something_on_the_host_are_refused(refused: list[str]) -> None:
+    for argv in ([*refused, "hostname"], ["-n", "2", *refused, "hostname"], ["-l", *refused, "hostname"]):
+        with pytest.raises(ValueError) as caught:
+            split_srun_args(argv)
+        assert str(caught.value).startswith("srun: error:"), argv
+        assert refused[0] in str(caught.value)
+
+
+@pytest.mark.parametrize("argv", [[], ["-n", "4"], ["-l", "--"], ["-N2", "-w", "kreal1", "--"]])
+def test_no_command_is_srun_s_fatal_error(argv: list[str]) -> None:
+    with pytest.raises(ValueError, match=r"^srun: fatal: No command given"):
+        split_srun_args(argv)
+
+
+# -- 2. srun_environment: the job's layout, nothing that steers srun or the loader -----------------
+LAYOUT = {name: f"value-of-{name}" for name in sorted(SRUN_LAYOUT_VARIABLES)}
+STEERING = {
+    "SLURM_PROLOG": "/home/alice/p.sh", "SLURM_TASK_PROLOG": "/home/alice/tp.sh",
+    "SLURM_TASK_EPILOG": "/home/alice/te.sh", "SLURM_EPILOG": "/home/alice/e.sh",
+    "SLURM_CONTAINER": "/home/alice/bundle", "SLURM_BCAST": "/tmp/x", "SLURM_MPI_TYPE": "pmix",
+    "SLURM_EXPORT_ENV": "ALL", "SLURM_SPANK_x": "1", "LD_PRELOAD": "/home/alice/evil.so",
+    "PYTHONPATH": "/home/alice", "SLURM_K8S_BRIDGE_HELD_X": "1", "SLURM_K8S_BRIDGE_HELD_LD_PRELOAD": "/e.so",
+    "PATH": "/home/alice/bin:/usr/bin", "LC_ALL": "xx_XX", "HOME": "/home/alice", "SLURM_CONF": "",
+}
+
+
+def test_only_layout_variables_and_a_fixed_path_and_locale_reach_srun() -> None:
+    env = srun_environment({**LAYOUT, **STEERING})
+
+    assert env == {**LAYOUT, **SAFE_ENVIRONMENT}
+    assert env["PATH"] == "/usr/sbin:/usr/bin:/sbin:/bin"
+    assert env["LC_ALL"] == "C"
+
+
+@pytest.mark.parametrize("name", sorted(STEERING))
+def test_each_steering_variable_is_dropped(name: str) -> None:
+    env = srun_environment({"SLURM_JOB_ID": "42", name: STEERING[name] or "x"})
+
+    assert env.get(name) == SAFE_ENVIRONMENT.get(name)
+    assert env["SLURM_JOB_ID"] == "42"
+
+
+def _root_owned_conf(tmp_path: Path, mode: int) -> Path:
+    """A root-owned slurm.conf in a directory whose every parent is root's and not writable by
+    others (srun_environment checks the whole path: /tmp, where tmp_path lives, is 1777)."""
+    if not IS_ROOT:
+        pytest.skip("a root-owned file can only be made by root")
+    safe = Path(tempfile.mkdtemp(dir="/run"))
+    safe.chmod(0o755)
+    _ROOT_DIRS.append(safe)
+    conf = safe / "slurm.conf"
+    conf.write_text("ClusterName=sandbox\n")
+    os.chown(conf, 0, 0)
+    conf.chmod(mode)
+    return conf
+
+
+_ROOT_DIRS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_root_dirs() -> Iterator[None]:
+    yield
+    while _ROOT_DIRS:
+        shutil.rmtree(_ROOT_DIRS.pop(), ignore_errors=True)
+
+
+def test_slurm_conf_owned_by_root_and_writable_by_root_only_is_kept(tmp_path: Path) -> None:
+    conf = _root_owned_conf(tmp_path, 0o644)
+
+    assert srun_environment({"SLURM_CONF": str(conf)})["SLURM_CONF"] == str(conf)
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o646, 0o660, 0o602])
+def test_slurm_conf_writable_by_group_or_others_is_dropped(tmp_path: Path, mode: int) -> None:
+    conf = _root_owned_conf(tmp_path, mode)
+
+    assert "SLURM_CONF" not in srun_environment({"SLURM_CONF": str(conf)})
+
+
+def test_slurm_conf_not_owned_by_root_is_dropped(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=mine\n")
+    conf.chmod(0o644)
+    if IS_ROOT:
+        os.chown(conf, NOBODY, NOBODY)
+    assert os.stat(conf).st_uid != 0
+
+    assert "SLURM_CONF" not in srun_environment({"SLURM_CONF": str(conf)})
+
+
+@pytest.mark.parametrize("value", ["/nonexistent/slurm.conf", "relative/slurm.conf", "etc/passwd", ""])
+def test_a_relative_or_missing_slurm_conf_is_dropped(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir("/")  # etc/passwd names a root-owned file from here: still relative
+
+    assert "SLURM_CONF" not in srun_environment({"SLURM_CONF": value})
+
+
+def test_a_relative_slurm_conf_is_dropped_even_where_it_names_a_good_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = _root_owned_conf(tmp_path, 0o644)
+    monkeypatch.chdir(tmp_path)
+    assert srun_environment({"SLURM_CONF": str(conf)})["SLURM_CONF"] == str(conf)
+
+    for value in ("slurm.conf", "./slurm.conf"):
+        assert "SLURM_CONF" not in srun_environment({"SLURM_CONF": value}), value
+
+
+def test_slurm_conf_reached_through_a_users_directory_is_not_kept(tmp_path: Path) -> None:
+    real = _root_owned_conf(tmp_path, 0o644)
+    home = tmp_path / "home"
+    home.mkdir()
+    link = home / "slurm.conf"
+    link.symlink_to(real)
+    os.lchown(link, NOBODY, NOBODY)
+    os.chown(home, NOBODY, NOBODY)  # the user may swap the link, or put plugstack.conf beside it
+
+    kept = srun_environment({"SLURM_CONF": str(link)}).get("SLURM_CONF")
+
+    assert kept is None or os.stat(Path(kept).parent).st_uid == 0
+
+
+# -- 3. step_token, and the guard's HMAC-SHA256 in C -----------------------------------------------
+def test_step_token_is_the_hmac_of_job_run_and_step_key() -> None:
+    key = b"0123456789abcdef-secret"
+
+    token = step_token(key, 42, 3, "7")
+
+    assert token == hmac.new(key, b"42:3:7", hashlib.sha256).hexdigest()
+    assert re.fullmatch(r"[0-9a-f]{64}", token)
+    others = {step_token(key, 42, 4, "7"), step_token(key, 42, 3, "8"), step_token(key, 43, 3, "7"),
+              step_token(key + b"x", 42, 3, "7"), step_token(key, 4, 23, "7"), step_token(key, 42, 37, "")}
+    assert token not in others
+    assert len(others) == 6
+
+
+HARNESS_MAIN = r"""
+int main(int argc, char **argv)
+{
+	uint8_t key[1024];
+	size_t key_len = 0;
+	char hex[65];
+	unsigned int byte;
+
+	if (argc != 3 || strlen(argv[1]) % 2 || strlen(argv[1]) / 2 > sizeof(key))
+		return 2;
+	for (const char *c = argv[1]; *c; c += 2) {
+		if (sscanf(c, "%2x", &byte) != 1)
+			return 2;
+		key[key_len++] = (uint8_t) byte;
+	}
+	hmac_sha256_hex(key, key_len, argv[2], hex);
+	printf("%s\n", hex);
+	return 0;
+}
+"""
+
+
+def _guard_hmac_source() -> str:
+    text = GUARD_SOURCE.read_text()
+    start = text.index("/* --- HMAC-SHA256")
+    end = text.index("/* The step token the daemon gave", start)
+    return ("#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <string.h>\n\n"
+            + text[start:end] + HARNESS_MAIN)
+
+
+@pytest.fixture(scope="module")
+def guard_hmac(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    work = tmp_path_factory.mktemp("guard-hmac")
+    (work / "hmac.c").write_text(_guard_hmac_source())
+    built = subprocess.run([gcc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-o", str(work / "hmac"),
+                            str(work / "hmac.c")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+
+    def run(key: bytes, message: str) -> str:
+        done = subprocess.run([str(work / "hmac"), key.hex(), message], capture_output=True, text=True,
+                              check=True)
+        return done.stdout.strip()
+
+    return run
+
+
+KEYS = [bytes(range(16)), b"k" * 63, bytes(range(64)), bytes(range(65)),
+        bytes((7 * i + 3) % 256 for i in range(200)), bytes(255 - i for i in range(256))]
+MESSAGES = ["42:0:1", "4294967295:4294967295:9223372036854775807", "", "a" * 55, "b" * 56, "c" * 63,
+            "d" * 64, "e" * 119, "f" * 120, "1:2:" + "3" * 200]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: f"{len(key)}-byte-key")
+def test_the_guards_hmac_equals_pythons(guard_hmac: Any, key: bytes) -> None:
+    for message in MESSAGES:
+        want = hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+        assert guard_hmac(key, message) == want, message
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: f"{len(key)}-byte-key")
+def test_the_guard_accepts_the_token_the_daemon_gives(guard_hmac: Any, key: bytes) -> None:
+    for job_id, run, step in ((42, 0, "1"), (7, 3, "12"), (4294967295, 12, "1234567890123456789")):
+        message = f"{job_id}:{run}:{step}"  # step_token_is_valid's "%u:%u:%s"
+        assert guard_hmac(key, message) == step_token(key, job_id, run, step)
+
+
+def test_the_harness_is_the_guards_code_and_can_tell_keys_apart(guard_hmac: Any) -> None:
+    assert "static void hmac_sha256_hex(" in _guard_hmac_source()
+    assert guard_hmac(KEYS[0], "42:0:1") != guard_hmac(KEYS[1], "42:0:1")
+    assert guard_hmac(KEYS[0], "42:0:1") != guard_hmac(KEYS[0], "42:0:2")
+    # RFC 4231 test case 2
+    assert guard_hmac(b"Jefe", "what do ya want for nothing?") == (
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+
+
+def test_every_key_the_daemon_takes_signs_tokens_the_guard_accepts(guard_hmac: Any, tmp_path: Path) -> None:
+    buffer = int(re.search(r"uint8_t key\[(\d+)\];", GUARD_SOURCE.read_text()).group(1))  # type: ignore[union-attr]
+    path = tmp_path / "step.key"
+    path.write_bytes(bytes((5 * i + 1) % 200 + 32 for i in range(buffer + 44)) + b"\n")
+    path.chmod(0o600)
+    try:
+        key = read_step_key(path)
+    except ConfigError:
+        return  # refusing a key the guard cannot read whole is right too
+    assert key is not None
+    guard_key = path.read_bytes()[:buffer].rstrip(b"\r\n")  # what step_token_is_valid hashes
+
+    assert guard_hmac(guard_key, "42:0:1") == step_token(key, 42, 0, "1")
+
+
+# -- 4. read_step_key ---------------------------------------------------------------------------
+def _key_file(tmp_path: Path, data: bytes, mode: int = 0o600) -> Path:
+    path = tmp_path / "step.key"
+    path.write_bytes(data)
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o606, 0o700 | 0o004])
+def test_a_step_key_others_may_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
+    path = _key_file(tmp_path, b"s" * 32 + b"\n", mode)
+
+    with pytest.raises(ConfigError, match=f"chmod 600 {re.escape(str(path))}"):
+        read_step_key(path)
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"s" * 15, b"s" * 15 + b"\n", b"s" * 14 + b"\r\n\r\n"])
+def test_a_step_key_shorter_than_16_bytes_is_refused(tmp_path: Path, data: bytes) -> None:
+    with pytest.raises(ConfigError, match="must hold 16 to 256 bytes"):
+        read_step_key(_key_file(tmp_path, data))
+
+
+def test_a_missing_step_key_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_step_key(tmp_path / "absent.key")
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [(b"s" * 32 + b"\n", b"s" * 32), (b"s" * 16, b"s" * 16), (b"0123456789abcdef\r\n", b"0123456789abcdef"),
+     (b"a\nb" + b"c" * 20 + b"\n\n", b"a\nb" + b"c" * 20)],
+)
+def test_a_private_step_key_is_read_without_its_newline(tmp_path: Path, data: bytes, key: bytes) -> None:
+    assert read_step_key(_key_file(tmp_path, data)) == key
+
+
+def test_no_step_key_file_means_no_key() -> None:
+    assert read_step_key(None) is None
+
+
+# -- 5. Reconciler._register_step ---------------------------------------------------------------
+class FakeKube:
+    def __init__(self) -> None:
+        self.execs: list[tuple[str, list[str]]] = []
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> int:
+        self.execs.append((pod, list(command)))
+        return 0
+
+    async def get_node(self, name: str) -> None:
+        return None
+
+
+class FakeSlurm:
+    async def job(self, job_id: int) -> None:
+        return None
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, Any]]] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.events.append(("info", event, fields))
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.events.append(("warning", event, fields))
+
+
+STEP_KEY = b"the-step-key-of-this-cluster\n"
+
+
+def _reconciler(key_file: Path | None) -> tuple[Reconciler, FakeKube]:
+    cfg = replace(config(partitions={"k8s": PartitionConfig(default_image="img:1")}),
+                  waiter=WaiterConfig(step_key_file=key_file))
+    cache = PodCache()
+    kube = FakeKube()
+    reconciler = Reconciler(cfg, FakeSlurm(), kube, cache, Metrics(), lambda _job: None)  # type: ignore[arg-type]
+    reconciler.jobs.record(replace(allocation(), read_at=time.monotonic()))
+    for index in (0, 1):
+        cache.apply("ADDED", {
+            "metadata": {"name": f"slurm-42-{index}", "labels": {wellknown.LABEL_JOB_ID: "42"},
+                         "annotations": {wellknown.ANNOTATION_NODE_INDEX: str(index)}},
+            "spec": {}, "status": {"phase": "Running"},
+        })
+    return reconciler, kube
+
+
+@pytest.fixture
+def signing(tmp_path: Path) -> tuple[Reconciler, FakeKube, JobSession]:
+    reconciler, kube = _reconciler(_key_file(tmp_path, STEP_KEY))
+    return reconciler, kube, reconciler.sessions.open(42, 0)
+
+
+def _data(request: Any) -> str:
+    return base64.b64encode(json.dumps(request).encode()).decode()
+
+
+def _step_event(key: int = 1, **request: Any) -> dict[str, Any]:
+    body = {"key": key, "argv": ["-n", "2", "hostname"], "cwd": "/x", "env": {"A": "1"}, **request}
+    return {"type": "step", "pod": 0, "ts": STAMP, "data": _data(body)}
+
+
+async def _settle(reconciler: Reconciler) -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not reconciler._background
+
+
+async def test_a_valid_step_is_signed_and_kept(signing: Any) -> None:
+    reconciler, kube, session = signing
+    event = _step_event(5, argv=["-l", "python3", "train.py"], env={"OMP_NUM_THREADS": "4", "N": 3})
+
+    reconciler._register_step(session, event, Log())
+
+    assert event["type"] == "step"
+    assert event["token"] == step_token(STEP_KEY.rstrip(b"\n"), 42, 0, "5")
+    assert event["token"] == hmac.new(STEP_KEY.rstrip(b"\n"), b"42:0:5", hashlib.sha256).hexdigest()
+    assert session.steps == {"5": {"argv": ["-l", "python3", "train.py"], "cwd": "/x",
+                                   "env": {"OMP_NUM_THREADS": "4", "N": "3"}}}
+    assert session.tokens_issued == {"5"}
+    await _settle(reconciler)
+    assert kube.execs == []
+
+
+async def test_the_token_is_for_the_sessions_run(tmp_path: Path) -> None:
+    reconciler, _kube = _reconciler(_key_file(tmp_path, STEP_KEY))
+    session = reconciler.sessions.open(42, 2)
+    event = _step_event(1)
+
+    reconciler._register_step(session, event, Log())
+
+    assert event["token"] == step_token(STEP_KEY.rstrip(b"\n"), 42, 2, "1")
+    assert event["token"] != step_token(STEP_KEY.rstrip(b"\n"), 42, 0, "1")
+
+
+async def test_a_step_key_is_never_signed_twice(signing: Any) -> None:
+    reconciler, _kube, session = signing
+    first = _step_event(1)
+    reconciler._register_step(session, first, Log())
+    assert "token" in first
+
+    for again in (_step_event(1), _step_event(1, argv=["--overlap", "sh"]), _step_event("1")):
+        reconciler._register_step(session, again, Log())
+        assert again["type"] == "heartbeat"
+        assert "token" not in again
+    assert session.steps["1"]["argv"] == ["-n", "2", "hostname"]
+
+    await reconciler.finish_step(42, "1", 0)  # once it is done, its key is still spent
+    replay = _step_event(1)
+    reconciler._register_step(session, replay, Log())
+    assert replay["type"] == "heartbeat"
+    assert "token" not in replay
+    assert "1" not in session.steps
+
+
+async def test_without_a_step_key_every_step_is_refused_and_ended(tmp_path: Path) -> None:
+    reconciler, kube = _reconciler(None)
+    session = reconciler.sessions.open(42, 0)
+    event = _step_event(3)
+
+    reconciler._register_step(session, event, Log())
+
+    assert event["type"] == "message"
+    assert event["text"].startswith("srun: error:")
+    assert "step_key_file" in event["text"]
+    assert "token" not in event
+    assert session.steps == {}
+    assert session.tokens_issued == {"3"}  # answered once: a replay is not answered again
+    await _settle(reconciler)
+    assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "3", "1"])]
+
+
+async def test_more_than_the_open_steps_allowed_are_refused(signing: Any) -> None:
+    reconciler, kube, session = signing
+    for key in range(MAX_OPEN_STEPS):
+        event = _step_event(key)
+        reconciler._register_step(session, event, Log())
+        assert "token" in event, key
+    assert len(session.steps) == MAX_OPEN_STEPS
+
+    extra = _step_event(MAX_OPEN_STEPS)
+    reconciler._register_step(session, extra, Log())
+
+    assert extra["type"] == "message"
+    assert extra["text"].startswith("srun: error:")
+    assert str(MAX_OPEN_STEPS) in extra["text"]
+    assert "token" not in extra
+    assert str(MAX_OPEN_STEPS) not in session.steps
+    await _settle(reconciler)
+    assert kube.execs == [("slurm-42-0", [AGENT, "step-done", str(MAX_OPEN_STEPS), "1"])]
+
+    await reconciler.finish_step(42, "0", 0)  # one ends: there is room again
+    room = _step_event(MAX_OPEN_STEPS + 1)
+    reconciler._register_step(session, room, Log())
+    assert "token" in room
+
+
+def _event_of_size(size: int, key: int = 1) -> dict[str, Any]:
+    """A step event whose data is exactly `size` base64 characters (size a multiple of 4)."""
+    raw_size = size // 4 * 3
+    body = {"key": key, "argv": ["hostname"], "cwd": "/x", "env": {"FILL": ""}}
+    body["env"]["FILL"] = "x" * (raw_size - len(json.dumps(body)))
+    event = {"type": "step", "pod": 0, "ts": STAMP, "data": _data(body)}
+    assert len(event["data"]) == size
+    return event
+
+
+async def test_a_step_request_larger_than_allowed_is_refused(signing: Any) -> None:
+    reconciler, kube, session = signing
+    fits = _event_of_size(MAX_STEP_REQUEST_BYTES, key=1)
+    reconciler._register_step(session, fits, Log())
+    assert "token" in fits
+
+    too_big = _event_of_size(MAX_STEP_REQUEST_BYTES + 4, key=2)
+    reconciler._register_step(session, too_big, Log())
+
+    assert too_big["type"] == "message"
+    assert too_big["text"].startswith("srun: error:")
+    assert "KiB" in too_big["text"]
+    assert "token" not in too_big
+    assert set(session.steps) == {"1"}
+    await _settle(reconciler)
+    assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "2", "1"])]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "not base64 json",
+        "%%%%",
+        base64.b64encode(b"not json").decode(),
+        base64.b64encode(b"\xff\xfe").decode(),
+        _data([1, 2]),
+        _data("step"),
+        _data(7),
+        _data({"argv": ["hostname"]}),
+        _data({"key": 1}),
+        _data({"key": "one", "argv": ["hostname"]}),
+        _data({"key": None, "argv": ["hostname"]}),
+        _data({"key": 1, "argv": 5}),
+    ],
+)
+async def test_a_malformed_step_request_becomes_a_heartbeat(signing: Any, data: str) -> None:
+    reconciler, kube, session = signing
+    event = {"type": "step", "pod": 0, "ts": STAMP, "data": data}
+
+    reconciler._register_step(session, event, Log())
+
+    assert event == {"type": "heartbeat"}
+    assert session.steps == {}
+    assert session.tokens_issued == set()
+    await _settle(reconciler)
+    assert kube.execs == []
+
+
+@pytest.mark.parametrize("env", [["A=1"], "A=1", 5])
+async def test_a_step_request_whose_env_is_not_a_mapping_becomes_a_heartbeat(signing: Any, env: Any) -> None:
+    reconciler, _kube, session = signing
+    event = _step_event(1, env=env)
+
+    reconciler._register_step(session, event, Log())
+
+    assert event == {"type": "heartbeat"}
+    assert session.steps == {}
+
+
+# -- 6. _output_event: only the first pod's agent asks for steps ----------------------------------
+def test_a_step_line_of_the_first_pod_is_a_step_request() -> None:
+    data = _data({"key": 1, "argv": ["hostname"]})
+
+    assert _output_event(0, STAMP, f"s {data}") == {"type": "step", "pod": 0, "ts": STAMP, "data": data}
+
+
+@pytest.mark.parametrize("index", [1, 2, 7])
+def test_a_step_line_of_another_pod_is_only_stderr_output(index: int) -> None:
+    line = f"s {_data({'key': 1, 'argv': ['hostname']})}"
+
+    event = _output_event(index, STAMP, line)
+
+    assert event["type"] == "out"
+    assert event["fd"] == 2
+    assert event["pod"] == index
+    assert base64.b64decode(event["data"]) == (line + "\n").encode()
+
+
+def test_a_bare_s_is_not_a_step_request() -> None:
+    event = _output_event(0, STAMP, "s")
+
+    assert event["type"] == "out"
+    assert event["fd"] == 2
+
+
+# -- the waiter's srun for a step (Waiter._start_step, without running Slurm) ---------------------
+@pytest.fixture
+def waiter(monkeypatch: pytest.MonkeyPatch) -> tuple[Waiter, list[tuple[str, int]], list[dict[str, Any]]]:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_TASK_PROLOG", "/home/alice/tp.sh")
+    monkeypatch.setenv("LD_PRELOAD", "/home/alice/evil.so")
+    monkeypatch.setattr(attach, "srun_binary", lambda: "/usr/bin/srun")
+    calls: list[dict[str, Any]] = []
+
+    def call(command: list[str], **kwargs: Any) -> int:
+        calls.append({"command": list(command), **kwargs})
+        return 0
+
+    monkeypatch.setattr(attach.subprocess, "call", call)
+    done: list[tuple[str, int]] = []
+    instance = Waiter("http://127.0.0.1:1", 42, "#!/bin/sh\n", {}, "/home/alice")
+    instance._own_command = ["/usr/bin/python3", "-I", "-S", "/opt/bridge/waiter.py", "--api", "http://d:1"]
+    monkeypatch.setattr(instance, "_step_done", lambda key, code: done.append((key, code)))
+    return instance, done, calls
+
+
+def _start_and_join(instance: Waiter, data: str, token: str) -> None:
+    """_start_step, then wait for the threads it started (its srun and its step-done)."""
+    before = set(threading.enumerate())
+    instance._start_step(data, token)
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def test_the_waiters_srun_runs_the_task_proxy_with_the_layout_only(waiter: Any) -> None:
+    instance, done, calls = waiter
+    data = _data({"key": 9, "argv": ["-l", "-n", "2", "sh", "-c", "id"]})
+
+    _start_and_join(instance, data, "t" * 64)
+
+    assert len(calls) == 1
+    assert calls[0]["command"] == [
+        "/usr/bin/srun", "--jobid=42", "-l", "-n", "2", "--chdir=/",
+        "/usr/bin/python3", "-I", "-S", "/opt/bridge/waiter.py", "--api", "http://d:1", "task", "9",
+    ]
+    env = calls[0]["env"]
+    assert env["SLURM_K8S_BRIDGE_STEP_TOKEN"] == "t" * 64
+    assert env["SLURM_NTASKS"] == "4"
+    assert "SLURM_TASK_PROLOG" not in env
+    assert "LD_PRELOAD" not in env
+    assert env["PATH"] == SAFE_ENVIRONMENT["PATH"]
+    assert calls[0]["cwd"] == "/"
+    assert done == [("9", 0)]
+
+
+@pytest.mark.parametrize("argv", [["--task-prolog=/home/alice/x", "id"], ["--export=ALL", "id"], []])
+def test_the_waiter_runs_no_srun_for_a_refused_step(waiter: Any, capfd: pytest.CaptureFixture[str],
+                                                    argv: list[str]) -> None:
+    instance, done, calls = waiter
+
+    _start_and_join(instance, _data({"key": 4, "argv": argv}), "t" * 64)
+
+    assert calls == []
+    assert done == [("4", 1)]
+    assert "srun: " in capfd.readouterr().err
+
+
+def test_the_waiter_runs_no_srun_for_an_unsigned_step(waiter: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    instance, done, calls = waiter
+
+    _start_and_join(instance, _data({"key": 6, "argv": ["hostname"]}), "")
+
+    assert calls == []
+    assert done == [("6", 1)]
+    assert "not signed" in capfd.readouterr().err
+
+
+def test_a_step_whose_srun_cannot_start_still_ends(waiter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    instance, done, _calls = waiter
+
+    def call(command: list[str], **_kwargs: Any) -> int:
+        if any("\0" in word for word in command):
+            raise ValueError("embedded null byte")  # what subprocess raises before any exec
+        return 0
+
+    monkeypatch.setattr(attach.subprocess, "call", call)
+    monkeypatch.setattr(threading, "excepthook", lambda _args: None)
+
+    _start_and_join(instance, _data({"key": 8, "argv": ["-J", "a\0b", "hostname"]}), "t" * 64)
+
+    assert done == [("8", 1)]
+    assert instance._active_steps == 0
+
