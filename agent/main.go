@@ -117,10 +117,10 @@ func main() {
 		}
 		task(os.Args[2], os.Args[3], os.Args[5:])
 	case "signal":
-		if len(os.Args) != 4 {
-			fail("usage: slurm-k8s-bridge-agent signal PIDFILE SIG")
+		if len(os.Args) != 4 && !(len(os.Args) == 5 && os.Args[4] == "group") {
+			fail("usage: slurm-k8s-bridge-agent signal PIDFILE SIG [group]")
 		}
-		sendSignal(os.Args[2], os.Args[3])
+		sendSignal(os.Args[2], os.Args[3], len(os.Args) == 5)
 	default:
 		fail("unknown command " + strconv.Quote(os.Args[1]))
 	}
@@ -286,7 +286,7 @@ func hold() {
 	os.Exit(0)
 }
 
-func sendSignal(pidfile, sig string) {
+func sendSignal(pidfile, sig string, group bool) {
 	number, err := strconv.Atoi(sig)
 	if err != nil || number <= 0 || number > 64 {
 		fail("not a signal number: " + strconv.Quote(sig))
@@ -299,7 +299,11 @@ func sendSignal(pidfile, sig string) {
 	if err != nil || pid <= 1 {
 		fail("bad pid file " + pidfile)
 	}
-	if err := syscall.Kill(pid, syscall.Signal(number)); err != nil {
+	target := pid
+	if group {
+		target = -pid // a step's task: every process of it
+	}
+	if err := syscall.Kill(target, syscall.Signal(number)); err != nil {
 		fail(fmt.Sprintf("cannot signal %d: %v", pid, err))
 	}
 }

@@ -140,6 +140,9 @@ func task(pidfile, encodedEnv string, argv []string) {
 	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
 	// --signal=SIG@T for steps, and the kill of a task whose proxy died).
 	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+	// Its own process group: a signal for the step reaches every process of the task, as
+	// slurmstepd signals all of a step's processes.
+	_ = syscall.Setpgid(0, 0)
 	raw, err := base64.StdEncoding.DecodeString(encodedEnv)
 	if err != nil {
 		fail("bad task environment")

@@ -59,6 +59,9 @@ log = structlog.get_logger(__name__)
 EXIT_CODE_NOT_STARTED = 1
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+SIGNAL_AFTER_START_S = 1.0
+"""A signal for a script that is not running yet is delivered this long after it started (time
+for its first lines, its traps, to run: natively the script has run since the job started)."""
 BLOCKING_EVENTS = frozenset({
     "FailedMount", "FailedAttachVolume", "FailedMapVolume", "FailedCreatePodSandBox",
     "FailedCreatePodContainer", "FailedScheduling", "Failed", "BackOff", "InspectFailed",
@@ -241,24 +244,44 @@ class Reconciler:
         return None
 
     async def signal_pods(self, job_id: int, signum: int) -> int:
-        """Send `signum` to the script in each running pod of the job's current run (as Slurm
-        signals the batch script: `scancel -s SIG --batch`, `--signal=B:SIG@TIME`); returns how
-        many pods got it. Only pods with the in-pod agent can be signalled this way."""
+        """Send `signum` to the batch script, in the first node's pod of the job's current run (as
+        Slurm signals the batch script: `scancel -s SIG --batch`, `--signal=B:SIG@TIME`); 1 if it
+        got it, 0 if it is kept for when the script runs. Slurm may signal a job whose pod is
+        still starting (natively the script would run already): the signal waits for it."""
+        sessions = self.sessions.of_job(job_id)
+        pod = self._batch_pod(job_id)
+        if pod is not None and not _runs_agent(pod):
+            log.warning("signal.no_agent", job_id=job_id, pod=pod["metadata"]["name"], signal=signum)
+            return 0
+        if pod is None or _script_running_for_s(pod) < SIGNAL_AFTER_START_S:
+            if sessions:
+                sessions[-1].pending_signals.append(signum)
+                self.requeue_after(job_id, SIGNAL_AFTER_START_S)
+            log.info("signal.pending", job_id=job_id, signal=signum)
+            return 0
+        name = pod["metadata"]["name"]
+        agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+        out = await self.kube.exec_in_pod(name, [agent, "signal", wellknown.AGENT_PIDFILE, str(signum)])
+        if "has not started" in out:
+            if sessions:
+                sessions[-1].pending_signals.append(signum)
+                self.requeue_after(job_id, SIGNAL_AFTER_START_S)
+            return 0
+        log.info("signal.sent", job_id=job_id, pod=name, signal=signum)
+        return 1
+
+    def _batch_pod(self, job_id: int) -> dict[str, Any] | None:
         view = self.jobs.get(job_id)
         run = view.alloc.run if view is not None and view.alloc is not None else None
-        told = 0
         for pod in self.cache.pods_of(job_id):
-            if run_of(pod) != run or not _container_running(pod):
-                continue
-            name = pod["metadata"]["name"]
-            if _annotation(pod, wellknown.ANNOTATION_OUTPUT) != wellknown.OUTPUT_FRAMED:
-                log.warning("signal.no_agent", job_id=job_id, pod=name, signal=signum)
-                continue
-            agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
-            await self.kube.exec_in_pod(name, [agent, "signal", wellknown.AGENT_PIDFILE, str(signum)])
-            log.info("signal.sent", job_id=job_id, pod=name, signal=signum)
-            told += 1
-        return told
+            if run_of(pod) == run and (node_index_of(pod) or 0) == 0:
+                return pod
+        return None
+
+    async def _deliver_pending_signals(self, session: JobSession) -> None:
+        pending, session.pending_signals = session.pending_signals, []
+        for signum in pending:
+            await self.signal_pods(session.job_id, signum)
 
     # -- the loop body ---------------------------------------------------------
     async def reconcile(self, job_id: int) -> None:
@@ -336,6 +359,8 @@ class Reconciler:
         self._ensure_log_relays(session, pods)
         if not session.script_delivered:
             await self._deliver_script(session, pods, bound)
+        if session.pending_signals:
+            await self._deliver_pending_signals(session)
         if isinstance(decision, outcomes.FailedBeforeStart) and decision.overdue:
             reason = await self._overdue_reason(decision, pods)
             if reason is None:
@@ -630,6 +655,15 @@ def _job_container(pod: dict[str, Any]) -> dict[str, Any]:
         if status.get("name") == wellknown.CONTAINER_NAME:
             return status.get("state") or {}
     return {}
+
+
+def _script_running_for_s(pod: dict[str, Any]) -> float:
+    """How long the job container has run (0 when it does not run)."""
+    running = _job_container(pod).get("running")
+    if not isinstance(running, dict):
+        return 0.0
+    started = outcomes._time(running.get("startedAt"))
+    return 0.0 if started is None else (datetime.now(UTC) - started).total_seconds()
 
 
 def _container_running(pod: dict[str, Any]) -> bool:

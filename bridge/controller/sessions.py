@@ -39,6 +39,8 @@ class JobSession:
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
     script_delivered: bool = False
     """A script too big for an annotation has been copied into the first pod."""
+    pending_signals: list[int] = field(default_factory=list)
+    """Signals for the batch script that came before it ran (delivered once it does)."""
     tokens_issued: set[str] = field(default_factory=set)
     """Step keys already signed: a replayed request is never signed again."""
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)

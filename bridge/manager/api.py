@@ -254,7 +254,7 @@ class Api:
         except (asyncio.CancelledError, ConnectionResetError):
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
             # stream does not stop its process, so the task is killed in the pod.
-            kill = self.reconciler.kube.exec_in_pod(pod, [AGENT, "signal", pidfile, "9"])
+            kill = self.reconciler.kube.exec_in_pod(pod, [AGENT, "signal", pidfile, "9", "group"])
             self._background.add(task := asyncio.ensure_future(kill))
             task.add_done_callback(self._background.discard)
             raise
@@ -286,7 +286,7 @@ class Api:
         if pod is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {node}")
         try:
-            command = [AGENT, "signal", task_pidfile(key, procid), str(signum)]
+            command = [AGENT, "signal", task_pidfile(key, procid), str(signum), "group"]
             await self.reconciler.kube.exec_in_pod(pod, command)
         except BridgeError as error:
             raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None

@@ -58,6 +58,11 @@ CASES = [
     Case("usr1_before_time_limit",
          "trap 'echo checkpoint; exit 0' USR1\necho started\ni=0; while [ $i -lt 200 ]; do sleep 1; "
          "i=$((i+1)); done\necho never\n", args=("--time=1", "--signal=B:USR1@50")),
+    Case("time_limit", "echo started\nsleep 300\necho never\n", args=("--time=1",)),
+    # Without B: the signal goes to the steps: srun's tasks, here in the pods.
+    Case("usr1_to_steps_before_time_limit",
+         "srun sh -c 'trap \"echo task got usr1; exit 0\" USR1; i=0; while [ $i -lt 100 ]; do sleep 1; "
+         "i=$((i+1)); done'\necho srun said $?\n", args=("--time=1", "--signal=USR1@50")),
     Case("term_trap_on_cancel",
          "trap 'sleep 2; echo cleaned-up; exit 0' TERM\necho started\nsleep 100 &\nwait\n", action="cancel"),
     Case("array_outputs", 'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT"\n', array=6),
@@ -147,8 +152,12 @@ def test_every_script_writes_the_same_bytes_and_sacct_rows_in_native_and_k8s(bri
             else:
                 bridge.slurm("scancel", str(job))
 
-    rows = {key: wait_until(f"{key} final in sacct", lambda j=job: _sacct(bridge, j), timeout=240)
-            for key, job in jobs.items()}
+    for key, job in jobs.items():
+        wait_until(f"{key} final in sacct", lambda j=job: _sacct(bridge, j), timeout=240)
+    # slurmdbd may record a job's end (and its steps as ended with it) before the batch step's
+    # own completion arrives: read again once things have settled.
+    time.sleep(5)
+    rows = {key: _sacct(bridge, job) for key, job in jobs.items()}
     differences = []
     for case in CASES:
         native, bridged = jobs[(case.name, "native")], jobs[(case.name, "k8s")]
