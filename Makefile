@@ -4,7 +4,7 @@ SANDBOX := containers/sandbox/sandbox.sh
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit e2e contract pyslurm bench image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-deploy bridge-down venv
+.PHONY: demo test unit e2e contract pyslurm bench bench-scale image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-deploy bridge-down venv
 
 sandbox-up:      ## start real Slurm + real Kubernetes on this machine
 	@$(SANDBOX) up
@@ -58,6 +58,9 @@ contract: venv sandbox-up  ## the SlurmClient contract, against slurmrestd and p
 
 bench: venv bridge-up  ## latency numbers on the sandbox (prints, asserts nothing)
 	PYTHONPATH=. $(VENV)/bin/python bench/latency.py
+
+bench-scale: venv bridge-up  ## an array of many short jobs, bridged and native (prints; last line JSON)
+	PYTHONPATH=. $(VENV)/bin/python bench/scale.py
 
 image: sandbox-up  ## build the daemon's image (no Docker) and import it into the sandbox's real nodes
 	@containers/images/bridge-image.sh
