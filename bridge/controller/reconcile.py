@@ -662,7 +662,7 @@ def _script_running_for_s(pod: dict[str, Any]) -> float:
     running = _job_container(pod).get("running")
     if not isinstance(running, dict):
         return 0.0
-    started = outcomes._time(running.get("startedAt"))
+    started = outcomes.parse_time(running.get("startedAt"))
     return 0.0 if started is None else (datetime.now(UTC) - started).total_seconds()
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from bridge.core import wellknown
+from bridge.core.fields import as_list, as_map, as_str, because
 
 REASON_PREFIX: Final = "slurm-k8s-bridge:"
 """Start of every Slurm node reason the bridge sets; the bridge resumes only such nodes."""
@@ -79,28 +80,28 @@ class KubeNode:
 
 def kube_node(obj: Mapping[str, Any], label_keys: Iterable[str] | None = None) -> KubeNode:
     """Trim a Node API dict to a KubeNode; with `label_keys`, only those labels are kept."""
-    meta = _map(obj.get("metadata"))
-    spec = _map(obj.get("spec"))
-    status = _map(obj.get("status"))
-    labels = {k: v for k, v in _map(meta.get("labels")).items() if isinstance(v, str)}
+    meta = as_map(obj.get("metadata"))
+    spec = as_map(obj.get("spec"))
+    status = as_map(obj.get("status"))
+    labels = {k: v for k, v in as_map(meta.get("labels")).items() if isinstance(v, str)}
     if label_keys is not None:
         wanted = set(label_keys)
         labels = {k: v for k, v in labels.items() if k in wanted}
     taints = tuple(
-        Taint(_str(t.get("key")), _str(t.get("value")), _str(t.get("effect")))
-        for t in map(_map, _list(spec.get("taints")))
+        Taint(as_str(t.get("key")), as_str(t.get("value")), as_str(t.get("effect")))
+        for t in map(as_map, as_list(spec.get("taints")))
     )
     ready = ready_reason = ready_message = ""
     ours = None
-    for cond in map(_map, _list(status.get("conditions"))):
+    for cond in map(as_map, as_list(status.get("conditions"))):
         if cond.get("type") == "Ready":
             ready, ready_reason, ready_message = (
-                _str(cond.get("status")), _str(cond.get("reason")), _str(cond.get("message"))
+                as_str(cond.get("status")), as_str(cond.get("reason")), as_str(cond.get("message"))
             )
         elif cond.get("type") == SLURM_CONDITION:
-            ours = (_str(cond.get("status")), _str(cond.get("reason")), _str(cond.get("message")))
+            ours = (as_str(cond.get("status")), as_str(cond.get("reason")), as_str(cond.get("message")))
     return KubeNode(
-        name=_str(meta.get("name")), labels=labels, unschedulable=spec.get("unschedulable") is True,
+        name=as_str(meta.get("name")), labels=labels, unschedulable=spec.get("unschedulable") is True,
         taints=taints, ready=ready, ready_reason=ready_reason, ready_message=ready_message,
         slurm_condition=ours,
     )
@@ -177,7 +178,7 @@ def assess(
         return Health("wait", f"no Kubernetes node {twin_name}", recheck_in_s=grace_s - waited)
     if twin.ready != "True":
         state = "NotReady" if twin.ready == "False" else "Unknown" if twin.ready else "not Ready yet"
-        detail = _because(twin.ready_reason, twin.ready_message)
+        detail = because(twin.ready_reason, twin.ready_message)
         why = f"Kubernetes node {twin.name} is {state}" + (f" ({detail})" if detail else "")
         waited = not_ready_for_s or 0.0
         if waited >= grace_s:
@@ -292,19 +293,3 @@ def disagreement(slurm: SlurmNode, health: Health) -> str | None:
     if health.verdict == "ok":
         return f"{slurm.name}: Slurm {shown} ({slurm.reason}) but its Kubernetes node is healthy"
     return f"{slurm.name}: Slurm {shown} but {health.why} (the bridge would set {health.verdict.upper()})"
-
-
-def _because(reason: str, message: str) -> str:
-    return f"{reason}: {message}" if reason and message else reason or message
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bridge.core import wellknown
+from bridge.core.fields import as_int, as_list, as_map, as_str, because
 
 IMAGE_ERRORS_PERMANENT = frozenset({"InvalidImageName", "ErrImageNeverPull"})
 IMAGE_ERRORS_RETRIED = frozenset({"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable"})
@@ -119,60 +120,60 @@ class PodView:
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
     """Read the outcome-relevant fields of a pod dict; missing fields read as empty."""
-    meta = _map(pod.get("metadata"))
-    spec = _map(pod.get("spec"))
-    status = _map(pod.get("status"))
-    annotations = _map(meta.get("annotations"))
+    meta = as_map(pod.get("metadata"))
+    spec = as_map(pod.get("spec"))
+    status = as_map(pod.get("status"))
+    annotations = as_map(meta.get("annotations"))
     index_s = annotations.get(wellknown.ANNOTATION_NODE_INDEX)
     index = int(index_s) if isinstance(index_s, str) and index_s.isdigit() else 0
 
-    containers = [_map(c) for c in _list(spec.get("containers"))]
+    containers = [as_map(c) for c in as_list(spec.get("containers"))]
     spec_job = next((c for c in containers if c.get("name") == wellknown.CONTAINER_NAME), {})
-    statuses = [_map(c) for c in _list(status.get("containerStatuses"))]
+    statuses = [as_map(c) for c in as_list(status.get("containerStatuses"))]
     job = next((c for c in statuses if c.get("name") == wellknown.CONTAINER_NAME), {})
-    state = _map(job.get("state"))
-    waiting = _map(state.get("waiting"))
+    state = as_map(job.get("state"))
+    waiting = as_map(state.get("waiting"))
     term = state.get("terminated")
     terminated = None
     if isinstance(term, Mapping):
         raw_signal = term.get("signal")
         terminated = Terminated(
-            exit_code=_int(term.get("exitCode")),
+            exit_code=as_int(term.get("exitCode")),
             signal=raw_signal if isinstance(raw_signal, int) and raw_signal > 0 else None,
-            reason=_str(term.get("reason")),
-            message=_str(term.get("message")).strip(),
+            reason=as_str(term.get("reason")),
+            message=as_str(term.get("message")).strip(),
         )
 
     init_failure = ""
-    for init in map(_map, _list(status.get("initContainerStatuses"))):
-        init_state = _map(init.get("state"))
-        init_term, init_wait = _map(init_state.get("terminated")), _map(init_state.get("waiting"))
-        if init_term and _int(init_term.get("exitCode")) != 0:
-            code = _int(init_term.get("exitCode"))
-            init_failure = _because(_str(init_term.get("reason")) or f"exit code {code}",
-                                    _str(init_term.get("message")).strip())
+    for init in map(as_map, as_list(status.get("initContainerStatuses"))):
+        init_state = as_map(init.get("state"))
+        init_term, init_wait = as_map(init_state.get("terminated")), as_map(init_state.get("waiting"))
+        if init_term and as_int(init_term.get("exitCode")) != 0:
+            code = as_int(init_term.get("exitCode"))
+            init_failure = because(as_str(init_term.get("reason")) or f"exit code {code}",
+                                    as_str(init_term.get("message")).strip())
         elif init_wait.get("reason") not in (None, "", "PodInitializing"):
-            init_failure = _because(_str(init_wait.get("reason")), _str(init_wait.get("message")).strip())
+            init_failure = because(as_str(init_wait.get("reason")), as_str(init_wait.get("message")).strip())
 
     unschedulable = None
-    for cond in map(_map, _list(status.get("conditions"))):
+    for cond in map(as_map, as_list(status.get("conditions"))):
         if (cond.get("type"), cond.get("status"), cond.get("reason")) == _UNSCHEDULABLE:
-            unschedulable = _str(cond.get("message")) or "Unschedulable"
+            unschedulable = as_str(cond.get("message")) or "Unschedulable"
 
     return PodView(
-        name=_str(meta.get("name")),
+        name=as_str(meta.get("name")),
         index=index,
-        phase=_str(status.get("phase")),
-        reason=_str(status.get("reason")),
-        message=_str(status.get("message")),
+        phase=as_str(status.get("phase")),
+        reason=as_str(status.get("reason")),
+        message=as_str(status.get("message")),
         deleting=meta.get("deletionTimestamp") is not None,
-        image=_str(job.get("image")) or _str(spec_job.get("image")),
-        waiting_reason=_str(waiting.get("reason")),
-        waiting_message=_str(waiting.get("message")),
+        image=as_str(job.get("image")) or as_str(spec_job.get("image")),
+        waiting_reason=as_str(waiting.get("reason")),
+        waiting_message=as_str(waiting.get("message")),
         running=isinstance(state.get("running"), Mapping),
         terminated=terminated,
         unschedulable=unschedulable,
-        since=_time(status.get("startTime")) or _time(meta.get("creationTimestamp")),
+        since=parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp")),
         init_failure=init_failure,
     )
 
@@ -190,12 +191,12 @@ def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -
             return _timeout(pod, 128 + signals.SIGTERM, int(signals.SIGTERM))
         if pod.running:
             # It ran, but the kubelet lost or killed it without a recorded exit status.
-            return Finished(1, None, f"{pod.name}: {_because(pod.reason, pod.message) or 'failed'}")
+            return Finished(1, None, f"{pod.name}: {because(pod.reason, pod.message) or 'failed'}")
         if pod.init_failure:
             why = pod.init_failure
             return FailedBeforeStart(f"{pod.name}: the bridge's agent could not be set up: {why}")
         # Failed before the container ever ran: the kubelet refused it (OutOfcpu, NodeAffinity, ...).
-        why = _because(pod.reason, pod.message) or "phase Failed"
+        why = because(pod.reason, pod.message) or "phase Failed"
         return FailedBeforeStart(f"{pod.name}: Kubernetes refused the pod: {why}")
     if pod.deleting:
         return Finished(
@@ -210,11 +211,11 @@ def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -
     waiting = pod.waiting_reason
     if waiting in IMAGE_ERRORS_PERMANENT or (waiting in IMAGE_ERRORS_RETRIED and persisted):
         return FailedBeforeStart(
-            f"{pod.name}: cannot pull image {pod.image!r}: {_because(waiting, pod.waiting_message)}"
+            f"{pod.name}: cannot pull image {pod.image!r}: {because(waiting, pod.waiting_message)}"
         )
     if waiting in CREATE_ERRORS_RETRIED and persisted:
         return FailedBeforeStart(
-            f"{pod.name}: cannot create the container: {_because(waiting, pod.waiting_message)}"
+            f"{pod.name}: cannot create the container: {because(waiting, pod.waiting_message)}"
         )
     if pod.unschedulable is not None and persisted:
         return FailedBeforeStart(f"{pod.name}: cannot be placed on its node: {pod.unschedulable}")
@@ -282,7 +283,7 @@ def _worst(failed: list[Finished]) -> Finished:
 def _from_terminated(pod: PodView, term: Terminated) -> Outcome:
     if term.reason in START_FAILURES:
         return FailedBeforeStart(
-            f"{pod.name}: the container could not start: {_because(term.reason, term.message)}"
+            f"{pod.name}: the container could not start: {because(term.reason, term.message)}"
         )
     sig = term.signal
     if sig is None and term.reason in SIGNAL_REASONS and 128 < term.exit_code <= 128 + MAX_SIGNAL:
@@ -299,16 +300,13 @@ def _from_terminated(pod: PodView, term: Terminated) -> Outcome:
     else:
         text = f"{pod.name}: exited with code {term.exit_code}"
     if pod.reason:
-        text += f" ({_because(pod.reason, pod.message)})"
+        text += f" ({because(pod.reason, pod.message)})"
     return Finished(term.exit_code, sig, text, oom_killed=oom, by_kubernetes=bool(pod.reason))
 
 
 def _timeout(pod: PodView, exit_code: int, sig: int | None) -> Finished:
     return Finished(exit_code, sig, f"{pod.name}: time limit reached", timed_out=True)
 
-
-def _because(reason: str, message: str) -> str:
-    return f"{reason}: {message}" if reason and message else reason or message
 
 
 def _signal_name(sig: int) -> str:
@@ -318,7 +316,7 @@ def _signal_name(sig: int) -> str:
         return "unknown signal"
 
 
-def _time(value: object) -> datetime | None:
+def parse_time(value: object) -> datetime | None:
     """A timestamp from an RFC 3339 string (raw API dict) or a datetime (client objects)."""
     if isinstance(value, str) and value:
         try:
@@ -331,19 +329,3 @@ def _time(value: object) -> datetime | None:
 def _aware(value: datetime) -> datetime:
     """Naive times are UTC (the API's zone), so that naive and aware times can be compared."""
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
