@@ -106,6 +106,11 @@ func main() {
 			fail("usage: slurm-k8s-bridge-agent receive-script DEST SIZE")
 		}
 		receiveScript(os.Args[2], os.Args[3])
+	case "step-output":
+		if len(os.Args) != 3 {
+			fail("usage: slurm-k8s-bridge-agent step-output KEY")
+		}
+		stepOutput(os.Args[2])
 	case "step-done":
 		if len(os.Args) != 4 {
 			fail("usage: slurm-k8s-bridge-agent step-done KEY CODE")
@@ -286,12 +291,23 @@ func hold() {
 	os.Exit(0)
 }
 
+const (
+	taskStartPoll      = 20 * time.Millisecond
+	taskStartWaitTries = 500 // 10 s
+)
+
 func sendSignal(pidfile, sig string, group bool) {
 	number, err := strconv.Atoi(sig)
 	if err != nil || number <= 0 || number > 64 {
 		fail("not a signal number: " + strconv.Quote(sig))
 	}
 	raw, err := os.ReadFile(pidfile)
+	// A step's task may be signalled while its exec is still being set up (the signal reached
+	// its proxy first): wait a little for the task to write its pid.
+	for tries := 0; err != nil && group && os.IsNotExist(err) && tries < taskStartWaitTries; tries++ {
+		time.Sleep(taskStartPoll)
+		raw, err = os.ReadFile(pidfile)
+	}
 	if err != nil {
 		fail("the script has not started: " + err.Error())
 	}

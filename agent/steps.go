@@ -12,10 +12,13 @@ package main
 import (
 	"bufio"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -28,7 +31,20 @@ type stepRequest struct {
 	Argv []string          `json:"argv"`
 	Cwd  string            `json:"cwd"`
 	Env  map[string]string `json:"env"`
+	// A signal the script's srun got, for Slurm's srun of step SignalKey (no step is asked for).
+	SignalKey string `json:"signal_key,omitempty"`
+	Signal    int    `json:"signal,omitempty"`
 }
+
+type stepSignal struct {
+	Key    string `json:"key"`
+	Signal int    `json:"signal"`
+}
+
+// forwardedToSrun are the signals native srun acts on (it cancels or signals its step): the
+// script's srun passes them to Slurm's srun of its step, which then does what it does natively.
+var forwardedToSrun = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGALRM, syscall.SIGCONT}
 
 func socketPath(dir string) string      { return filepath.Join(dir, "agent.sock") }
 func resultPath(dir, key string) string { return filepath.Join(dir, "steps", key+".rc") }
@@ -57,6 +73,11 @@ func serveSteps(dir string, out *frames) {
 				}
 				var request stepRequest
 				if json.Unmarshal(line, &request) != nil {
+					return
+				}
+				if request.SignalKey != "" {
+					data, _ := json.Marshal(stepSignal{Key: request.SignalKey, Signal: request.Signal})
+					out.writeRaw('k', data)
 					return
 				}
 				request.Key = strconv.FormatInt(counter.Add(1), 10)
@@ -102,15 +123,167 @@ func srunClient(args []string) {
 		fmt.Fprintln(os.Stderr, "srun: error: the job's step launcher did not answer")
 		os.Exit(1)
 	}
-	rc := resultPath(dir, key[:len(key)-1])
+	key = key[:len(key)-1]
+	signals := make(chan os.Signal, 8)
+	signal.Notify(signals, forwardedToSrun...)
+	go func() {
+		for sig := range signals {
+			number, _ := sig.(syscall.Signal)
+			forwardSignal(dir, key, int(number))
+		}
+	}()
+	// Slurm's srun output comes back here (`agent step-output`, run by the daemon), so that it
+	// goes where this srun's own stdout and stderr go: a pipe, a file, $(...), as natively.
+	relayed := make(chan int, 1)
+	if listener, err := net.Listen("unix", outputSocketPath(dir, key)); err == nil {
+		go receiveStepOutput(listener, relayed)
+	}
+	rc := resultPath(dir, key)
 	for {
+		select {
+		case code := <-relayed:
+			if code >= 0 {
+				os.Exit(code)
+			}
+		default:
+		}
 		if raw, err := os.ReadFile(rc); err == nil {
 			code, err := strconv.Atoi(string(trimSpace(raw)))
 			if err == nil {
+				// step-done: the waiter could not relay the output. A relay under way still
+				// ends first, with its own end frame (or by breaking off).
+				if relayInProgress.Load() {
+					if relayedCode := <-relayed; relayedCode >= 0 {
+						code = relayedCode
+					}
+				}
 				os.Exit(code)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// forwardSignal asks the agent to pass `number` on to Slurm's srun of step `key`.
+func forwardSignal(dir, key string, number int) {
+	conn, err := net.Dial("unix", socketPath(dir))
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	data, _ := json.Marshal(stepRequest{SignalKey: key, Signal: number})
+	_, _ = conn.Write(append(data, '\n'))
+}
+
+func outputSocketPath(dir, key string) string { return filepath.Join(dir, "steps", key+".sock") }
+
+var relayInProgress atomic.Bool
+
+// Output frames, from the daemon to `agent step-output` and on to srun here: one byte of fd (1
+// stdout, 2 stderr, 0 the end, whose data is srun's exit code), four of length, then the data.
+const maxOutputFrame = 1 << 20
+
+func readOutputFrame(r io.Reader) (byte, []byte, error) {
+	var head [5]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(head[1:])
+	if n > maxOutputFrame || head[0] > 2 {
+		return 0, nil, fmt.Errorf("bad output frame (fd %d, %d bytes)", head[0], n)
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(r, data); err != nil {
+		return 0, nil, err
+	}
+	return head[0], data, nil
+}
+
+func receiveStepOutput(listener net.Listener, relayed chan<- int) {
+	conn, err := listener.Accept()
+	listener.Close()
+	_ = os.Remove(listener.Addr().String())
+	if err != nil {
+		return
+	}
+	relayInProgress.Store(true)
+	defer conn.Close()
+	reader := bufio.NewReaderSize(conn, 256<<10)
+	for {
+		fd, data, err := readOutputFrame(reader)
+		if err != nil {
+			// The relay broke off (the daemon restarted): step-done still tells the exit code.
+			relayInProgress.Store(false)
+			relayed <- -1
+			return
+		}
+		switch fd {
+		case 0:
+			code, err := strconv.Atoi(string(data))
+			if err != nil {
+				code = 1
+			}
+			relayInProgress.Store(false)
+			relayed <- code
+			return
+		case 1:
+			writeAllTo(os.Stdout, data)
+		case 2:
+			writeAllTo(os.Stderr, data)
+		}
+	}
+}
+
+func writeAllTo(f *os.File, data []byte) {
+	// A closed pipe (srun ... | head -1) ends this srun as it would Slurm's: by SIGPIPE.
+	_, _ = f.Write(data)
+}
+
+// stepOutput is `agent step-output KEY`: the daemon's exec that carries Slurm's srun output for
+// step KEY, framed on stdin, to the waiting srun of the script.
+func stepOutput(key string) {
+	if _, err := strconv.Atoi(key); err != nil {
+		fail("not a step key: " + strconv.Quote(key))
+	}
+	dir := filepath.Dir(mustExecutable())
+	conn, err := net.Dial("unix", outputSocketPath(dir, key))
+	for attempt := 0; err != nil && attempt < 200; attempt++ {
+		time.Sleep(50 * time.Millisecond) // srun here may not have its socket yet
+		conn, err = net.Dial("unix", outputSocketPath(dir, key))
+	}
+	if err != nil {
+		fail("the step's srun is not waiting: " + err.Error())
+	}
+	defer conn.Close()
+	// srun here never writes: its end (killed, `timeout 5 srun ...`) shows as the end of the
+	// connection, and ends this relay at once, so that the daemon ends the step, as natively.
+	var ended atomic.Bool
+	go func() {
+		var one [1]byte
+		_, _ = conn.Read(one[:])
+		if !ended.Load() {
+			os.Exit(3)
+		}
+	}()
+	in := bufio.NewReaderSize(os.Stdin, 256<<10)
+	var head [5]byte
+	for {
+		fd, data, err := readOutputFrame(in)
+		if err != nil {
+			fail(err.Error())
+		}
+		head[0] = fd
+		binary.BigEndian.PutUint32(head[1:], uint32(len(data)))
+		if fd == 0 {
+			ended.Store(true)
+		}
+		if _, err := conn.Write(append(head[:], data...)); err != nil {
+			// srun here is gone (killed, or its pipe closed): the daemon ends the step.
+			os.Exit(3)
+		}
+		if fd == 0 {
+			return
+		}
 	}
 }
 
@@ -137,12 +310,15 @@ func stepDone(key, code string) {
 // the script, and the SLURM_* slurmstepd set for this task).
 func task(pidfile, encodedEnv string, argv []string) {
 	_ = os.MkdirAll(filepath.Dir(pidfile), 0o755)
-	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
-	// --signal=SIG@T for steps, and the kill of a task whose proxy died).
-	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 	// Its own process group: a signal for the step reaches every process of the task, as
-	// slurmstepd signals all of a step's processes.
+	// slurmstepd signals all of a step's processes. Made before the pid file is, so that a group
+	// signal sent as soon as the file exists finds the group.
 	_ = syscall.Setpgid(0, 0)
+	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
+	// --signal=SIG@T for steps, and the kill of a task whose proxy died). Renamed into place, so
+	// a reader never sees half of it.
+	_ = os.WriteFile(pidfile+".tmp", []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+	_ = os.Rename(pidfile+".tmp", pidfile)
 	raw, err := base64.StdEncoding.DecodeString(encodedEnv)
 	if err != nil {
 		fail("bad task environment")

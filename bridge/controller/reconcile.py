@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -225,10 +226,14 @@ class Reconciler:
                 return session.steps[key]
         return None
 
-    async def finish_step(self, job_id: int, key: str, code: int) -> None:
-        """Tell the script's srun how the step ended (Slurm's srun exit code)."""
+    def close_step(self, job_id: int, key: str) -> None:
+        """The step has ended: its key no longer runs tasks, nor takes output."""
         for session in reversed(self.sessions.of_job(job_id)):
             session.steps.pop(key, None)
+
+    async def finish_step(self, job_id: int, key: str, code: int) -> None:
+        """Tell the script's srun how the step ended (Slurm's srun exit code)."""
+        self.close_step(job_id, key)
         pod = self.task_pod_of_index(job_id, 0)
         if pod is None:
             return
@@ -551,6 +556,8 @@ class Reconciler:
                              {"type": "log", "pod": index, "ts": stamp, "line": line})
                     if event["type"] == "step":
                         self._register_step(session, event, bound)
+                    elif event["type"] == "step-signal":
+                        _check_step_signal(session, event, bound)
                     session.publish(event)
                     self.metrics.inc("log_lines_total")
                     pauses = 0
@@ -575,6 +582,28 @@ class Reconciler:
         session.log_tasks.pop(pod_name, None)
         session.logs_done.add(pod_name)
         self.requeue(session.job_id)
+
+
+SIGNALS_FOR_SRUN = frozenset(int(s) for s in (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGALRM, signal.SIGCONT))
+"""What the script's srun passes on to Slurm's srun of its step (native srun acts on these)."""
+
+
+def _check_step_signal(session: JobSession, event: dict[str, Any], bound: Any) -> None:
+    """The script's srun got a signal: the waiter passes it to Slurm's srun of that step, if the
+    step is open and the signal one srun acts on; anything else is dropped."""
+    try:
+        request = json.loads(base64.b64decode(event.pop("data")))
+        key, signum = str(int(request["key"])), int(request["signal"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        key, signum = "", 0
+    if key not in session.steps or signum not in SIGNALS_FOR_SRUN:
+        bound.warning("step.bad_signal", key=key, signal=signum)
+        event["type"] = "heartbeat"
+        return
+    event.update(key=key, signal=signum)
+    bound.info("step.signal", key=key, signal=signum)
 
 
 def step_token(key: bytes, job_id: int, run: int, step_key: str) -> str:
@@ -610,6 +639,8 @@ def _output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
         return {"type": "out", "pod": index, "ts": stamp, "fd": 1 if tag == "o" else 2, "data": data}
     if sep and tag == "s" and index == 0:
         return {"type": "step", "pod": index, "ts": stamp, "data": data}
+    if sep and tag == "k" and index == 0:
+        return {"type": "step-signal", "pod": index, "ts": stamp, "data": data}
     text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()
     return {"type": "out", "pod": index, "ts": stamp, "fd": 2, "data": text}
 

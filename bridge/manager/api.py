@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import hmac
 import json
 import re
 import signal
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 from aiohttp import web
@@ -19,7 +22,13 @@ from bridge.controller.sessions import JobSession
 from bridge.core import wellknown
 from bridge.core.errors import BridgeError, TemporaryError
 from bridge.core.model import ModelError, payload_from_json
-from bridge.waiter.attach import FORWARDED, request_digest, split_srun_args
+from bridge.waiter.attach import (
+    FORWARDED,
+    MAX_OUTPUT_FRAME,
+    request_digest,
+    sign_output_frame,
+    split_srun_args,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +39,14 @@ HEARTBEAT_S = 10.0
 HEARTBEAT = {"type": "heartbeat"}
 FORWARDED_SIGNALS = frozenset(int(s) for s in FORWARDED)
 AGENT = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
+EARLY_SIGNALS_PER_TASK = 8
+"""Signals kept for one task whose proxy is up but whose run in the pod has not begun."""
+MAX_TASKS_WITH_EARLY_SIGNALS = 4096
+EARLY_SIGNAL_TTL_S = 120.0
+"""A task that never asks to run (its proxy died) has its kept signals dropped after this."""
+
+TaskId = tuple[int, str, str]
+"""(job id, step key, SLURM_PROCID)."""
 
 
 def task_pidfile(key: str, procid: str) -> str:
@@ -56,6 +73,10 @@ class Api:
         self.unmunge_command = tuple(unmunge_command)
         self._verifying = asyncio.Semaphore(MAX_CONCURRENT_VERIFY)
         self._background: set[asyncio.Future[object]] = set()
+        # Tasks whose run in the pod has begun, and signals that reached a task's proxy before
+        # that (slurmctld signals a step as soon as it exists: --signal=SIG@T, scancel -s).
+        self._running_tasks: set[TaskId] = set()
+        self._early_signals: dict[TaskId, tuple[float, list[int]]] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -68,6 +89,7 @@ class Api:
             web.post("/v1/jobs/{job_id:\\d+}/signal", self.signal),
             web.post("/v1/jobs/{job_id:\\d+}/task", self.task),
             web.post("/v1/jobs/{job_id:\\d+}/step-done", self.step_done),
+            web.post("/v1/jobs/{job_id:\\d+}/step-output", self.step_output),
             web.post("/v1/jobs/{job_id:\\d+}/task-signal", self.task_signal),
         ])
         return app
@@ -92,8 +114,16 @@ class Api:
 
     # -- waiters -------------------------------------------------------------------
     async def _identify(self, request: web.Request, job_id: int, body: bytes) -> int:
+        uid, _ = await self._authorise(request, job_id, body, keyed=False)
+        return uid
+
+    async def _authorise(
+        self, request: web.Request, job_id: int, body: bytes, *, keyed: bool
+    ) -> tuple[int, bytes]:
         """The job's uid, once the caller proved with munge that it runs as that uid and that the
-        credential was made for this very request (method, path, job id and body).
+        credential was made for this very request (method, path, job id and body). A keyed
+        credential also carries a key after the digest, for a streamed body whose frames the
+        caller signs with it: only munged can read it out of the credential.
 
         Errors are classified once: what may pass (a standby, munged or Slurm restarting) is 503 and
         the waiter retries; 4xx only for what can never succeed."""
@@ -120,7 +150,8 @@ class Api:
                 "not on a host of the bridged slurmds ([waiter] slurmd_hosts)"
             )
         expected = request_digest(request.method, request.path, job_id, body)
-        if who.payload.strip() != expected.encode():
+        digest, _, stream_key = who.payload.strip().partition(b" ")
+        if digest != expected.encode() or keyed != bool(stream_key) or (keyed and len(stream_key) != 64):
             raise web.HTTPForbidden(
                 text=f"munge credential of uid {who.uid} was not made for this request ({request.method} "
                 f"{request.path}): credentials are bound to one request and cannot be reused"
@@ -139,7 +170,7 @@ class Api:
         if alloc.uid != who.uid:
             raise web.HTTPForbidden(text=f"job {job_id} belongs to uid {alloc.uid}, not to uid {who.uid}")
         self.reconciler.jobs.record(alloc)
-        return who.uid
+        return who.uid, bytes.fromhex(stream_key.decode()) if keyed else b""
 
     async def attach(self, request: web.Request) -> web.StreamResponse:
         job_id = int(request.match_info["job_id"])
@@ -243,6 +274,12 @@ class Api:
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         code = b"1"
+        task_id = (job_id, key, procid)
+        self._running_tasks.add(task_id)
+        _, early = self._early_signals.pop(task_id, (0.0, []))
+        if early:
+            # `agent signal ... group` waits for the task's pid file, so these may race its start.
+            self._in_background(self._deliver_task_signals(pod, pidfile, early, job_id))
         try:
             stream = self.reconciler.kube.exec_stream(pod, [AGENT, "task", pidfile, encoded, "--", *command])
             async for channel, data in stream:
@@ -254,14 +291,15 @@ class Api:
         except (asyncio.CancelledError, ConnectionResetError):
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
             # stream does not stop its process, so the task is killed in the pod.
-            kill = self.reconciler.kube.exec_in_pod(pod, [AGENT, "signal", pidfile, "9", "group"])
-            self._background.add(task := asyncio.ensure_future(kill))
-            task.add_done_callback(self._background.discard)
+            kill = [AGENT, "signal", pidfile, "9", "group"]
+            self._in_background(self.reconciler.kube.exec_in_pod(pod, kill))
             raise
         except BridgeError as error:
             message = f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode()
             line = {"fd": 2, "data": base64.b64encode(message).decode()}
             await response.write(json.dumps(line).encode() + b"\n")
+        finally:
+            self._running_tasks.discard(task_id)
         await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
         await response.write_eof()
         return response
@@ -282,6 +320,14 @@ class Api:
             raise web.HTTPBadRequest(text=f"signal {signum} is not passed on")
         if self.reconciler.step_of(job_id, key) is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
+        task_id = (job_id, key, procid)
+        if task_id not in self._running_tasks:
+            # The proxy is up but has not yet asked to run its task (munge, the pod's exec):
+            # natively the task would exist and get the signal, so it is kept for the task's start.
+            if not self._keep_early_signal(task_id, signum):
+                raise web.HTTPServiceUnavailable(text="too many signals waiting for tasks to start")
+            log.info("task.signal_kept", job_id=job_id, step_key=key, procid=procid, signal=signum)
+            return web.json_response({"kept": f"{key}.{procid}"}, status=202)
         pod = self.reconciler.task_pod(job_id, node)
         if pod is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {node}")
@@ -291,6 +337,30 @@ class Api:
         except BridgeError as error:
             raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
         return web.json_response({"signalled": f"{key}.{procid}"})
+
+    def _keep_early_signal(self, task_id: TaskId, signum: int) -> bool:
+        now = time.monotonic()
+        if task_id not in self._early_signals and len(self._early_signals) >= MAX_TASKS_WITH_EARLY_SIGNALS:
+            for stale in [t for t, (at, _) in self._early_signals.items() if now - at > EARLY_SIGNAL_TTL_S]:
+                del self._early_signals[stale]
+            if len(self._early_signals) >= MAX_TASKS_WITH_EARLY_SIGNALS:
+                return False
+        _, kept = self._early_signals.setdefault(task_id, (now, []))
+        if len(kept) < EARLY_SIGNALS_PER_TASK:
+            kept.append(signum)
+        return True
+
+    async def _deliver_task_signals(self, pod: str, pidfile: str, signals: list[int], job_id: int) -> None:
+        for signum in signals:
+            try:
+                await self.reconciler.kube.exec_in_pod(pod, [AGENT, "signal", pidfile, str(signum), "group"])
+            except BridgeError as error:
+                log.warning("task.signal_failed", job_id=job_id, pod=pod, signal=signum, error=str(error))
+
+    def _in_background(self, work: Awaitable[object]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def step_done(self, request: web.Request) -> web.Response:
         """The waiter's srun for a step ended: the script's srun gets its exit code."""
@@ -307,6 +377,98 @@ class Api:
         except BridgeError as error:
             raise web.HTTPServiceUnavailable(text=f"cannot tell the pod the step ended: {error}") from None
         return web.json_response({"step": key, "code": code})
+
+    async def step_output(self, request: web.Request) -> web.StreamResponse:
+        """Slurm's srun output for a step, streamed by the waiter as it comes (a first line naming
+        the step, then signed frames, the last carrying srun's exit code): relayed into the first
+        node's pod to the script's srun, which writes it where its own stdout and stderr go."""
+        job_id = int(request.match_info["job_id"])
+        try:
+            header = await request.content.readline()
+        except ValueError:
+            raise web.HTTPBadRequest(text="step-output needs a first line naming the step") from None
+        _, stream_key = await self._authorise(request, job_id, header, keyed=True)
+        try:
+            key = str(int(json.loads(header)["key"]))
+        except (ValueError, KeyError, TypeError):
+            raise web.HTTPBadRequest(text="step-output needs the step's key") from None
+        if self.reconciler.step_of(job_id, key) is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
+        pod = self.reconciler.task_pod_of_index(job_id, 0)
+        if pod is None:
+            raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod for its script")
+        bound = log.bind(job_id=job_id, pod=pod, step_key=key)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        await response.write(b'{"accepted": true}\n')
+        feed: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=16)
+        relay = asyncio.ensure_future(
+            self.reconciler.kube.exec_feeding(pod, [AGENT, "step-output", key], feed))
+        answer: dict[str, object] = {"failed": "the waiter went away"}
+        try:
+            answer = await self._relay_frames(request, stream_key, feed, relay)
+            if answer.get("done"):
+                # The end frame is in: the agent passes it on and exits; its exit tells whether
+                # the script's srun took it.
+                put = asyncio.ensure_future(feed.put(None))
+                await asyncio.wait({put, relay}, timeout=30, return_when=asyncio.ALL_COMPLETED)
+                put.cancel()
+                if not relay.done() or relay.cancelled() or relay.exception() or relay.result() != 0:
+                    answer = {"gone": "the script's srun did not take the end of its output"}
+                else:
+                    self.reconciler.close_step(job_id, key)
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            pass
+        finally:
+            relay.cancel()
+        if not answer.get("done") and relay.done() and not relay.cancelled():
+            error = relay.exception()
+            if isinstance(error, BridgeError):
+                answer = {"failed": f"cannot reach pod {pod}: {error}"}
+        bound.info("step.output_relayed", **{k: str(v) for k, v in answer.items()})
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(json.dumps(answer).encode() + b"\n")
+            await response.write_eof()
+        return response
+
+    async def _relay_frames(
+        self, request: web.Request, stream_key: bytes, feed: asyncio.Queue[bytes | None],
+        relay: asyncio.Future[int],
+    ) -> dict[str, object]:
+        """Check each frame's signature and pass it on, until the end frame; or stop early when
+        the relay into the pod ended (the script's srun is gone, the pod unreachable)."""
+        seq = 0
+        while True:
+            # Waiting for srun's next output, the relay may end first: the script's srun is gone
+            # (killed, `timeout 5 srun ...`), and the waiter must end the step now.
+            next_head = asyncio.ensure_future(request.content.readexactly(5))
+            await asyncio.wait({next_head, relay}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_head.done():
+                next_head.cancel()
+                return self._relay_ended(relay)
+            head = next_head.result()
+            fd, size = head[0], int.from_bytes(head[1:], "big")
+            if fd > 2 or size > MAX_OUTPUT_FRAME:
+                return {"failed": f"bad output frame (fd {fd}, {size} bytes)"}
+            data = await request.content.readexactly(size)
+            mac = await request.content.readexactly(32)
+            if not hmac.compare_digest(sign_output_frame(stream_key, seq, fd, data)[-32:], mac):
+                return {"failed": "an output frame's signature does not match its stream"}
+            seq += 1
+            put = asyncio.ensure_future(feed.put(head + data))
+            await asyncio.wait({put, relay}, return_when=asyncio.FIRST_COMPLETED)
+            if not put.done():
+                put.cancel()
+            if relay.done():
+                return self._relay_ended(relay)
+            if fd == 0:
+                return {"done": True}
+
+    @staticmethod
+    def _relay_ended(relay: asyncio.Future[int]) -> dict[str, object]:
+        if not relay.cancelled() and isinstance(relay.exception(), BridgeError):
+            return {"failed": f"cannot relay into the pod: {relay.exception()}"}
+        return {"gone": "the script's srun is gone"}
 
     async def cancel(self, request: web.Request) -> web.Response:
         job_id = int(request.match_info["job_id"])

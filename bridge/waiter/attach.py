@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 # The waiter is installed as one file and started by absolute path with `python3 -I -S`
@@ -156,19 +156,14 @@ def post(
     """POST JSON over HTTP/1.0 (so the answer streams unchunked until the server closes), with a
     munge credential bound to this request; return the body as a binary file positioned after the
     headers. http.client would cost this short-lived process ~20 ms of imports at every job start."""
-    scheme, host, port = url
+    _, host, port = url
     data = json.dumps(body).encode()
     credential = munge_credential(request_digest("POST", path, job_id, data))
     head = (
         f"POST {path} HTTP/1.0\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(data)}\r\nX-Munge-Credential: {credential}\r\n\r\n"
     ).encode()
-    sock = socket.create_connection((host, port), timeout=10)
-    if scheme == "https":
-        import ssl  # only when the daemon serves TLS: its import costs start-up time
-
-        context = ssl.create_default_context(cafile=ca_file)
-        sock = context.wrap_socket(sock, server_hostname=host)
+    sock = _connect(url, 10, ca_file)
     sock.settimeout(timeout)
     sock.sendall(head + data)
     reader = sock.makefile("rb")
@@ -205,6 +200,10 @@ def original_script(batch_script: str) -> str:
     return tail
 
 
+STEP_SIGNALS = frozenset(int(s) for s in (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGALRM, signal.SIGCONT))
+"""= bridge.controller.reconcile.SIGNALS_FOR_SRUN: what the script's srun passes on to Slurm's."""
 STEP_TOKEN = "SLURM_K8S_BRIDGE_STEP_TOKEN"
 MAX_CONCURRENT_STEPS = 64
 """Real sruns a waiter runs at once for its script (each is a slurmctld RPC and a slurmstepd)."""
@@ -311,6 +310,175 @@ def run_task(api_url: str, ca_file: str | None, key: str) -> int:
     return 1
 
 
+MAX_OUTPUT_FRAME = 1 << 20
+"""Bytes of srun output in one frame of a step's output stream (the agent refuses more)."""
+
+
+def sign_output_frame(stream_key: bytes, seq: int, fd: int, data: bytes) -> bytes:
+    """One frame of a step's output stream: fd (1, 2, or 0 for the end, whose data is srun's exit
+    code), a 4-byte length, the data, then an HMAC-SHA256 under the key the stream's munge
+    credential carries, over the frame's sequence number and content (nothing can be replayed,
+    reordered, dropped unseen or changed on the way)."""
+    import hmac  # only for jobs that use srun
+
+    head = bytes([fd]) + len(data).to_bytes(4, "big")
+    mac = hmac.new(stream_key, seq.to_bytes(8, "big") + head + data, hashlib.sha256).digest()
+    return head + data + mac
+
+
+class StepOutputRelay:
+    """Slurm's srun for a step writes into pipes; this carries what it writes to the daemon, which
+    hands it to the script's srun in the pod: `srun ... | sort`, `$(srun hostname)` and `srun >
+    file` see it as natively. Should the daemon not take it, it goes to the job's -o/-e files as
+    before, and the exit code by step-done."""
+
+    def __init__(self, url: tuple[str, str, int], job_id: int, key: str, ca_file: str | None) -> None:
+        self._url, self._job_id, self._key, self._ca_file = url, job_id, key, ca_file
+        self._sock: socket.socket | None = None
+        self._reader: IO[bytes] | None = None
+        self._stream_key = b""
+        self._seq = 0
+        self.delivered = False
+        self.gone = False
+
+    def open(self) -> None:
+        """Start the stream; on failure, output is written locally."""
+        path = f"/v1/jobs/{self._job_id}/step-output"
+        header = json.dumps({"key": self._key}).encode() + b"\n"
+        for attempt in range(8):
+            self._stream_key = os.urandom(32)
+            sock: socket.socket | None = None
+            reader: IO[bytes] | None = None
+            status = 0
+            try:
+                payload = request_digest("POST", path, self._job_id, header) + " " + self._stream_key.hex()
+                credential = munge_credential(payload)
+                sock = _connect(self._url, 10, self._ca_file)
+                _, host, port = self._url
+                sock.sendall(
+                    f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+                    "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n"
+                    f"X-Munge-Credential: {credential}\r\n\r\n".encode() + _chunk(header))
+                reader = sock.makefile("rb")
+                status, answer = _read_answer_head(reader)
+                if status == 200 and _answer(answer).get("accepted") is True:
+                    sock.settimeout(None)  # a slow reader in the pod holds srun, as natively
+                    self._sock, self._reader = sock, reader
+                    return
+            except OSError:
+                pass
+            for closable in (reader, sock):
+                if closable is not None:
+                    with contextlib.suppress(OSError):
+                        closable.close()
+            if 400 <= status < 500:
+                return  # refused for good (an older daemon, the step unknown): written here
+            time.sleep(reconnect_delay(attempt))
+
+    def send(self, fd: int, data: bytes) -> None:
+        # Once the script's srun is gone, what Slurm's srun still says (the step's end) goes to
+        # the job's files, where native srun's stderr would be.
+        if self._sock is None or self._answered():
+            write_all(fd, data)
+            return
+        for start in range(0, len(data), MAX_OUTPUT_FRAME):
+            part = data[start:start + MAX_OUTPUT_FRAME]
+            try:
+                self._sock.sendall(_chunk(sign_output_frame(self._stream_key, self._seq, fd, part)))
+                self._seq += 1
+            except OSError:
+                self._drop()
+                write_all(fd, data[start:])
+                return
+
+    def finish(self, code: int) -> None:
+        if self._sock is None or self.gone or self._answered():
+            return
+        try:
+            self._sock.sendall(_chunk(sign_output_frame(self._stream_key, self._seq, 0, str(code).encode()))
+                               + b"0\r\n\r\n")
+            self.delivered = _answer(_read_chunk(self._reader) if self._reader else b"").get("done") is True
+        except OSError:
+            pass
+        self._drop()
+
+    def check(self) -> None:
+        """Look for an early answer while srun is quiet."""
+        self._answered()
+
+    def _answered(self) -> bool:
+        """The daemon spoke before the end: the script's srun is gone (killed, its pipe closed),
+        or the pod could not be reached."""
+        import select
+
+        if self._sock is None or not select.select([self._sock], [], [], 0)[0]:
+            return False
+        try:
+            answer = _answer(_read_chunk(self._reader) if self._reader else b"")
+        except OSError:
+            answer = {}
+        self.gone = "gone" in answer
+        self._drop()
+        return True
+
+    def _drop(self) -> None:
+        for closable in (self._reader, self._sock):
+            with contextlib.suppress(OSError):
+                if closable is not None:
+                    closable.close()
+        self._sock = self._reader = None
+
+
+def _connect(url: tuple[str, str, int], timeout: float, ca_file: str | None) -> socket.socket:
+    scheme, host, port = url
+    sock = socket.create_connection((host, port), timeout=timeout)
+    if scheme == "https":
+        import ssl  # only when the daemon serves TLS: its import costs start-up time
+
+        context = ssl.create_default_context(cafile=ca_file)
+        sock = context.wrap_socket(sock, server_hostname=host)
+    sock.settimeout(timeout)
+    return sock
+
+
+def _answer(line: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _read_answer_head(reader: IO[bytes]) -> tuple[int, bytes]:
+    """Status and first line of an answer (chunked when 200, whole otherwise)."""
+    status_line = reader.readline().split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        raise OSError(f"bad HTTP answer from the bridge: {status_line!r}")
+    chunked, length = False, 0
+    while (line := reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        chunked |= name.strip().lower() == "transfer-encoding" and "chunked" in value.lower()
+        if name.strip().lower() == "content-length" and value.strip().isdigit():
+            length = min(int(value), 65536)
+    status = int(status_line[1])
+    return status, _read_chunk(reader) if chunked else reader.read(length)
+
+
+def _read_chunk(reader: IO[bytes]) -> bytes:
+    line = reader.readline().strip()
+    try:
+        size = int(line or b"0", 16)
+    except ValueError:
+        raise OSError(f"bad chunk from the bridge: {line[:40]!r}") from None
+    data = reader.read(size) if size else b""
+    reader.readline()
+    return data
+
+
 def munge_binary() -> str:
     """munge from the system, never from the job's PATH (which is the user's to shape)."""
     for path in MUNGE_PATHS:
@@ -331,6 +499,53 @@ def munge_credential(payload: str) -> str:
     return result.stdout.decode().strip()
 
 
+def run_relayed(
+    command: list[str], env: dict[str, str], relay: StepOutputRelay,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> int:
+    """Run Slurm's srun with its stdout and stderr through `relay`; its exit code, as a shell
+    reports it (128+N when a signal ended it)."""
+    import queue
+    import threading
+
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd="/")
+    if started is not None:
+        started(proc)
+    chunks: queue.Queue[tuple[int, bytes]] = queue.Queue(maxsize=32)  # holds srun when full
+
+    def read(fd: int, pipe: IO[bytes]) -> None:
+        while data := os.read(pipe.fileno(), 65536):
+            chunks.put((fd, data))
+        chunks.put((fd, b""))
+
+    for fd, pipe in ((1, proc.stdout), (2, proc.stderr)):
+        threading.Thread(target=read, args=(fd, pipe), daemon=True).start()
+    relay.open()
+    open_streams = 2
+    terminated = False
+    while open_streams:
+        try:
+            fd, data = chunks.get(timeout=1.0)
+        except queue.Empty:
+            relay.check()
+        else:
+            if not data:
+                open_streams -= 1
+                continue
+            relay.send(fd, data)
+        if relay.gone and not terminated and proc.poll() is None:
+            proc.terminate()  # the script's srun is gone: so is the step, as natively
+            terminated = True
+    code = proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    code = 128 - code if code < 0 else code
+    relay.finish(code)
+    return code
+
+
 class Waiter:
     def __init__(
         self, api_url: str, job_id: int, script: str, environment: dict[str, str], work_dir: str,
@@ -345,6 +560,7 @@ class Waiter:
         self._state = AttachState()
         self._merged = output_merged()
         self._active_steps = 0
+        self._step_procs: dict[str, subprocess.Popen[bytes]] = {}
         # How this waiter was started, less its batch script: the task proxies of a step are the
         # same command (the SPANK guard lets exactly that through as a step of a bridged job).
         self._own_command = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", __file__]))[:-1]
@@ -399,15 +615,29 @@ class Waiter:
         self._active_steps += 1
 
         def run() -> None:
+            relay = StepOutputRelay(self._url, self._job_id, key, self._ca_file)
             try:
-                code = subprocess.call(command, stdin=subprocess.DEVNULL, env=env, cwd="/")
+                code = run_relayed(command, env, relay, lambda proc: self._step_procs.__setitem__(key, proc))
             except (OSError, ValueError) as error:  # ValueError: a NUL byte in an argument
                 write_all(2, f"srun: error: {error}\n".encode())
                 code = 1
+            self._step_procs.pop(key, None)
             self._active_steps -= 1
-            self._step_done(key, 128 - code if code < 0 else code)
+            if not relay.delivered:
+                self._step_done(key, code)
 
         threading.Thread(target=run, name=f"step-{key}", daemon=True).start()
+
+    def _signal_step(self, key: str, signum: object) -> None:
+        """The script's srun got `signum`: Slurm's srun of that step gets it, and does what it
+        does natively (cancels the step on TERM, passes USR1 on to the tasks, ...)."""
+        proc = self._step_procs.get(key)
+        if proc is None or not isinstance(signum, int) or signum not in STEP_SIGNALS:
+            return
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
 
     def _step_done(self, key: str, code: int) -> None:
         for attempt in range(20):
@@ -491,6 +721,9 @@ class Waiter:
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "step":
                     self._start_step(event["data"], str(event.get("token", "")))
+                    self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "step-signal":
+                    self._signal_step(str(event.get("key")), event.get("signal"))
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "message":
                     _stderr(event["text"])

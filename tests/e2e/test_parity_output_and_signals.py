@@ -58,11 +58,17 @@ CASES = [
     Case("usr1_before_time_limit",
          "trap 'echo checkpoint; exit 0' USR1\necho started\ni=0; while [ $i -lt 200 ]; do sleep 1; "
          "i=$((i+1)); done\necho never\n", args=("--time=1", "--signal=B:USR1@50")),
-    Case("time_limit", "echo started\nsleep 300\necho never\n", args=("--time=1",)),
+    # exec: natively (proctrack/linuxproc) the TERM reaches the sleep and the shell one by one;
+    # under load the shell may see its child die first and go on to the next line.
+    Case("time_limit", "echo started\nexec sleep 300\necho never\n", args=("--time=1",)),
     # Without B: the signal goes to the steps: srun's tasks, here in the pods.
+    # --signal=SIG@T goes to the steps that exist when slurmctld sends it, which may be up to 60 s
+    # before T (sbatch(1)). It must come once the step runs, in both partitions: @100 of 3 minutes
+    # comes 20 to 80 s in (--time=1 @50 may come at once, before a bridged pod, or even a native
+    # srun, started its step, and then no task ever gets it).
     Case("usr1_to_steps_before_time_limit",
-         "srun sh -c 'trap \"echo task got usr1; exit 0\" USR1; i=0; while [ $i -lt 100 ]; do sleep 1; "
-         "i=$((i+1)); done'\necho srun said $?\n", args=("--time=1", "--signal=USR1@50"),
+         "srun sh -c 'trap \"echo task got usr1; exit 0\" USR1; i=0; while [ $i -lt 170 ]; do sleep 1; "
+         "i=$((i+1)); done'\necho srun said $?\n", args=("--time=3", "--signal=USR1@100"),
          sort_lines=True),  # a task's stdout and stderr reach srun apart, natively too
     Case("term_trap_on_cancel",
          "trap 'echo cleaned-up; exit 0' TERM\necho started\nsleep 100 &\nwait\n", action="cancel"),
@@ -81,6 +87,31 @@ CASES = [
     Case("srun_in_an_array",
          "srun sh -c 'echo task $SLURM_ARRAY_TASK_ID rank $SLURM_PROCID of $SLURM_NTASKS'\n",
          args=("-n", "2"), array=8, sort_lines=True),
+    # srun's output is the output of the srun the script called: it goes through pipes, into
+    # $(...) and files, in order with the script's own lines.
+    Case("srun_output_in_order", "echo before\nsrun -n 1 echo middle\necho after\n"),
+    Case("srun_through_a_pipe",
+         "srun sh -c 'echo rank $SLURM_PROCID' | sort -r\nsrun -n 1 echo shout | tr a-z A-Z\n"
+         "srun -n 1 sh -c 'exit 7' | cat; echo \"pipe says $?\"\n", args=("-N", "2")),
+    Case("srun_into_a_variable",
+         'x=$(srun -n 1 echo captured)\necho "got [$x]"\nn=$(srun hostname | wc -l)\necho "$n lines"\n',
+         args=("-n", "2")),
+    Case("srun_into_a_file",
+         "f=/tmp/srun-$SLURM_JOB_ID.txt\nsrun -n 1 echo in-the-file > $f\n"
+         "echo \"file: $(cat $f)\"\nrm -f $f\n"),
+    Case("srun_stderr_redirected",
+         "srun -n 1 sh -c 'echo kept; echo dropped >&2' 2>/dev/null\n"
+         "srun -n 1 sh -c 'echo to-out-file >&2' 2>&1\n",
+         stderr_file=True),
+    # Signals to the script's srun: TERM cancels its step (srun's own messages, the step's
+    # CANCELLED 0:9, srun's 137), USR1 goes on to the tasks; srun ends when its step does.
+    Case("srun_terminated_by_the_script",
+         "srun -n 1 sleep 100 &\npid=$!\nsleep 4\nkill -TERM $pid\nwait $pid\necho \"srun said $?\"\n"),
+    Case("srun_passes_usr1_on",
+         "f=/tmp/ready-$SLURM_JOB_ID\n"
+         "srun -n 1 sh -c \"trap 'echo task got usr1; exit 3' USR1; touch $f; while :; do sleep 1; done\" &\n"
+         "pid=$!\nwhile [ ! -e $f ]; do sleep 0.2; done\nkill -USR1 $pid\nwait $pid\n"
+         "echo \"srun said $?\"\nrm -f $f\n", sort_lines=True),
     Case("ddp_example", (Path(__file__).resolve().parents[2] / "docs/examples/ddp.sh").read_text(),
          sort_lines=True, raw=True),
     # Beyond what one pod annotation holds (240 KB): the agent copies the script in.
@@ -121,9 +152,10 @@ def _sacct(sandbox: Sandbox, job_id: int) -> list[tuple[str, str, str]] | None:
 def _normalised(text: bytes, sort_lines: bool = False) -> bytes:
     """slurmstepd's cancel and time-limit lines carry a time stamp, the job id and the node; node
     names differ by partition (native1, native2 / kreal1, kreal2), and so do job ids."""
-    text = re.sub(rb"^(\[\S+\] )?(slurmstepd: )?error: \*\*\* JOB \d+ ON \S+ (\w+) AT \S+ (.*)\*\*\*$",
-                  rb"error: *** JOB \3 \4***", text, flags=re.M)
-    text = re.sub(rb"\b(native|kreal)([0-9])\b", rb"NODE\2", text)
+    stamped = rb"^(\[\S+\] )?(slurmstepd: )?error: \*\*\* (JOB|STEP) [0-9.]+ ON \S+ (\w+) AT \S+ (.*)\*\*\*$"
+    text = re.sub(stamped, rb"error: *** \3 \4 \5***", text, flags=re.M)
+    # Which of its two nodes a one-node job gets is Slurm's pick in each partition.
+    text = re.sub(rb"\b(native|kreal)[0-9]\b", rb"NODE", text)
     if sort_lines:
         text = b"\n".join(sorted(text.split(b"\n")))
     return text

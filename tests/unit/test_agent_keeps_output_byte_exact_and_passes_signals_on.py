@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -311,6 +312,28 @@ def test_signal_reaches_the_scripts_usr1_trap(agent: Path, tmp_path: Path) -> No
     assert stream(out, "o") == b"got USR1\n"
 
 
+def test_a_signal_for_a_task_that_is_still_starting_waits_for_its_pid_file(
+    agent: Path, tmp_path: Path
+) -> None:
+    """The daemon may pass a step's signal on while the task's exec is still being set up: the
+    signal waits for the task to write its pid, then reaches its process group."""
+    pidfile = tmp_path / "tasks" / "7-0.pid"
+    sender = subprocess.Popen([str(agent), "signal", str(pidfile), str(int(signal.SIGUSR1)), "group"],
+                              stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    env = base64.b64encode(b"{}").decode()
+    task = subprocess.Popen([str(agent), "task", str(pidfile), env, "--", "sleep", "30"])
+    try:
+        sender_err = sender.communicate(timeout=20)[1]
+        task.wait(timeout=20)
+    finally:
+        task.kill()
+        sender.kill()
+
+    assert sender.returncode == 0, sender_err
+    assert task.returncode == -signal.SIGUSR1
+
+
 def test_sigterm_to_the_agent_reaches_the_trap_and_the_background_child(agent: Path, tmp_path: Path) -> None:
     """The trap waits for the background sleep: it returns only if the TERM reached it too (the
     whole process group), not just the script; without that the wait would hang."""
@@ -370,3 +393,148 @@ def test_install_copies_a_working_executable(agent: Path, tmp_path: Path) -> Non
         capture_output=True, timeout=30, check=False,
     )
     assert (copy.returncode, stream(copy.stdout, "o")) == (0, b"ok\n")
+
+
+# -- srun in the pod --------------------------------------------------------------------------
+
+
+def output_frame(fd: int, data: bytes) -> bytes:
+    return bytes([fd]) + len(data).to_bytes(4, "big") + data
+
+
+def test_srun_output_relayed_into_the_pod_goes_where_the_scripts_srun_writes(
+    agent: Path, tmp_path: Path
+) -> None:
+    """`agent step-output KEY` (the daemon's exec) hands Slurm's srun output to the srun the script
+    called: through a pipe, into $(...), and its exit code as srun's."""
+    home = tmp_path / "agent"
+    home.mkdir()
+    installed = home / "slurm-k8s-bridge-agent"
+    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    script = ('srun hostname | tr a-z A-Z; echo "piped rc=$?"; x=$(srun true); echo "got [$x] rc=$?"; '
+              "srun sh -c 'echo e >&2' 2>/dev/null; echo \"quiet rc=$?\"")
+    replies = {
+        "1": [output_frame(1, b"kreal1\n"), output_frame(0, b"0")],
+        "2": [output_frame(1, b"inner"), output_frame(2, b"srun: warning\n"), output_frame(0, b"3")],
+        "3": [output_frame(2, b"e\n"), output_frame(0, b"0")],
+    }
+    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
+    proc = subprocess.Popen(
+        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    lines: list[bytes] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            tag, _, data = line.partition(b" ")
+            if tag == b"s":
+                key = json.loads(base64.b64decode(data))["key"]
+                relayed = subprocess.run([str(installed), "step-output", key], input=b"".join(replies[key]),
+                                         capture_output=True, timeout=30, check=False)
+                assert relayed.returncode == 0, relayed.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+    out = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"o "))
+    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+    assert out == b"KREAL1\npiped rc=0\ngot [inner] rc=3\nquiet rc=0\n"
+    assert err == b"srun: warning\n"
+
+
+def test_step_output_for_an_srun_that_is_gone_exits_3(agent: Path, tmp_path: Path) -> None:
+    home = tmp_path / "agent"
+    home.mkdir()
+    installed = home / "slurm-k8s-bridge-agent"
+    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    (home / "steps").mkdir()
+    # A socket nobody reads from any more: the first write fails once the peer is closed.
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(home / "steps" / "5.sock"))
+    listener.listen(1)
+    relay = subprocess.Popen([str(installed), "step-output", "5"], stdin=subprocess.PIPE)
+    conn, _ = listener.accept()
+    conn.close()
+    listener.close()
+    assert relay.stdin is not None
+    with contextlib.suppress(BrokenPipeError):  # the agent may be gone before it read it all
+        relay.stdin.write(output_frame(1, b"x" * 300000) * 4 + output_frame(0, b"0"))
+    with contextlib.suppress(BrokenPipeError):
+        relay.stdin.close()
+
+    assert relay.wait(timeout=30) == 3
+
+
+def test_step_output_ends_at_once_when_a_quiet_sruns_connection_closes(agent: Path, tmp_path: Path) -> None:
+    home = tmp_path / "agent"
+    home.mkdir()
+    installed = home / "slurm-k8s-bridge-agent"
+    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    (home / "steps").mkdir()
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(home / "steps" / "6.sock"))
+    listener.listen(1)
+    relay = subprocess.Popen([str(installed), "step-output", "6"], stdin=subprocess.PIPE)
+    conn, _ = listener.accept()
+    conn.close()
+    listener.close()
+    try:
+        code = relay.wait(timeout=20)  # nothing was written to its stdin
+    finally:
+        relay.kill()
+        assert relay.stdin is not None
+        relay.stdin.close()
+
+    assert code == 3
+
+
+def test_a_signal_to_the_scripts_srun_goes_to_slurms_srun_which_decides_the_end(
+    agent: Path, tmp_path: Path
+) -> None:
+    """`kill -TERM <srun pid>` in the script: like native srun, the script's srun does not just
+    die; the signal goes on (a "k" frame, for Slurm's srun of the step) and srun ends when the
+    step does, with its exit code."""
+    home = tmp_path / "agent"
+    home.mkdir()
+    installed = home / "slurm-k8s-bridge-agent"
+    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    script = 'srun sleep 100 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; echo "srun said $?"'
+    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
+    proc = subprocess.Popen(
+        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    relay: subprocess.Popen[bytes] | None = None
+    signals = []
+    lines: list[bytes] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            tag, _, data = line.partition(b" ")
+            if tag == b"s":
+                key = json.loads(base64.b64decode(data))["key"]
+                relay = subprocess.Popen([str(installed), "step-output", key], stdin=subprocess.PIPE)
+            elif tag == b"k":
+                signals.append(json.loads(base64.b64decode(data)))
+                assert relay is not None and relay.stdin is not None
+                relay.stdin.write(output_frame(2, b"srun: forcing job termination\n")
+                                  + output_frame(0, b"137"))
+                relay.stdin.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+        if relay is not None:
+            relay.wait(timeout=30)
+
+    out = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"o "))
+    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+    assert signals == [{"key": "1", "signal": int(signal.SIGTERM)}]
+    assert out == b"srun said 137\n"
+    assert err == b"srun: forcing job termination\n"

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from bridge.clients.kube.cache import PodCache
+from bridge.controller import reconcile as reconcile_module
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import (
     MAX_OPEN_STEPS,
@@ -47,6 +48,8 @@ from bridge.waiter.attach import (
 )
 
 from .builders import allocation, config
+
+REAL_POPEN = subprocess.Popen
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_SOURCE = ROOT / "deploy/slurm/spank/slurm_k8s_bridge_guard.c"
@@ -631,11 +634,22 @@ def waiter(monkeypatch: pytest.MonkeyPatch) -> tuple[Waiter, list[tuple[str, int
     monkeypatch.setattr(attach, "srun_binary", lambda: "/usr/bin/srun")
     calls: list[dict[str, Any]] = []
 
-    def call(command: list[str], **kwargs: Any) -> int:
-        calls.append({"command": list(command), **kwargs})
-        return 0
+    class SlurmSrun:
+        """Popen of Slurm's srun, recorded: it prints nothing and exits 0."""
 
-    monkeypatch.setattr(attach.subprocess, "call", call)
+        def __init__(self, command: list[str], **kwargs: Any) -> None:
+            calls.append({"command": list(command), **kwargs})
+            self.stdout, self.stderr = open(os.devnull, "rb"), open(os.devnull, "rb")  # noqa: SIM115
+
+        def poll(self) -> int:
+            return 0
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(attach.subprocess, "Popen", SlurmSrun)
+    # No daemon to stream srun's output to: it is written here (the relay has its own tests).
+    monkeypatch.setattr(attach.StepOutputRelay, "open", lambda _self: None)
     done: list[tuple[str, int]] = []
     instance = Waiter("http://127.0.0.1:1", 42, "#!/bin/sh\n", {}, "/home/alice")
     instance._own_command = ["/usr/bin/python3", "-I", "-S", "/opt/bridge/waiter.py", "--api", "http://d:1"]
@@ -698,12 +712,12 @@ def test_the_waiter_runs_no_srun_for_an_unsigned_step(waiter: Any, capfd: pytest
 def test_a_step_whose_srun_cannot_start_still_ends(waiter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     instance, done, _calls = waiter
 
-    def call(command: list[str], **_kwargs: Any) -> int:
+    def popen(command: list[str], **_kwargs: Any) -> None:
         if any("\0" in word for word in command):
             raise ValueError("embedded null byte")  # what subprocess raises before any exec
-        return 0
+        raise AssertionError("srun was started")
 
-    monkeypatch.setattr(attach.subprocess, "call", call)
+    monkeypatch.setattr(attach.subprocess, "Popen", popen)
     monkeypatch.setattr(threading, "excepthook", lambda _args: None)
 
     _start_and_join(instance, _data({"key": 8, "argv": ["-J", "a\0b", "hostname"]}), "t" * 64)
@@ -711,3 +725,47 @@ def test_a_step_whose_srun_cannot_start_still_ends(waiter: Any, monkeypatch: pyt
     assert done == [("8", 1)]
     assert instance._active_steps == 0
 
+
+
+# -- signals to the script's srun -----------------------------------------------------------------
+def _signal_event(key: str, signum: int) -> dict[str, Any]:
+    data = base64.b64encode(json.dumps({"key": key, "signal": signum}).encode()).decode()
+    return reconcile_module._output_event(0, "2026-12-01T00:00:00Z", f"k {data}")
+
+
+def test_a_signal_of_the_scripts_srun_reaches_the_waiter_for_an_open_step_only() -> None:
+    session = JobSession(42)
+    session.steps["3"] = {"argv": ["sleep", "9"], "env": {}, "cwd": "/"}
+    bound = reconcile_module.log.bind(job_id=42)
+    good, unknown_step, not_for_srun = _signal_event("3", 15), _signal_event("4", 15), _signal_event("3", 9)
+    for event in (good, unknown_step, not_for_srun):
+        assert event["type"] == "step-signal"
+        reconcile_module._check_step_signal(session, event, bound)
+
+    assert (good["type"], good["key"], good["signal"]) == ("step-signal", "3", 15)
+    assert unknown_step["type"] == not_for_srun["type"] == "heartbeat"
+
+
+def test_only_the_first_pod_asks_for_step_signals() -> None:
+    data = base64.b64encode(b'{"key": "3", "signal": 15}').decode()
+    assert reconcile_module._output_event(1, "2026-12-01T00:00:00Z", f"k {data}")["type"] == "out"
+
+
+def test_the_daemon_and_the_waiter_agree_on_the_signals_for_srun() -> None:
+    assert attach.STEP_SIGNALS == reconcile_module.SIGNALS_FOR_SRUN
+
+
+def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else(waiter: Any) -> None:
+    instance, _done, _calls = waiter
+    srun = REAL_POPEN(["sleep", "30"])  # the fixture stands in for subprocess.Popen
+    instance._step_procs["5"] = srun
+    try:
+        instance._signal_step("5", 9)  # not one srun acts on: dropped
+        instance._signal_step("6", 15)  # no such step: dropped
+        time.sleep(0.2)
+        assert srun.poll() is None
+        instance._signal_step("5", 15)
+        assert srun.wait(timeout=10) == -15
+    finally:
+        srun.kill()
+        srun.wait()

@@ -191,6 +191,46 @@ class KubeActions:
             await ws_client.close()
         return int(code)
 
+    async def exec_feeding(
+        self, pod_name: str, command: list[str], feed: asyncio.Queue[bytes | None],
+        container: str = wellknown.CONTAINER_NAME,
+    ) -> int:
+        """Run `command` in the container and write what arrives in `feed` to its stdin as it
+        comes, until a None; return its exit code. The command must know where its input ends (the
+        v4 exec protocol cannot close stdin). Slow readers hold the writer: the websocket's send
+        waits for the transport to drain."""
+        ws_client = WsApiClient(configuration=self._api.configuration)
+        code = b"1"
+        try:
+            connection = await CoreV1Api(api_client=ws_client).connect_get_namespaced_pod_exec(
+                pod_name, self.namespace, command=command, container=container,
+                stdout=True, stderr=True, stdin=True, tty=False, _preload_content=False,
+            )
+            async with connection as ws:
+                async def send() -> None:
+                    while (chunk := await feed.get()) is not None:
+                        for start in range(0, len(chunk), 65536):
+                            await ws.send_bytes(b"\x00" + chunk[start:start + 65536])
+
+                sender = asyncio.ensure_future(send())
+                # Its error (the socket closed under it) shows as the receive loop's end.
+                sender.add_done_callback(lambda done: done.cancelled() or done.exception())
+                try:
+                    async for message in ws:
+                        raw = message.data if isinstance(message.data, bytes) else str(message.data).encode()
+                        if raw[:1] == b"\x03" and len(raw) > 1:
+                            code = _exit_code_of(raw[1:])
+                finally:
+                    sender.cancel()
+        except ApiException as error:
+            what = f"exec in pod {pod_name}"
+            raise error_for_status(error.status or 500, error.body or b"", what) from error
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
+        finally:
+            await ws_client.close()
+        return int(code)
+
     async def set_node_condition(
         self, name: str, condition_type: str, status: str, reason: str, message: str
     ) -> None:

@@ -1,0 +1,140 @@
+"""Slurm signals a step's tasks as soon as the step exists (--signal=SIG@TIME is sent up to
+PeriodicTimeout early, scancel -s SIG). A bridged task's proxy exists before its run in the pod
+begins (munge, the pod's exec): a signal that reaches the proxy in that gap is kept by the daemon
+and delivered once the task runs, not lost with a 503 from an agent that has no pid file yet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from bridge.controller.metrics import Metrics
+from bridge.core.errors import BridgeError
+from bridge.core.model import JobAllocation
+from bridge.manager import api as api_module
+from bridge.manager.api import Api, task_pidfile
+from bridge.waiter import attach as waiter
+
+from .builders import allocation, config
+
+UNMUNGE_OK = (
+    "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"
+)
+STEP = {"argv": ["--", "sh", "-c", "sleep 100"], "env": {}, "cwd": "/home/alice"}
+USR1 = int(signal.SIGUSR1)
+
+
+class AgentInPod:
+    """The pod's agent as the daemon sees it through exec: `signal` fails for a task whose pid
+    file does not exist yet (the real agent's answer), and a task runs until it is signalled."""
+
+    def __init__(self) -> None:
+        self.running: set[str] = set()
+        self.signalled: list[tuple[str, int]] = []
+        self.got_signal = asyncio.Event()
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        pidfile, signum = command[2], int(command[3])
+        if pidfile not in self.running:
+            raise BridgeError(f"the script has not started: {pidfile}")
+        self.signalled.append((pidfile, signum))
+        self.got_signal.set()
+        return ""
+
+    async def exec_stream(self, pod: str, command: list[str]) -> AsyncIterator[tuple[int, bytes]]:
+        self.running.add(command[2])
+        await asyncio.wait_for(self.got_signal.wait(), timeout=10)
+        yield 1, b"task got usr1\n"
+        yield 0, b"0"
+
+
+class Jobs:
+    def record(self, _alloc: JobAllocation) -> None:
+        pass
+
+
+class Slurm:
+    async def job(self, job_id: int) -> JobAllocation:
+        return allocation(job_id=job_id)
+
+
+class Reconciler:
+    def __init__(self, kube: AgentInPod) -> None:
+        self.cfg = config()
+        self.slurm = Slurm()
+        self.jobs = Jobs()
+        self.kube = kube
+
+    def is_bridged(self, _alloc: JobAllocation) -> bool:
+        return True
+
+    def step_of(self, _job_id: int, key: str) -> dict[str, Any] | None:
+        return STEP if key == "7" else None
+
+    def task_pod(self, job_id: int, node: str) -> str | None:
+        return f"slurm-{job_id}-0" if node == "kube1" else None
+
+
+async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    raw = json.dumps(body).encode()
+    credential = waiter.request_digest("POST", path, 42, raw)
+    response = await client.post(path, data=raw, headers={"X-Munge-Credential": credential})
+    return response.status, await response.text()
+
+
+async def _served(tmp_path: Path, kube: AgentInPod) -> TestClient:
+    script = tmp_path / "unmunge.py"
+    script.write_text(UNMUNGE_OK)
+    api = Api(Reconciler(kube), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
+              (sys.executable, str(script)))
+    return TestClient(TestServer(api.app()))
+
+
+async def test_a_signal_that_reaches_the_proxy_first_is_delivered_when_the_task_runs(tmp_path: Path) -> None:
+    kube = AgentInPod()
+    async with await _served(tmp_path, kube) as client:
+        kept = await _post(client, "/v1/jobs/42/task-signal",
+                           {"key": "7", "procid": "0", "node": "kube1", "signal": USR1})
+        status, text = await _post(client, "/v1/jobs/42/task",
+                                   {"key": "7", "node": "kube1", "env": {"SLURM_PROCID": "0"}})
+
+    assert kept[0] == 202, kept
+    assert status == 200, text
+    assert kube.signalled == [(task_pidfile("7", "0"), USR1)]
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines[-1] == {"exit": 0}
+
+
+async def test_a_signal_to_a_running_task_goes_straight_to_it(tmp_path: Path) -> None:
+    kube = AgentInPod()
+    async with await _served(tmp_path, kube) as client:
+        run = asyncio.ensure_future(_post(client, "/v1/jobs/42/task",
+                                          {"key": "7", "node": "kube1", "env": {"SLURM_PROCID": "0"}}))
+        while task_pidfile("7", "0") not in kube.running:
+            await asyncio.sleep(0.01)
+        sent = await _post(client, "/v1/jobs/42/task-signal",
+                           {"key": "7", "procid": "0", "node": "kube1", "signal": USR1})
+        status, _ = await run
+
+    assert sent[0] == 200, sent
+    assert status == 200
+    assert kube.signalled == [(task_pidfile("7", "0"), USR1)]
+
+
+async def test_signals_kept_for_tasks_that_never_run_are_bounded(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(api_module, "MAX_TASKS_WITH_EARLY_SIGNALS", 3)
+    kube = AgentInPod()
+    async with await _served(tmp_path, kube) as client:
+        answers = [await _post(client, "/v1/jobs/42/task-signal",
+                               {"key": "7", "procid": str(procid), "node": "kube1", "signal": USR1})
+                   for procid in range(4)]
+
+    assert [status for status, _ in answers] == [202, 202, 202, 503]
+    assert "too many signals" in answers[-1][1]

@@ -1,0 +1,239 @@
+"""Issue 10: Slurm's srun for a step runs on the slurmd host, but its output belongs to the srun
+the script called in the pod (`srun ... | sort`, `$(srun hostname)`, `srun > file`). The waiter
+streams it to the daemon in frames signed with a key only its munge credential carries; the
+daemon checks every frame and relays it into the first node's pod (`agent step-output KEY`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from bridge.controller.metrics import Metrics
+from bridge.core.model import JobAllocation
+from bridge.manager.api import AGENT, Api
+from bridge.waiter import attach as waiter
+
+from .builders import allocation, config
+
+UNMUNGE_OK = (
+    "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"
+)
+PATH = "/v1/jobs/42/step-output"
+
+
+class PodAgent:
+    """`agent step-output KEY` as the daemon sees it: it takes frames until the end frame, then
+    exits `exit_code`; with `gone_after`, it ends early (the script's srun went away)."""
+
+    def __init__(
+        self, exit_code: int = 0, gone_after: int | None = None, gone_in_s: float | None = None
+    ) -> None:
+        self.frames: list[tuple[int, bytes]] = []
+        self.commands: list[list[str]] = []
+        self.exit_code, self.gone_after, self.gone_in_s = exit_code, gone_after, gone_in_s
+
+    async def exec_feeding(self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None]) -> int:
+        self.commands.append([pod, *command])
+        if self.gone_in_s is not None:
+            await asyncio.sleep(self.gone_in_s)  # the script's srun was killed while quiet
+            return 3
+        while (chunk := await feed.get()) is not None:
+            self.frames.append((chunk[0], chunk[5:]))
+            if self.gone_after is not None and len(self.frames) >= self.gone_after:
+                return 3
+        return self.exit_code
+
+
+class Reconciler:
+    def __init__(self, kube: PodAgent) -> None:
+        self.cfg = config()
+        self.kube = kube
+        self.closed: list[str] = []
+        self.open_steps = {"7"}
+
+        class Jobs:
+            def record(self, _alloc: JobAllocation) -> None:
+                pass
+
+        class Slurm:
+            async def job(self, job_id: int) -> JobAllocation:
+                return allocation(job_id=job_id)
+
+        self.jobs, self.slurm = Jobs(), Slurm()
+
+    def is_bridged(self, _alloc: JobAllocation) -> bool:
+        return True
+
+    def step_of(self, _job_id: int, key: str) -> dict[str, Any] | None:
+        return {"argv": [], "env": {}, "cwd": "/"} if key in self.open_steps else None
+
+    def task_pod_of_index(self, job_id: int, index: int) -> str | None:
+        return f"slurm-{job_id}-{index}"
+
+    def close_step(self, _job_id: int, key: str) -> None:
+        self.closed.append(key)
+        self.open_steps.discard(key)
+
+
+@pytest.fixture
+def credential_is_its_payload(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stand-in unmunge prints the credential back as its payload.
+    monkeypatch.setattr(waiter, "munge_credential", lambda payload: payload)
+
+
+async def _serve(tmp_path: Path, reconciler: Reconciler) -> TestClient:
+    script = tmp_path / "unmunge.py"
+    script.write_text(UNMUNGE_OK)
+    api = Api(reconciler, Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
+              (sys.executable, str(script)))
+    client = TestClient(TestServer(api.app()))
+    await client.start_server()
+    return client
+
+
+async def _relay(
+    client: TestClient, script: str, key: str = "7"
+) -> tuple[int, waiter.StepOutputRelay, float]:
+    url = ("http", "127.0.0.1", int(client.server.port or 0))
+    relay = waiter.StepOutputRelay(url, 42, key, None)
+    started = time.monotonic()
+    code = await asyncio.to_thread(waiter.run_relayed, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"},
+                                   relay)
+    return code, relay, time.monotonic() - started
+
+
+def _by_fd(frames: list[tuple[int, bytes]]) -> dict[int, bytes]:
+    joined: dict[int, bytes] = {}
+    for fd, data in frames:
+        joined[fd] = joined.get(fd, b"") + data
+    return joined
+
+
+@pytest.mark.usefixtures("credential_is_its_payload")
+async def test_srun_output_and_exit_code_reach_the_pod_in_order_per_stream(tmp_path: Path) -> None:
+    agent = PodAgent()
+    reconciler = Reconciler(agent)
+    client = await _serve(tmp_path, reconciler)
+    try:
+        code, relay, _ = await _relay(
+            client,
+            "printf 'one\\n'; printf 'err\\n' >&2; printf 'two\\377\\n'; head -c 3000000 /dev/zero; exit 3")
+    finally:
+        await client.close()
+
+    assert code == 3
+    assert relay.delivered
+    assert agent.commands == [["slurm-42-0", AGENT, "step-output", "7"]]
+    streams = _by_fd(agent.frames)
+    assert streams[1] == b"one\ntwo\xff\n" + b"\0" * 3_000_000
+    assert streams[2] == b"err\n"
+    assert agent.frames[-1] == (0, b"3")
+    assert all(len(data) <= waiter.MAX_OUTPUT_FRAME for _, data in agent.frames)
+    assert reconciler.closed == ["7"]
+
+
+@pytest.mark.usefixtures("credential_is_its_payload")
+async def test_when_the_scripts_srun_is_gone_the_real_srun_is_ended(tmp_path: Path) -> None:
+    agent = PodAgent(gone_after=1)
+    client = await _serve(tmp_path, Reconciler(agent))
+    try:
+        code, relay, took = await _relay(client, "echo first; sleep 1; echo second; exec sleep 60")
+    finally:
+        await client.close()
+
+    assert relay.gone and not relay.delivered
+    assert code == 143 and took < 30
+
+
+@pytest.mark.usefixtures("credential_is_its_payload")
+async def test_a_quiet_step_whose_scripts_srun_is_gone_is_ended_too(tmp_path: Path) -> None:
+    """`timeout 5 srun sleep 100`: natively the step ends with its srun, output or not."""
+    agent = PodAgent(gone_in_s=0.5)
+    client = await _serve(tmp_path, Reconciler(agent))
+    try:
+        code, relay, took = await _relay(client, "exec sleep 60")
+    finally:
+        await client.close()
+
+    assert relay.gone and not relay.delivered
+    assert code == 143 and took < 30
+
+
+@pytest.mark.usefixtures("credential_is_its_payload")
+async def test_output_the_daemon_will_not_take_goes_to_the_job_files(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    agent = PodAgent()
+    client = await _serve(tmp_path, Reconciler(agent))
+    try:
+        code, relay, _ = await _relay(
+            client, "echo to-the-out-file; echo to-the-err-file >&2; exit 4", key="8")
+    finally:
+        await client.close()
+
+    out, err = capfd.readouterr()
+    assert code == 4 and not relay.delivered and agent.frames == []
+    assert "to-the-out-file\n" in out and "to-the-err-file\n" in err
+
+
+async def _raw_stream(client: TestClient, payload_of: Any, frames: bytes) -> list[dict[str, Any]]:
+    header = b'{"key": "7"}\n'
+    response = await client.post(PATH, data=header + frames,
+                                 headers={"X-Munge-Credential": payload_of(header)})
+    assert response.status == 200, await response.text()
+    return [json.loads(line) for line in (await response.text()).splitlines()]
+
+
+async def test_a_frame_not_signed_with_the_credentials_key_is_refused(tmp_path: Path) -> None:
+    agent = PodAgent()
+    client = await _serve(tmp_path, Reconciler(agent))
+    key, other = b"k" * 32, b"x" * 32
+    try:
+        answers = await _raw_stream(
+            client, lambda header: waiter.request_digest("POST", PATH, 42, header) + " " + key.hex(),
+            waiter.sign_output_frame(key, 0, 1, b"fine\n")
+            + waiter.sign_output_frame(other, 1, 1, b"forged\n"))
+    finally:
+        await client.close()
+
+    assert answers[0] == {"accepted": True}
+    assert "signature" in answers[-1]["failed"]
+    assert agent.frames == [(1, b"fine\n")]
+
+
+async def test_a_replayed_frame_out_of_sequence_is_refused(tmp_path: Path) -> None:
+    agent = PodAgent()
+    client = await _serve(tmp_path, Reconciler(agent))
+    key = b"k" * 32
+    frame = waiter.sign_output_frame(key, 0, 1, b"once\n")
+    try:
+        answers = await _raw_stream(
+            client, lambda header: waiter.request_digest("POST", PATH, 42, header) + " " + key.hex(),
+            frame + frame)
+    finally:
+        await client.close()
+
+    assert "signature" in answers[-1]["failed"]
+    assert agent.frames == [(1, b"once\n")]
+
+
+async def test_a_credential_without_a_stream_key_is_refused(tmp_path: Path) -> None:
+    agent = PodAgent()
+    client = await _serve(tmp_path, Reconciler(agent))
+    header = b'{"key": "7"}\n'
+    try:
+        response = await client.post(PATH, data=header, headers={
+            "X-Munge-Credential": waiter.request_digest("POST", PATH, 42, header)})
+        status, text = response.status, await response.text()
+    finally:
+        await client.close()
+
+    assert status == 403 and "not made for this request" in text
+    assert agent.commands == []
