@@ -127,9 +127,23 @@ func srunClient(args []string) {
 	signals := make(chan os.Signal, 8)
 	signal.Notify(signals, forwardedToSrun...)
 	go func() {
+		var lastInterrupt time.Time
 		for sig := range signals {
 			number, _ := sig.(syscall.Signal)
 			forwardSignal(dir, key, int(number))
+			// Should the step not end (the bridge restarted and lost it, the waiter is away),
+			// a signal that ends native srun ends this one too, a while later.
+			ends := number == syscall.SIGTERM || number == syscall.SIGHUP || number == syscall.SIGQUIT ||
+				(number == syscall.SIGINT && time.Since(lastInterrupt) < time.Second)
+			if number == syscall.SIGINT {
+				lastInterrupt = time.Now()
+			}
+			if ends {
+				go func(code int) {
+					time.Sleep(srunSignalGrace())
+					os.Exit(128 + code)
+				}(int(number))
+			}
 		}
 	}()
 	// Slurm's srun output comes back here (`agent step-output`, run by the daemon), so that it
@@ -173,6 +187,15 @@ func forwardSignal(dir, key string, number int) {
 	defer conn.Close()
 	data, _ := json.Marshal(stepRequest{SignalKey: key, Signal: number})
 	_, _ = conn.Write(append(data, '\n'))
+}
+
+// srunSignalGrace is how long the script's srun waits, after a signal that ends native srun,
+// for its step to end before it exits anyway (KillWait and srun's own wait come first).
+func srunSignalGrace() time.Duration {
+	if seconds, err := strconv.Atoi(os.Getenv("SLURM_K8S_BRIDGE_SRUN_SIGNAL_GRACE_S")); err == nil && seconds > 0 {
+		return time.Duration(seconds) * time.Second // tests
+	}
+	return 60 * time.Second
 }
 
 func outputSocketPath(dir, key string) string { return filepath.Join(dir, "steps", key+".sock") }
@@ -252,7 +275,9 @@ func stepOutput(key string) {
 		conn, err = net.Dial("unix", outputSocketPath(dir, key))
 	}
 	if err != nil {
-		fail("the step's srun is not waiting: " + err.Error())
+		// The script's srun is gone before its output came (killed at once): so is the step.
+		fmt.Fprintln(os.Stderr, "slurm-k8s-bridge-agent: the step's srun is not waiting: "+err.Error())
+		os.Exit(3)
 	}
 	defer conn.Close()
 	// srun here never writes: its end (killed, `timeout 5 srun ...`) shows as the end of the

@@ -33,6 +33,7 @@ import structlog
 from bridge.clients.identity import SupplementalGroups
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
+from bridge.clients.kube.errors import KubeNotFound
 from bridge.clients.kube.node_features import StrictGroupsNodes
 from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.slurm import SlurmClient
@@ -77,6 +78,8 @@ MAX_STEP_REQUEST_BYTES = 96 * 1024
 LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
 # Failed reads tolerated once the container has ended, before its remaining lines are given up.
 LOG_ATTEMPTS_AFTER_END = 3
+LOG_NOT_FOUND_ATTEMPTS = 10
+"""404s for the log of a pod the watch has, asked again before the relay gives up on it."""
 
 
 class Reconciler:
@@ -218,6 +221,15 @@ class Reconciler:
         for pod in self.cache.pods_of(job_id):
             if run_of(pod) == run and _annotation(pod, wellknown.ANNOTATION_SLURM_NODE) == slurm_node:
                 return str(pod["metadata"]["name"])
+        return None
+
+    def current_step(self, job_id: int, key: str) -> dict[str, Any] | None:
+        """Step `key` of the job's current run (keys start again at 1 in each run)."""
+        view = self.jobs.get(job_id)
+        run = view.alloc.run if view is not None and view.alloc is not None else None
+        for session in self.sessions.of_job(job_id):
+            if session.run == run and key in session.steps:
+                return session.steps[key]
         return None
 
     def step_of(self, job_id: int, key: str) -> dict[str, Any] | None:
@@ -541,7 +553,7 @@ class Reconciler:
         its end: only such a read is sure to have every line.
         """
         bound = log.bind(job_id=session.job_id, pod=pod_name)
-        pauses = failures_after_end = 0
+        pauses = failures_after_end = not_found = 0
         while True:
             pod = self.cache.get(pod_name)
             if pod is None:
@@ -564,8 +576,14 @@ class Reconciler:
             except asyncio.CancelledError:
                 raise
             except PermanentError as error:  # the pod is gone, or its log can never be read
-                bound.warning("logs.unavailable", error=repr(error))
-                break
+                # ... unless it is a 404 for a pod the watch still has: a fresh pod the API
+                # server's cache does not show yet. Asked again, a few times.
+                if not (isinstance(error, KubeNotFound) and self.cache.get(pod_name) is not None
+                        and not_found < LOG_NOT_FOUND_ATTEMPTS):
+                    bound.warning("logs.unavailable", error=repr(error))
+                    break
+                not_found += 1
+                bound.info("logs.not_found_yet", error=repr(error), attempt=not_found)
             except Exception as error:
                 if ended:
                     failures_after_end += 1

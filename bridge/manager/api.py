@@ -42,8 +42,16 @@ AGENT = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
 EARLY_SIGNALS_PER_TASK = 8
 """Signals kept for one task whose proxy is up but whose run in the pod has not begun."""
 MAX_TASKS_WITH_EARLY_SIGNALS = 4096
+EARLY_SIGNAL_TASKS_PER_JOB = 256
 EARLY_SIGNAL_TTL_S = 120.0
 """A task that never asks to run (its proxy died) has its kept signals dropped after this."""
+
+STEP_OUTPUT_FEED_FRAMES = 8
+"""Frames (each at most MAX_OUTPUT_FRAME) waiting for the pod, per step: a slow reader there holds
+Slurm's srun, not the daemon's memory."""
+STREAM_HEADER_TIMEOUT_S = 30.0
+AGENT_SRUN_GONE = 3
+"""`agent step-output`'s exit when the script's srun closed its end (= agent/steps.go)."""
 
 TaskId = tuple[int, str, str]
 """(job id, step key, SLURM_PROCID)."""
@@ -77,6 +85,8 @@ class Api:
         # that (slurmctld signals a step as soon as it exists: --signal=SIG@T, scancel -s).
         self._running_tasks: set[TaskId] = set()
         self._early_signals: dict[TaskId, tuple[float, list[int]]] = {}
+        self._early_signal_jobs: dict[int, int] = {}
+        self._step_streams: set[tuple[int, str]] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -276,7 +286,7 @@ class Api:
         code = b"1"
         task_id = (job_id, key, procid)
         self._running_tasks.add(task_id)
-        _, early = self._early_signals.pop(task_id, (0.0, []))
+        early = self._forget_early_signals(task_id)
         if early:
             # `agent signal ... group` waits for the task's pid file, so these may race its start.
             self._in_background(self._deliver_task_signals(pod, pidfile, early, job_id))
@@ -321,6 +331,8 @@ class Api:
         if self.reconciler.step_of(job_id, key) is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
         task_id = (job_id, key, procid)
+        if len(procid) > 9 or len(key) > 19:
+            raise web.HTTPBadRequest(text="task-signal needs the step key and SLURM_PROCID of a task")
         if task_id not in self._running_tasks:
             # The proxy is up but has not yet asked to run its task (munge, the pod's exec):
             # natively the task would exist and get the signal, so it is kept for the task's start.
@@ -340,15 +352,30 @@ class Api:
 
     def _keep_early_signal(self, task_id: TaskId, signum: int) -> bool:
         now = time.monotonic()
-        if task_id not in self._early_signals and len(self._early_signals) >= MAX_TASKS_WITH_EARLY_SIGNALS:
-            for stale in [t for t, (at, _) in self._early_signals.items() if now - at > EARLY_SIGNAL_TTL_S]:
-                del self._early_signals[stale]
+        if task_id not in self._early_signals:
             if len(self._early_signals) >= MAX_TASKS_WITH_EARLY_SIGNALS:
+                stale = [t for t, (at, _) in self._early_signals.items() if now - at > EARLY_SIGNAL_TTL_S]
+                for old in stale:
+                    self._forget_early_signals(old)
+            # A quota per job too: one user's flood must not take every other job's place.
+            if (len(self._early_signals) >= MAX_TASKS_WITH_EARLY_SIGNALS
+                    or self._early_signal_jobs.get(task_id[0], 0) >= EARLY_SIGNAL_TASKS_PER_JOB):
                 return False
+            self._early_signal_jobs[task_id[0]] = self._early_signal_jobs.get(task_id[0], 0) + 1
         _, kept = self._early_signals.setdefault(task_id, (now, []))
         if len(kept) < EARLY_SIGNALS_PER_TASK:
             kept.append(signum)
         return True
+
+    def _forget_early_signals(self, task_id: TaskId) -> list[int]:
+        _, kept = self._early_signals.pop(task_id, (0.0, []))
+        if kept:
+            left = self._early_signal_jobs.get(task_id[0], 1) - 1
+            if left > 0:
+                self._early_signal_jobs[task_id[0]] = left
+            else:
+                self._early_signal_jobs.pop(task_id[0], None)
+        return kept
 
     async def _deliver_task_signals(self, pod: str, pidfile: str, signals: list[int], job_id: int) -> None:
         for signum in signals:
@@ -384,52 +411,61 @@ class Api:
         node's pod to the script's srun, which writes it where its own stdout and stderr go."""
         job_id = int(request.match_info["job_id"])
         try:
-            header = await request.content.readline()
-        except ValueError:
+            header = await asyncio.wait_for(request.content.readline(), timeout=STREAM_HEADER_TIMEOUT_S)
+        except (ValueError, TimeoutError):
             raise web.HTTPBadRequest(text="step-output needs a first line naming the step") from None
         _, stream_key = await self._authorise(request, job_id, header, keyed=True)
         try:
             key = str(int(json.loads(header)["key"]))
         except (ValueError, KeyError, TypeError):
             raise web.HTTPBadRequest(text="step-output needs the step's key") from None
-        if self.reconciler.step_of(job_id, key) is None:
-            raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
+        if self.reconciler.current_step(job_id, key) is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no open step {key} in its current run")
+        if (job_id, key) in self._step_streams:
+            # One stream per step: the pod's srun takes one relay, and each holds daemon memory.
+            raise web.HTTPConflict(text=f"step {key} of job {job_id} already streams its output")
         pod = self.reconciler.task_pod_of_index(job_id, 0)
         if pod is None:
             raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod for its script")
         bound = log.bind(job_id=job_id, pod=pod, step_key=key)
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-        await response.write(b'{"accepted": true}\n')
-        feed: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=16)
-        relay = asyncio.ensure_future(
-            self.reconciler.kube.exec_feeding(pod, [AGENT, "step-output", key], feed))
-        answer: dict[str, object] = {"failed": "the waiter went away"}
+        self._step_streams.add((job_id, key))
         try:
-            answer = await self._relay_frames(request, stream_key, feed, relay)
-            if answer.get("done"):
-                # The end frame is in: the agent passes it on and exits; its exit tells whether
-                # the script's srun took it.
-                put = asyncio.ensure_future(feed.put(None))
-                await asyncio.wait({put, relay}, timeout=30, return_when=asyncio.ALL_COMPLETED)
-                put.cancel()
-                if not relay.done() or relay.cancelled() or relay.exception() or relay.result() != 0:
-                    answer = {"gone": "the script's srun did not take the end of its output"}
-                else:
-                    self.reconciler.close_step(job_id, key)
-        except (asyncio.IncompleteReadError, ConnectionResetError):
-            pass
+            response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            await response.prepare(request)
+            await response.write(b'{"accepted": true}\n')
+            answer = await self._relay_step_output(request, job_id, key, pod, stream_key)
         finally:
-            relay.cancel()
-        if not answer.get("done") and relay.done() and not relay.cancelled():
-            error = relay.exception()
-            if isinstance(error, BridgeError):
-                answer = {"failed": f"cannot reach pod {pod}: {error}"}
+            self._step_streams.discard((job_id, key))
         bound.info("step.output_relayed", **{k: str(v) for k, v in answer.items()})
         with contextlib.suppress(ConnectionResetError):
             await response.write(json.dumps(answer).encode() + b"\n")
             await response.write_eof()
         return response
+
+    async def _relay_step_output(
+        self, request: web.Request, job_id: int, key: str, pod: str, stream_key: bytes
+    ) -> dict[str, object]:
+        """{"done": true} once the script's srun took every frame and the end; {"gone": ...} when
+        it is gone (the waiter then ends the step); {"failed": ...} when the relay broke (the
+        waiter writes the rest to the job's files and reports the end by step-done)."""
+        feed: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=STEP_OUTPUT_FEED_FRAMES)
+        relay = asyncio.ensure_future(
+            self.reconciler.kube.exec_feeding(pod, [AGENT, "step-output", key], feed))
+        try:
+            answer = await self._relay_frames(request, stream_key, feed, relay)
+            if answer.get("done"):
+                # The end frame is in: the agent passes it on and exits; its exit tells whether
+                # the script's srun took it. A slow reader in the pod takes its time, as natively.
+                put = asyncio.ensure_future(feed.put(None))
+                await asyncio.wait({put, relay}, return_when=asyncio.ALL_COMPLETED)
+                answer = _relay_ended(relay)
+                if answer.get("done"):
+                    self.reconciler.close_step(job_id, key)
+            return answer
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            return {"failed": "the waiter went away"}
+        finally:
+            relay.cancel()
 
     async def _relay_frames(
         self, request: web.Request, stream_key: bytes, feed: asyncio.Queue[bytes | None],
@@ -445,7 +481,7 @@ class Api:
             await asyncio.wait({next_head, relay}, return_when=asyncio.FIRST_COMPLETED)
             if not next_head.done():
                 next_head.cancel()
-                return self._relay_ended(relay)
+                return _relay_ended(relay)
             head = next_head.result()
             fd, size = head[0], int.from_bytes(head[1:], "big")
             if fd > 2 or size > MAX_OUTPUT_FRAME:
@@ -460,15 +496,9 @@ class Api:
             if not put.done():
                 put.cancel()
             if relay.done():
-                return self._relay_ended(relay)
+                return _relay_ended(relay)
             if fd == 0:
                 return {"done": True}
-
-    @staticmethod
-    def _relay_ended(relay: asyncio.Future[int]) -> dict[str, object]:
-        if not relay.cancelled() and isinstance(relay.exception(), BridgeError):
-            return {"failed": f"cannot relay into the pod: {relay.exception()}"}
-        return {"gone": "the script's srun is gone"}
 
     async def cancel(self, request: web.Request) -> web.Response:
         job_id = int(request.match_info["job_id"])
@@ -478,3 +508,20 @@ class Api:
         self.enqueue(job_id)
         log.info("cancel.requested", job_id=job_id)
         return web.json_response({"cancelling": job_id})
+
+
+def _relay_ended(relay: asyncio.Future[int]) -> dict[str, object]:
+    """How the agent's relay ended: 0, it passed the end on; 3, the script's srun is gone (its
+    connection closed); anything else (the exec broke, the pod went away) is a failed relay,
+    which must not end a step that still runs."""
+    if not relay.done() or relay.cancelled():
+        return {"failed": "the relay into the pod did not end"}
+    error = relay.exception()
+    if error is not None:
+        return {"failed": f"cannot relay into the pod: {error}"}
+    code = relay.result()
+    if code == 0:
+        return {"done": True}
+    if code == AGENT_SRUN_GONE:
+        return {"gone": "the script's srun is gone"}
+    return {"failed": f"the relay into the pod ended with exit code {code}"}

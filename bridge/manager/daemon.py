@@ -10,6 +10,7 @@ by the Reconciler itself; the leader elector gets its own API client.
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 import socket
 import ssl
@@ -42,6 +43,11 @@ log = structlog.get_logger(__name__)
 
 WORKERS = 16
 LEADER_CONNECTIONS = 2
+CONTROL_CONNECTIONS = 64
+"""The main client's pool: the pod and node watches, creates, deletes, patches and short reads.
+Followed logs have a client of their own (no cap); the Lease has its own too."""
+OPEN_FILES_WANTED = 1_048_576
+"""The soft limit of open files asked for when the hard one is unlimited."""
 
 
 def make_slurm_client(cfg: BridgeConfig) -> SlurmClient:
@@ -102,16 +108,41 @@ def pod_selector(cfg: BridgeConfig) -> str:
     return f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER},{wellknown.LABEL_CLUSTER}={cfg.cluster}"
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Lift the soft limit of open files to the hard one (systemd's LimitNOFILE, the container
+    runtime's): every attached waiter, task proxy and followed log holds a socket, and the usual
+    soft 1024 is reached near 1,000 jobs. Returns (soft, hard) as they are now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_WANTED)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as error:
+            log.warning("daemon.open_files_limit", soft=soft, hard=hard, error=str(error))
+    return soft, hard
+
+
 async def run(cfg: BridgeConfig) -> int:
     """Run until SIGTERM/SIGINT (exit code 0) or until leadership is lost (exit code 1: the
     supervisor restarts us as a standby, with fresh state)."""
     tls = server_ssl_context(cfg.api)  # first: a bad certificate or key is a config error
+    soft, hard = raise_open_files_limit()
+    log.info("daemon.open_files_limit", soft=soft, hard=hard)
     metrics = Metrics()
     slurm = make_slurm_client(cfg)
     api_client = await make_api_client(
-        str(cfg.kube.kubeconfig) if cfg.kube.kubeconfig else None, context=cfg.kube.context
+        str(cfg.kube.kubeconfig) if cfg.kube.kubeconfig else None, context=cfg.kube.context,
+        max_connections=CONTROL_CONNECTIONS,
     )
-    kube = KubeActions(api_client, cfg.namespace)
+    # Followed logs (one per running pod, for as long as it runs) get a client of their own with
+    # no pool cap: past the control pool's size they would wait for a slot, time out and lose the
+    # job's output, and the watch and the creates would wait behind them.
+    stream_client = await make_api_client(
+        str(cfg.kube.kubeconfig) if cfg.kube.kubeconfig else None, context=cfg.kube.context,
+        max_connections=0,
+    )
+    kube = KubeActions(api_client, cfg.namespace, streams=stream_client)
     await kube.ensure_namespace()
     cache = PodCache()
     node_cache = NodeCache(p.node_label for p in cfg.partitions.values() if p.node_label)
@@ -230,6 +261,7 @@ async def run(cfg: BridgeConfig) -> int:
         await runner.cleanup()
         await slurm.close()
         await api_client.close()
+        await stream_client.close()
         if elector is not None:
             await elector.close()
         log.info("daemon.stopped")

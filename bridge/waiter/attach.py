@@ -76,6 +76,7 @@ SRUN_VALUE_OPTIONS = frozenset({
 SRUN_FLAG_OPTIONS = frozenset({
     "--overlap", "--exclusive", "-l", "--label", "-K", "--kill-on-bad-exit", "-u", "--unbuffered",
     "-Q", "--quiet", "-v", "--verbose", "-X", "--disable-status", "--whole",
+    "--external-launcher",  # what mpirun (Open MPI, MPICH hydra) adds to start its daemons
 })
 
 
@@ -310,8 +311,13 @@ def run_task(api_url: str, ca_file: str | None, key: str) -> int:
     return 1
 
 
-MAX_OUTPUT_FRAME = 1 << 20
-"""Bytes of srun output in one frame of a step's output stream (the agent refuses more)."""
+MAX_OUTPUT_FRAME = 64 * 1024
+"""Bytes of srun output in one frame of a step's output stream (the daemon refuses more)."""
+STREAM_OPEN_ATTEMPTS = 30
+"""A step's output stream is asked for this often (jittered backoff, ~2 min) before its output
+goes to the job's files instead."""
+STREAM_ANSWER_TIMEOUT_S = 60.0
+STREAM_END_TIMEOUT_S = 300.0
 
 
 def sign_output_frame(stream_key: bytes, seq: int, fd: int, data: bytes) -> bytes:
@@ -342,10 +348,11 @@ class StepOutputRelay:
         self.gone = False
 
     def open(self) -> None:
-        """Start the stream; on failure, output is written locally."""
+        """Start the stream; on failure, output is written locally. A daemon that is busy or
+        restarting (5xx) is asked again for a while: srun's output waits in its pipes meanwhile."""
         path = f"/v1/jobs/{self._job_id}/step-output"
         header = json.dumps({"key": self._key}).encode() + b"\n"
-        for attempt in range(8):
+        for attempt in range(STREAM_OPEN_ATTEMPTS):
             self._stream_key = os.urandom(32)
             sock: socket.socket | None = None
             reader: IO[bytes] | None = None
@@ -353,19 +360,20 @@ class StepOutputRelay:
             try:
                 payload = request_digest("POST", path, self._job_id, header) + " " + self._stream_key.hex()
                 credential = munge_credential(payload)
-                sock = _connect(self._url, 10, self._ca_file)
+                sock = _connect(self._url, STREAM_ANSWER_TIMEOUT_S, self._ca_file)
                 _, host, port = self._url
                 sock.sendall(
                     f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
                     "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n"
                     f"X-Munge-Credential: {credential}\r\n\r\n".encode() + _chunk(header))
-                reader = sock.makefile("rb")
+                # Unbuffered, so that select() on the socket sees every byte of an early answer.
+                reader = sock.makefile("rb", buffering=0)
                 status, answer = _read_answer_head(reader)
                 if status == 200 and _answer(answer).get("accepted") is True:
                     sock.settimeout(None)  # a slow reader in the pod holds srun, as natively
                     self._sock, self._reader = sock, reader
                     return
-            except OSError:
+            except Exception:  # munge timing out, a reset, a bad answer: all mean ask again
                 pass
             for closable in (reader, sock):
                 if closable is not None:
@@ -392,11 +400,14 @@ class StepOutputRelay:
                 return
 
     def finish(self, code: int) -> None:
-        if self._sock is None or self.gone or self._answered():
+        if self._sock is None or self._answered():
             return
         try:
             self._sock.sendall(_chunk(sign_output_frame(self._stream_key, self._seq, 0, str(code).encode()))
                                + b"0\r\n\r\n")
+            # The answer comes once the script's srun took the end; should it not come, step-done
+            # tells the exit code instead (the script's srun takes whichever comes first).
+            self._sock.settimeout(STREAM_END_TIMEOUT_S)
             self.delivered = _answer(_read_chunk(self._reader) if self._reader else b"").get("done") is True
         except OSError:
             pass
@@ -411,7 +422,10 @@ class StepOutputRelay:
         or the pod could not be reached."""
         import select
 
-        if self._sock is None or not select.select([self._sock], [], [], 0)[0]:
+        if self._sock is None:
+            return False
+        pending = self._sock.pending() if hasattr(self._sock, "pending") else 0  # TLS buffers
+        if not pending and not select.select([self._sock], [], [], 0)[0]:
             return False
         try:
             answer = _answer(_read_chunk(self._reader) if self._reader else b"")
@@ -432,6 +446,11 @@ class StepOutputRelay:
 def _connect(url: tuple[str, str, int], timeout: float, ca_file: str | None) -> socket.socket:
     scheme, host, port = url
     sock = socket.create_connection((host, port), timeout=timeout)
+    # Long streams (a step's output, an attach) notice a peer that vanished without a FIN.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
     if scheme == "https":
         import ssl  # only when the daemon serves TLS: its import costs start-up time
 
@@ -474,7 +493,12 @@ def _read_chunk(reader: IO[bytes]) -> bytes:
         size = int(line or b"0", 16)
     except ValueError:
         raise OSError(f"bad chunk from the bridge: {line[:40]!r}") from None
-    data = reader.read(size) if size else b""
+    data = b""
+    while len(data) < size:  # the reader is unbuffered: a read returns what has arrived
+        more = reader.read(size - len(data))
+        if not more:
+            raise OSError("the bridge's answer was cut off")
+        data += more
     reader.readline()
     return data
 
@@ -525,6 +549,7 @@ def run_relayed(
     open_streams = 2
     terminated = False
     while open_streams:
+        # Whatever the relay meets, srun's pipes are drained to the end and srun is waited for.
         try:
             fd, data = chunks.get(timeout=1.0)
         except queue.Empty:

@@ -351,6 +351,7 @@ done
 for s in "${socks[@]}"; do wait_for "containerd $s" 30 test -S "$s"; done
 "$KUBE_SRC/../images/build.sh" "${socks[@]}"
 "$KUBE_SRC/../images/agent.sh" "${socks[@]}"
+"$KUBE_SRC/../images/mpi.sh" "${socks[@]}"
 wait_for "kube-apiserver" 60 curl_api /readyz
 start_kube_proxy
 # Sim nodes before the controllers and kwok: the apiserver then has both cores

@@ -20,6 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 from bridge.clients.kube import (
     KubeActions,
     KubeForbidden,
+    KubeNotFound,
     LogsNotReady,
     PodCache,
     PodWatcher,
@@ -178,7 +179,7 @@ async def test_followed_logs_give_every_line_in_order_and_end_when_the_container
             try:
                 lines = [line async for line in kube.actions.stream_logs(name)]
                 break
-            except LogsNotReady:
+            except (LogsNotReady, KubeNotFound):  # a 404 just after the create: not seen yet
                 await asyncio.sleep(0.2)
 
     assert [text for _, text in lines] == ["one", "two  spaced", "three"]

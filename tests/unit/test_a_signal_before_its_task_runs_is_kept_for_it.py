@@ -84,7 +84,7 @@ class Reconciler:
 
 async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
     raw = json.dumps(body).encode()
-    credential = waiter.request_digest("POST", path, 42, raw)
+    credential = waiter.request_digest("POST", path, int(path.split("/")[3]), raw)
     response = await client.post(path, data=raw, headers={"X-Munge-Credential": credential})
     return response.status, await response.text()
 
@@ -138,3 +138,22 @@ async def test_signals_kept_for_tasks_that_never_run_are_bounded(tmp_path: Path,
 
     assert [status for status, _ in answers] == [202, 202, 202, 503]
     assert "too many signals" in answers[-1][1]
+
+
+async def test_one_jobs_flood_of_kept_signals_does_not_take_another_jobs_place(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(api_module, "EARLY_SIGNAL_TASKS_PER_JOB", 2)
+    kube = AgentInPod()
+    async with await _served(tmp_path, kube) as client:
+        flood = [await _post(client, "/v1/jobs/42/task-signal",
+                             {"key": "7", "procid": str(procid), "node": "kube1", "signal": USR1})
+                 for procid in range(3)]
+        other = await _post(client, "/v1/jobs/43/task-signal",
+                            {"key": "7", "procid": "0", "node": "kube1", "signal": USR1})
+        too_long = await _post(client, "/v1/jobs/43/task-signal",
+                               {"key": "7", "procid": "1" * 12, "node": "kube1", "signal": USR1})
+
+    assert [status for status, _ in flood] == [202, 202, 503]
+    assert other[0] == 202
+    assert too_long[0] == 400

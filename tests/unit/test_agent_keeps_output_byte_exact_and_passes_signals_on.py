@@ -538,3 +538,20 @@ def test_a_signal_to_the_scripts_srun_goes_to_slurms_srun_which_decides_the_end(
     assert signals == [{"key": "1", "signal": int(signal.SIGTERM)}]
     assert out == b"srun said 137\n"
     assert err == b"srun: forcing job termination\n"
+
+
+def test_the_scripts_srun_ends_on_term_even_when_nobody_ends_its_step(agent: Path, tmp_path: Path) -> None:
+    """The bridge restarted and lost the step, or the waiter is away: the forwarded TERM goes
+    nowhere, and the script's srun still ends (as native srun ends on TERM), by TERM's code."""
+    home = tmp_path / "agent"
+    home.mkdir()
+    installed = home / "slurm-k8s-bridge-agent"
+    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    script = 'srun sleep 100 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; echo "srun said $?"'
+    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin", "SLURM_K8S_BRIDGE_SRUN_SIGNAL_GRACE_S": "1"}
+    result = subprocess.run(
+        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
+        capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=60, check=False)
+
+    out = b"".join(base64.b64decode(line[2:]) for line in result.stdout.splitlines() if line[:2] == b"o ")
+    assert out == b"srun said 143\n"

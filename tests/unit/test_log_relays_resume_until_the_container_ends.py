@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from bridge.clients.kube.cache import PodCache
+from bridge.clients.kube.errors import KubeNotFound
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core.config import PartitionConfig
@@ -32,7 +33,8 @@ class Kube:
         self.cache = cache
         self.log: list[tuple[str, str]] = []
         self.endings: list[str] = []
-        """How each read ends once it has sent what was written: "eof", "break" (KubeUnavailable)."""
+        """How each read ends once it has sent what was written: "eof", "break" (KubeUnavailable),
+        "not-found" (a 404 before anything is sent: the API server did not see the new pod yet)."""
         self.reads: list[str | None] = []
 
     async def create_pod(self, manifest: dict[str, Any]) -> bool:
@@ -46,6 +48,10 @@ class Kube:
         self, pod_name: str, since_time: str | None = None
     ) -> AsyncIterator[tuple[str, str]]:
         self.reads.append(since_time)
+        if self.endings and self.endings[0] == "not-found":
+            self.endings.pop(0)
+            raise KubeNotFound(f"cannot read the log of pod {pod_name}: HTTP 404 NotFound", status=404,
+                               reason="NotFound", what=f"read the log of pod {pod_name}")
         for stamp, line in list(self.log):
             if since_time is None or stamp > since_time:
                 yield stamp, line
@@ -92,3 +98,28 @@ async def test_a_stream_that_breaks_while_the_container_runs_resumes_after_the_l
     assert [e["line"] for e in events if e["type"] == "log"] == ["one", "two"], "lines lost or doubled"
     assert events[-1]["type"] == "exit" and events[-1]["code"] == 0
     assert kube.reads[0] is None and kube.reads[1] == "2026-12-01T10:00:01Z", "resumes after the last line"
+
+
+async def test_a_404_for_a_pod_the_watch_still_has_is_asked_again() -> None:
+    """A fresh pod's log read may meet an API server that does not see the pod yet (404): the
+    relay asks again while the watch has the pod, or the job's output would be lost."""
+    cache = PodCache()
+    kube = Kube(cache)
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
+    reconciler = Reconciler(cfg, Slurm(), kube, cache, Metrics(), lambda _job: None)  # type: ignore[arg-type]
+    reconciler.jobs.record(replace(allocation(nodes=allocation().nodes[:1]), read_at=time.monotonic()))
+    session = reconciler.attach_session(42, payload())
+    session.payload = payload()
+    queue = session.attach({})
+    await reconciler.reconcile(42)
+
+    kube.log = [("2026-12-01T10:00:01Z", "kept")]
+    kube.endings = ["not-found", "not-found", "eof"]
+    await reconciler.reconcile(42)
+    await until(lambda: len(kube.reads) >= 3, timeout=10)
+    kube.set_status(EXITED)
+    await until(lambda: "slurm-42-0" in session.logs_done, timeout=10)
+    await reconciler.reconcile(42)
+
+    events = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert [e["line"] for e in events if e["type"] == "log"] == ["kept"]

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,9 @@ class PodAgent:
         if self.gone_in_s is not None:
             await asyncio.sleep(self.gone_in_s)  # the script's srun was killed while quiet
             return 3
+        if self.exit_code not in (0, 3):
+            await feed.get()
+            return self.exit_code  # the exec broke off (an apiserver restart, an idle timeout)
         while (chunk := await feed.get()) is not None:
             self.frames.append((chunk[0], chunk[5:]))
             if self.gone_after is not None and len(self.frames) >= self.gone_after:
@@ -71,7 +77,7 @@ class Reconciler:
     def is_bridged(self, _alloc: JobAllocation) -> bool:
         return True
 
-    def step_of(self, _job_id: int, key: str) -> dict[str, Any] | None:
+    def current_step(self, _job_id: int, key: str) -> dict[str, Any] | None:
         return {"argv": [], "env": {}, "cwd": "/"} if key in self.open_steps else None
 
     def task_pod_of_index(self, job_id: int, index: int) -> str | None:
@@ -237,3 +243,84 @@ async def test_a_credential_without_a_stream_key_is_refused(tmp_path: Path) -> N
 
     assert status == 403 and "not made for this request" in text
     assert agent.commands == []
+
+
+@pytest.mark.usefixtures("credential_is_its_payload")
+async def test_a_broken_relay_never_ends_the_step_and_the_rest_goes_to_the_job_files(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Only the agent's own "srun is gone" (exit 3) ends a step; an exec that broke off (status
+    1, no status) means: carry on, and write the rest where srun's output would go natively."""
+    agent = PodAgent(exit_code=1)
+    client = await _serve(tmp_path, Reconciler(agent))
+    try:
+        code, relay, _ = await _relay(client, "echo first; sleep 1.5; echo second; exit 5")
+    finally:
+        await client.close()
+
+    assert code == 5 and not relay.gone and not relay.delivered
+    assert "second\n" in capfd.readouterr().out
+
+
+async def test_a_second_stream_for_a_step_that_streams_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "unmunge.py"
+    script.write_text(UNMUNGE_OK)
+    api = Api(Reconciler(PodAgent()), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
+              (sys.executable, str(script)))
+    api._step_streams.add((42, "7"))
+    header = b'{"key": "7"}\n'
+    async with TestClient(TestServer(api.app())) as client:
+        response = await client.post(PATH, data=header, headers={
+            "X-Munge-Credential": waiter.request_digest("POST", PATH, 42, header) + " " + "ab" * 32})
+        status, text = response.status, await response.text()
+
+    assert status == 409 and "already streams" in text
+
+
+def test_a_munge_that_hangs_leaves_the_output_to_the_job_files(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def hung(_payload: str) -> str:
+        raise subprocess.TimeoutExpired("munge", 10)
+
+    monkeypatch.setattr(waiter, "munge_credential", hung)
+    monkeypatch.setattr(waiter, "STREAM_OPEN_ATTEMPTS", 2)
+    monkeypatch.setattr(waiter, "reconnect_delay", lambda _attempt: 0.0)
+    relay = waiter.StepOutputRelay(("http", "127.0.0.1", 1), 42, "7", None)
+
+    code = waiter.run_relayed(["/bin/sh", "-c", "echo still-here; exit 6"], {"PATH": "/usr/bin:/bin"}, relay)
+
+    assert code == 6 and not relay.delivered
+    assert "still-here\n" in capfd.readouterr().out
+
+
+def test_an_early_answer_that_came_with_the_acceptance_is_seen() -> None:
+    """"accepted" and "gone" in one segment: the second must not hide in a read buffer."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def daemon() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            lines = [b'{"accepted": true}\n', b'{"gone": "the script\'s srun is gone"}\n']
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + b"".join(waiter._chunk(line) for line in lines))
+            time.sleep(1)
+
+    thread = threading.Thread(target=daemon)
+    thread.start()
+    relay = waiter.StepOutputRelay(("http", "127.0.0.1", server.getsockname()[1]), 42, "7", None)
+    original = waiter.munge_credential
+    waiter.munge_credential = lambda payload: payload  # type: ignore[assignment]
+    try:
+        relay.open()
+        time.sleep(0.2)
+        relay.check()
+    finally:
+        waiter.munge_credential = original  # type: ignore[assignment]
+        thread.join()
+        server.close()
+
+    assert relay.gone

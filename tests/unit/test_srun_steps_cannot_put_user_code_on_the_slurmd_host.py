@@ -662,7 +662,14 @@ def _start_and_join(instance: Waiter, data: str, token: str) -> None:
     before = set(threading.enumerate())
     instance._start_step(data, token)
     for thread in set(threading.enumerate()) - before:
-        thread.join(timeout=10)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                thread.join(timeout=10)
+                break
+            except RuntimeError:  # listed while still starting (srun's pipe readers)
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
         assert not thread.is_alive()
 
 

@@ -48,9 +48,12 @@ class KubeActions:
     """Pod verbs in one namespace."""
 
     def __init__(
-        self, api_client: ApiClient, namespace: str, *, log_read_timeout_s: float = LOG_READ_TIMEOUT_S
+        self, api_client: ApiClient, namespace: str, *, log_read_timeout_s: float = LOG_READ_TIMEOUT_S,
+        streams: ApiClient | None = None,
     ) -> None:
         self._api = api_client
+        self._streams = streams or api_client
+        """Long-lived reads (followed logs): their own pool, if the caller gave one."""
         self.namespace = namespace
         self._pods = f"/api/v1/namespaces/{namespace}/pods"
         self._log_timeout = aiohttp.ClientTimeout(connect=10, sock_read=log_read_timeout_s)
@@ -302,7 +305,8 @@ class KubeActions:
         what = f"read the log of container {container} of pod {pod_name} in namespace {self.namespace}"
         try:
             response = await request(
-                self._api, "GET", f"{self._pods}/{pod_name}/log", what, query=query, timeout=self._log_timeout
+                self._streams, "GET", f"{self._pods}/{pod_name}/log", what, query=query,
+                timeout=self._log_timeout,
             )
         except KubeInvalid as error:
             raise LogsNotReady(str(error)) from error
