@@ -11,6 +11,7 @@ The pod watch (bridge.clients.kube.watch) queues the job of every pod event.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import structlog
@@ -22,14 +23,21 @@ from bridge.core.errors import BridgeError
 log = structlog.get_logger(__name__)
 
 
+STANDBY_POLL_S = 5.0
+"""How often a standby replica reads Slurm's job list (the leader: [slurm] poll_interval_s)."""
+
+
 class SlurmPoller:
     def __init__(
-        self, reconciler: Reconciler, enqueue: Callable[[int], None], metrics: Metrics, interval_s: float
+        self, reconciler: Reconciler, enqueue: Callable[[int], None], metrics: Metrics, interval_s: float,
+        *, leading: Callable[[], bool] | None = None, standby_interval_s: float = STANDBY_POLL_S,
     ) -> None:
         self.reconciler = reconciler
         self.enqueue = enqueue
         self.metrics = metrics
         self.interval_s = interval_s
+        self.leading = leading or (lambda: True)
+        self.standby_interval_s = standby_interval_s
         self.synced = asyncio.Event()
 
     async def poll_once(self) -> None:
@@ -64,4 +72,14 @@ class SlurmPoller:
                     log.warning("slurm.poll_failed", error=str(error), failures=failures)
                 await asyncio.sleep(min(5.0, self.interval_s * 2**min(failures, 5)))
                 continue
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """The poll interval; a standby polls every standby_interval_s (a full listing of a big
+        cluster is slurmctld's work too), yet at once when it takes the lead."""
+        if self.leading():
+            await asyncio.sleep(self.interval_s)
+            return
+        deadline = time.monotonic() + self.standby_interval_s
+        while time.monotonic() < deadline and not self.leading():
             await asyncio.sleep(self.interval_s)

@@ -162,7 +162,7 @@ async def run(cfg: BridgeConfig) -> int:
     # One watch of every node, trimmed on arrival: health, cordon, taints and the mapping labels.
     node_watcher = ListWatcher(api_client, "/api/v1/nodes", "nodes", "", node_cache,
                                node_sync.on_kube_node_changed)
-    poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s)
+    poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s, leading=leading)
     own_pod = OwnPod.from_environment()
     leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
     if leader_pod is not None:

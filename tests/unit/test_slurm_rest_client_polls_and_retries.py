@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bridge.clients.slurm import rest
 from bridge.clients.slurm.rest import RestSlurmClient
 from bridge.core.errors import SlurmAuthError
 
@@ -158,3 +160,32 @@ async def test_reads_ride_out_a_short_slurmrestd_outage(restd: tuple[FakeRestd, 
 
     assert jobs is not None
     assert len(fake.requests) == 3
+
+
+async def test_a_big_listing_is_decoded_and_parsed_off_the_event_loop(
+    restd: tuple[FakeRestd, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11, item 3: at 10,000 jobs a listing is ~26 MB and seconds of parsing, which on the
+    event loop would stall every attach, relay and Lease renewal."""
+    fake, url = restd
+    fake.jobs = [{**fake.jobs[0], "job_id": 5000 + i, "comment": "x" * 1000} for i in range(400)]
+    on_loop: dict[str, list[bool]] = {"decode": [], "parse": []}
+    loads, parse = rest.json.loads, rest.allocation_from_rest
+
+    def recording_loads(raw: Any, *args: Any, **kwargs: Any) -> Any:
+        on_loop["decode"].append(threading.current_thread() is threading.main_thread())
+        return loads(raw, *args, **kwargs)
+
+    def recording_parse(raw: Any, read_at: float) -> Any:
+        on_loop["parse"].append(threading.current_thread() is threading.main_thread())
+        return parse(raw, read_at)
+
+    monkeypatch.setattr(rest.json, "loads", recording_loads)
+    monkeypatch.setattr(rest, "allocation_from_rest", recording_parse)
+    client, _ = _client(url, tmp_path)
+    listing = await client.changed_jobs()
+    await client.close()
+
+    assert listing is not None and len(listing.jobs) == 400
+    assert on_loop["decode"] == [False]
+    assert on_loop["parse"] and not any(on_loop["parse"])

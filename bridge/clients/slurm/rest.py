@@ -8,6 +8,7 @@ returns the full list (not a delta), which the caller diffs.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -90,7 +91,7 @@ class RestSlurmClient:
                             f"slurmrestd refused the token for user {self._user!r} "
                             f"(HTTP {response.status}); check {self._token_file} (expired?)"
                         )
-                    body = await response.json(content_type=None)
+                    body = await decode_json(await response.read())
                     if response.status >= 500:
                         raise SlurmRequestFailed(method, path, response.status, body)
                     return body if isinstance(body, dict) else {}
@@ -123,12 +124,19 @@ class RestSlurmClient:
         # Re-read a second once it is over, unless this read already was that re-read.
         self._recheck_second = None if last == self._last_update else last
         self._last_update = last
-        return parse_listing(
-            body.get("jobs") or [], read_at=read_at, partitions=partitions,
-            partition_of=lambda raw: str(_field(raw, "partition") or ""),
-            job_id_of=lambda raw: _field(raw, "job_id"),
-            parse=lambda raw: allocation_from_rest(raw, read_at), reported=self._reported,
-        )
+        records = body.get("jobs") or []
+
+        def parse() -> JobListing:
+            return parse_listing(
+                records, read_at=read_at, partitions=partitions,
+                partition_of=lambda raw: str(_field(raw, "partition") or ""),
+                job_id_of=lambda raw: _field(raw, "job_id"),
+                parse=lambda raw: allocation_from_rest(raw, read_at), reported=self._reported,
+            )
+
+        # Thousands of records take seconds to parse: not on the event loop, which carries every
+        # attach, log relay and Lease renewal. (Only this poll touches _reported: no race.)
+        return await asyncio.to_thread(parse) if len(records) > OFF_LOOP_RECORDS else parse()
 
     async def job(self, job_id: int) -> JobAllocation | None:
         read_at = time.monotonic()
@@ -237,6 +245,20 @@ class SlurmRequestFailed(SlurmUnavailable):
 
 class SlurmNodeRefused(PermanentError):
     """slurmctld refused a node update for good (unknown node, no permission)."""
+
+
+OFF_LOOP_BYTES = 256 * 1024
+"""Answers bigger than this are decoded in a worker thread (a 10,000-job listing is ~26 MB)."""
+OFF_LOOP_RECORDS = 200
+
+
+async def decode_json(raw: bytes) -> Any:
+    """slurmrestd's answer as JSON (None for an empty body), big ones decoded off the event loop."""
+    if not raw.strip():
+        return None
+    if len(raw) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(json.loads, raw)
+    return json.loads(raw)
 
 
 def _refused(body: object) -> bool:
