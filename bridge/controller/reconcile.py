@@ -570,7 +570,7 @@ class Reconciler:
                         self._register_step(session, event, bound)
                     elif event["type"] == "step-signal":
                         _check_step_signal(session, event, bound)
-                    session.publish(event)
+                    await session.publish_output(event)
                     self.metrics.inc("log_lines_total")
                     pauses = 0
             except asyncio.CancelledError:

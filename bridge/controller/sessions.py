@@ -19,6 +19,33 @@ from typing import Any
 from bridge.core.model import JobPayload
 
 Event = dict[str, Any]
+MAX_QUEUED_OUTPUT = 256
+"""Output events (each at most one 16 KB frame) a waiter may have unread before the log relays
+wait for it: a waiter that writes slowly (a busy filesystem) holds its relays, whose lines wait
+in the node's container log, instead of the daemon's memory growing."""
+
+
+class EventQueue(asyncio.Queue[Event]):
+    """A waiter's events. Output waits for room (`put_output`); the few control events (exit,
+    messages) always go in."""
+
+    def __init__(self, output_limit: int = MAX_QUEUED_OUTPUT) -> None:
+        super().__init__()
+        self._output_limit = output_limit
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def get_nowait(self) -> Event:
+        event = super().get_nowait()  # Queue.get() ends here too
+        if self.qsize() < self._output_limit:
+            self._room.set()
+        return event
+
+    async def put_output(self, event: Event) -> None:
+        while self.qsize() >= self._output_limit:
+            self._room.clear()
+            await self._room.wait()
+        self.put_nowait(event)
 
 
 @dataclass
@@ -30,7 +57,7 @@ class JobSession:
     cancel_requested: bool = False
     last_log: dict[str, str] = field(default_factory=dict)
     """Timestamp of the last log line the waiter printed, by pod index."""
-    listener: asyncio.Queue[Event] | None = None
+    listener: EventQueue | None = None
     log_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     logs_done: set[str] = field(default_factory=set)
     created: bool = False
@@ -48,11 +75,11 @@ class JobSession:
     stopped_with: tuple[int, int | None] | None = None
     """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
 
-    def attach(self, last_log: dict[str, str]) -> asyncio.Queue[Event]:
+    def attach(self, last_log: dict[str, str]) -> EventQueue:
         """A new waiter connection replaces any older one (and its log relays)."""
         self.detach()
         self.last_log = dict(last_log)
-        self.listener = asyncio.Queue()
+        self.listener = EventQueue()
         if self.final is not None:
             self.listener.put_nowait(self.final)
         return self.listener
@@ -73,6 +100,11 @@ class JobSession:
     def publish(self, event: Event) -> None:
         if self.listener is not None:
             self.listener.put_nowait(event)
+
+    async def publish_output(self, event: Event) -> None:
+        """Output for the waiter, once it has room for more (its relay waits meanwhile)."""
+        if self.listener is not None:
+            await self.listener.put_output(event)
 
     def finish(self, event: Event) -> None:
         """Decide the run's end once; the waiter exits when it reads it."""
