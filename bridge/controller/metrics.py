@@ -1,8 +1,22 @@
-"""Counters and gauges in Prometheus' text format (a handful; no client library needed)."""
+"""The daemon's metrics, through prometheus_client: counters, gauges read at scrape time, latency
+histograms and the process' own (CPU, memory, open files). One registry per Metrics, so tests and
+a second daemon in one process never share series."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.process_collector import ProcessCollector
+
+disable_created_metrics()  # the *_created series only add noise to every scrape
 
 PREFIX = "slurm_k8s_bridge_"
 
@@ -26,28 +40,53 @@ HELP = {
     "node_mass_failure_brakes_total": "DOWNs turned into DRAINs: over half the bridged nodes unhealthy.",
 }
 
+HISTOGRAMS = {
+    "attach_to_pod_seconds": "From a waiter's attach to its job's pods created.",
+    "pod_end_to_job_end_seconds": "From the first pod's container end to the waiter told the outcome.",
+}
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
 
 class Metrics:
     def __init__(self) -> None:
-        self._counters: dict[str, float] = dict.fromkeys(HELP, 0.0)
-        self._gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._counters: dict[str, Counter] = {}
+        self._histograms: dict[str, Histogram] = {}
+        self._gauges: set[str] = set()
+        for name, help_text in HELP.items():
+            self._counter(name, help_text)
+        for name, help_text in HISTOGRAMS.items():
+            self._histograms[name] = Histogram(
+                PREFIX + name, help_text, registry=self.registry, buckets=LATENCY_BUCKETS)
+        ProcessCollector(namespace=PREFIX.rstrip("_"), registry=self.registry)
+
+    def _counter(self, name: str, help_text: str) -> Counter:
+        # prometheus_client adds the _total suffix itself.
+        counter = Counter(PREFIX + name.removesuffix("_total"), help_text, registry=self.registry)
+        self._counters[name] = counter
+        return counter
 
     def inc(self, name: str, amount: float = 1.0) -> None:
-        self._counters[name] = self._counters.get(name, 0.0) + amount
+        counter = self._counters.get(name) or self._counter(name, name)
+        counter.inc(amount)
 
     def value(self, name: str) -> float:
-        return self._counters.get(name, 0.0)
+        counter = self._counters.get(name)
+        if counter is None:
+            return 0.0
+        value = self.registry.get_sample_value(PREFIX + name.removesuffix("_total") + "_total")
+        return float(value or 0.0)
+
+    def observe(self, name: str, seconds: float) -> None:
+        """One latency (see HISTOGRAMS)."""
+        self._histograms[name].observe(max(0.0, seconds))
 
     def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         """A value read when scraped (queue depth, cache size, leadership...)."""
-        self._gauges[name] = (help_text, read)
+        if name in self._gauges:
+            return
+        self._gauges.add(name)
+        Gauge(PREFIX + name, help_text, registry=self.registry).set_function(read)
 
     def render(self) -> str:
-        lines: list[str] = []
-        for name, value in sorted(self._counters.items()):
-            lines += [f"# HELP {PREFIX}{name} {HELP.get(name, name)}", f"# TYPE {PREFIX}{name} counter",
-                      f"{PREFIX}{name} {value:g}"]
-        for name, (help_text, read) in sorted(self._gauges.items()):
-            lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} gauge",
-                      f"{PREFIX}{name} {read():g}"]
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode()

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import json
 import signal
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -391,6 +392,10 @@ class Reconciler:
         elif isinstance(decision, outcomes.Finished):
             if self._logs_drained(session, pods):
                 bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal)
+                ended = _container_finished_at(pods)
+                if ended is not None and session.final is None:
+                    took = (datetime.now(UTC) - ended).total_seconds()
+                    self.metrics.observe("pod_end_to_job_end_seconds", took)
                 # An exit code or a kill by signal speaks for itself (native Slurm prints nothing
                 # either: sacct shows it); what native Slurm would not do (OOM kills, time limits,
                 # Kubernetes evicting a pod) gets a line in the job's stderr.
@@ -466,6 +471,8 @@ class Reconciler:
             if created:
                 self.metrics.inc("pods_created_total")
                 bound.info("pod.created", pod=manifest["metadata"]["name"], node=manifest["spec"]["nodeName"])
+        if not session.created and session.attached_at:
+            self.metrics.observe("attach_to_pod_seconds", time.monotonic() - session.attached_at)
         session.created = True
 
     async def _stop(
@@ -704,6 +711,16 @@ def _job_container(pod: dict[str, Any]) -> dict[str, Any]:
         if status.get("name") == wellknown.CONTAINER_NAME:
             return status.get("state") or {}
     return {}
+
+
+def _container_finished_at(pods: list[dict[str, Any]]) -> datetime | None:
+    """When the first node's job container ended (the API's one-second resolution)."""
+    for pod in pods:
+        if (node_index_of(pod) or 0) == 0:
+            terminated = _job_container(pod).get("terminated")
+            if isinstance(terminated, dict):
+                return outcomes.parse_time(terminated.get("finishedAt"))
+    return None
 
 
 def _script_running_for_s(pod: dict[str, Any]) -> float:

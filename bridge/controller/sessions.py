@@ -12,6 +12,7 @@ positions).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,12 +73,15 @@ class JobSession:
     """Step keys already signed: a replayed request is never signed again."""
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Step requests of the script's `srun` calls, by key (argv, cwd, environment), until done."""
+    attached_at: float = 0.0
+    """When the waiter last attached (monotonic): the attach → pod latency starts there."""
     stopped_with: tuple[int, int | None] | None = None
     """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
 
     def attach(self, last_log: dict[str, str]) -> EventQueue:
         """A new waiter connection replaces any older one (and its log relays)."""
         self.detach()
+        self.attached_at = time.monotonic()
         self.last_log = dict(last_log)
         self.listener = EventQueue()
         if self.final is not None:

@@ -268,3 +268,14 @@ async def test_a_failed_rank_waits_for_the_ranks_still_starting(world: Any) -> N
     events = [queue.get_nowait() for _ in range(queue.qsize())]
     assert events[-1]["type"] == "exit"
     assert events[-1]["code"] == 5, "the highest code, as srun"
+
+
+async def test_the_attach_to_pod_latency_is_measured_once_per_run(world: Any) -> None:
+    reconciler, _kube, _slurm, _cache, _ = world
+    _see(reconciler, allocation())
+    _attach(reconciler)
+    await reconciler.reconcile(42)
+    await reconciler.reconcile(42)
+
+    count = reconciler.metrics.registry.get_sample_value("slurm_k8s_bridge_attach_to_pod_seconds_count")
+    assert count == 1.0
