@@ -386,7 +386,9 @@ def _pod(
         wellknown.ANNOTATION_SLURM_NODE: node.name,
         wellknown.ANNOTATION_USER: alloc.user,
     }
-    if not delivered:
+    # With the agent only the first node's pod runs the script: the others do not carry it (in
+    # etcd, and in every watch event of theirs).
+    if not delivered and (index == 0 or not cfg.pods.agent_image):
         annotations[wellknown.ANNOTATION_SCRIPT] = payload.script
 
     quantities: dict[str, str] = {}

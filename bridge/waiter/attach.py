@@ -92,8 +92,14 @@ def split_srun_args(argv: list[str]) -> tuple[list[str], list[str]]:
             break
         if not word.startswith("-") or word == "-":
             break
-        name, eq, _value = word.partition("=")
+        name, eq, value = word.partition("=")
         attached = len(name) > 2 and not name.startswith("--") and name[:2] in SRUN_VALUE_OPTIONS  # -n4
+        if name == "--mpi":
+            # slurmstepd's PMI server lives on the slurmd host, out of the pods' reach.
+            mpi = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if mpi != "none":
+                raise ValueError(f"srun: error: --mpi={mpi} is not available in a job that runs in "
+                                 "Kubernetes: start MPI programs with mpirun (it starts its daemons by srun)")
         if (name in SRUN_FLAG_OPTIONS and not eq) or (name in SRUN_VALUE_OPTIONS and eq) or attached:
             options.append(word)
         elif name in SRUN_VALUE_OPTIONS and i + 1 < len(argv):
@@ -260,6 +266,29 @@ def srun_binary() -> str:
     raise OSError(f"srun is not installed on this host (looked for {', '.join(SRUN_PATHS)})")
 
 
+# Signals whose default action ends a process: a task that exits 128+N with one of them was ended
+# by it (the pod's exec reports a death by signal N as 128+N, as a shell does).
+ENDING_SIGNALS = frozenset(int(s) for s in (
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT,
+    signal.SIGBUS, signal.SIGFPE, signal.SIGKILL, signal.SIGUSR1, signal.SIGSEGV, signal.SIGUSR2,
+    signal.SIGPIPE, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
+
+
+def end_as_the_task(code: int) -> int:
+    """End the proxy as its task in the pod ended: by signal N when that ended it, so that srun
+    and sacct see what they see natively ("task 0: Terminated", a step's exit code from the tasks
+    that exited). Returns the exit code otherwise."""
+    signum = code - 128
+    if signum in ENDING_SIGNALS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if signum != signal.SIGKILL:  # its action cannot be changed, nor need it be
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+    return code
+
+
 def run_task(api_url: str, ca_file: str | None, key: str) -> int:
     """A task proxy (`waiter.py task KEY`), started by Slurm's srun as one task of a step: the
     daemon runs the task in the pod of this node; its output comes back here, and srun gathers it
@@ -294,7 +323,7 @@ def run_task(api_url: str, ca_file: str | None, key: str) -> int:
                     if "fd" in event:
                         write_all(int(event["fd"]), binascii.a2b_base64(event["data"]))
                     elif "exit" in event:
-                        return int(event["exit"])
+                        return end_as_the_task(int(event["exit"]))
             _stderr("the bridge stopped streaming this task before it ended")
             return 1
         except DaemonError as error:

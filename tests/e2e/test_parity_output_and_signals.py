@@ -35,7 +35,8 @@ class Case:
     stderr_file: bool = False
     """Submit with -e (a file of its own) besides -o."""
     action: str = ""
-    """"usr1": scancel -s USR1 -b once "started" is out; "cancel": scancel then."""
+    """"usr1": scancel -s USR1 -b once "started" is out; "usr1-step": scancel -s USR1 of step .0
+    then; "cancel": scancel then."""
     array: int = 0
     raw: bool = False
     """The body is a whole script, with its own shebang and directives."""
@@ -112,6 +113,14 @@ CASES = [
          "srun -n 1 sh -c \"trap 'echo task got usr1; exit 3' USR1; touch $f; while :; do sleep 1; done\" &\n"
          "pid=$!\nwhile [ ! -e $f ]; do sleep 0.2; done\nkill -USR1 $pid\nwait $pid\n"
          "echo \"srun said $?\"\nrm -f $f\n", sort_lines=True),
+    # One task fails: --kill-on-bad-exit ends the others (srun's own lines are timing-bound, so
+    # only stdout and sacct are compared); and USR1 sent to one step by `scancel -s USR1 N.0`.
+    Case("srun_kill_on_bad_exit",
+         "srun -K -N 2 -n 2 sh -c 'if [ $SLURM_PROCID = 1 ]; then exit 3; fi; sleep 60' 2>/dev/null\n"
+         "echo \"srun said $?\"\n", args=("-N", "2"), stderr_file=True),
+    Case("usr1_to_one_step",
+         "srun -n 1 sh -c 'trap \"echo task got usr1; exit 4\" USR1; echo started; "
+         "while :; do sleep 1; done'\necho \"srun said $?\"\n", action="usr1-step", sort_lines=True),
     Case("ddp_example", (Path(__file__).resolve().parents[2] / "docs/examples/ddp.sh").read_text(),
          sort_lines=True, raw=True),
     # Beyond what one pod annotation holds (240 KB): the agent copies the script in.
@@ -182,6 +191,8 @@ def test_every_script_writes_the_same_bytes_and_sacct_rows_in_native_and_k8s(bri
             wait_until(f"{case.name} started in {part}", lambda o=out: _started(o), timeout=90)
             if case.action == "usr1":
                 bridge.slurm("scancel", "-s", "USR1", "-b", str(job))
+            elif case.action == "usr1-step":
+                bridge.slurm("scancel", "-s", "USR1", f"{job}.0")
             else:
                 bridge.slurm("scancel", str(job))
 

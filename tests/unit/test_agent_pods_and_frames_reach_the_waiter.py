@@ -86,6 +86,16 @@ def test_the_other_pods_hold_their_node_with_wait() -> None:
     assert [job(p)["command"] for p in result[1:]] == [[AGENT, "wait"], [AGENT, "wait"]]
 
 
+def test_only_the_pod_that_runs_the_script_carries_it() -> None:
+    """Issue 11: the script (up to 240 KB) is in etcd and in every watch event of each pod that
+    carries it; the pods that only hold their node do not."""
+    result = pods()
+    assert result[0]["metadata"]["annotations"][wellknown.ANNOTATION_SCRIPT] == payload().script
+    assert [wellknown.ANNOTATION_SCRIPT in p["metadata"]["annotations"] for p in result[1:]] == [False, False]
+    without_agent = pods(cfg=config())
+    assert all(wellknown.ANNOTATION_SCRIPT in p["metadata"]["annotations"] for p in without_agent)
+
+
 def test_an_init_container_installs_the_agent_as_the_job_with_the_same_resources() -> None:
     for pod in pods(cfg=agent_config("Always")):
         container = job(pod)

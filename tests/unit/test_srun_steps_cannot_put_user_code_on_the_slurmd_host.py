@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -81,6 +82,9 @@ NOBODY = 65534
         (["-l", "--", "--prolog=x"], ["-l"], ["--prolog=x"]),
         (["--", "-n", "4"], [], ["-n", "4"]),
         (["-l", "-"], ["-l"], ["-"]),
+        # What Open MPI's mpirun asks for to start its daemons.
+        (["--ntasks-per-node=1", "--kill-on-bad-exit", "--mpi=none", "--external-launcher", "orted"],
+         ["--ntasks-per-node=1", "--kill-on-bad-exit", "--mpi=none", "--external-launcher"], ["orted"]),
     ],
 )
 def test_allowed_options_are_split_from_the_command(
@@ -107,6 +111,13 @@ def test_options_that_would_run_or_place_something_on_the_host_are_refused(refus
             split_srun_args(argv)
         assert str(caught.value).startswith("srun: error:"), argv
         assert refused[0] in str(caught.value)
+
+
+@pytest.mark.parametrize("argv", [["--mpi=pmix", "a"], ["--mpi", "pmi2", "a"], ["--mpi=pmix_v4", "b"]])
+def test_a_pmi_of_slurmstepd_is_refused_with_the_way_that_works(argv: list[str]) -> None:
+    """The PMI server slurmstepd would start is on the slurmd host, out of the pods' reach."""
+    with pytest.raises(ValueError, match=r"^srun: error: --mpi=\S+ is not available .* mpirun"):
+        split_srun_args(argv)
 
 
 @pytest.mark.parametrize("argv", [[], ["-n", "4"], ["-l", "--"], ["-N2", "-w", "kreal1", "--"]])
@@ -776,3 +787,14 @@ def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else(waiter: An
     finally:
         srun.kill()
         srun.wait()
+
+
+# -- a task proxy ends as its task did ---------------------------------------------------------------
+@pytest.mark.parametrize(("code", "returncode"),
+                         [(0, 0), (3, 3), (143, -15), (137, -9), (138, -10), (255, 255), (147, 147)])
+def test_a_task_proxy_ends_by_the_signal_that_ended_its_task(code: int, returncode: int) -> None:
+    """--kill-on-bad-exit, scancel of a step: natively the other tasks die by a signal, and the
+    step's exit code comes from the tasks that exited; the proxy must die the same way."""
+    program = f"import sys; from bridge.waiter.attach import end_as_the_task as end; sys.exit(end({code}))"
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, timeout=30, check=False)
+    assert proc.returncode == returncode
