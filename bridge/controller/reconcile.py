@@ -25,7 +25,7 @@ import json
 import signal
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,8 @@ class Reconciler:
         self.slurm = slurm
         self.kube = kube
         self.cache = cache
+        # The API's clock has one-second resolution: a second of slack.
+        self.started_at = datetime.now(UTC) - timedelta(seconds=1)
         self.metrics = metrics
         self.requeue = requeue
         self.requeue_after = requeue_after or (lambda key, _delay: requeue(key))
@@ -223,6 +225,10 @@ class Reconciler:
             if run_of(pod) == run and _annotation(pod, wellknown.ANNOTATION_SLURM_NODE) == slurm_node:
                 return str(pod["metadata"]["name"])
         return None
+
+    def current_run(self, job_id: int) -> int | None:
+        view = self.jobs.get(job_id)
+        return view.alloc.run if view is not None and view.alloc is not None else None
 
     def current_step(self, job_id: int, key: str) -> dict[str, Any] | None:
         """Step `key` of the job's current run (keys start again at 1 in each run)."""
@@ -393,7 +399,8 @@ class Reconciler:
             if self._logs_drained(session, pods):
                 bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal)
                 ended = _container_finished_at(pods)
-                if ended is not None and session.final is None:
+                # Only ends this process lived through: after a restart, old ends would count.
+                if ended is not None and session.final is None and ended >= self.started_at:
                     took = (datetime.now(UTC) - ended).total_seconds()
                     self.metrics.observe("pod_end_to_job_end_seconds", took)
                 # An exit code or a kill by signal speaks for itself (native Slurm prints nothing

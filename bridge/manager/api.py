@@ -41,8 +41,10 @@ FORWARDED_SIGNALS = frozenset(int(s) for s in FORWARDED)
 AGENT = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
 EARLY_SIGNALS_PER_TASK = 8
 """Signals kept for one task whose proxy is up but whose run in the pod has not begun."""
-MAX_TASKS_WITH_EARLY_SIGNALS = 4096
+MAX_TASKS_WITH_EARLY_SIGNALS = 65536
+"""About 200 bytes each: ~13 MB at most."""
 EARLY_SIGNAL_TASKS_PER_JOB = 256
+EARLY_SIGNAL_TASKS_PER_USER = 2048
 EARLY_SIGNAL_TTL_S = 120.0
 """A task that never asks to run (its proxy died) has its kept signals dropped after this."""
 
@@ -50,6 +52,7 @@ STEP_OUTPUT_FEED_FRAMES = 8
 """Frames (each at most MAX_OUTPUT_FRAME) waiting for the pod, per step: a slow reader there holds
 Slurm's srun, not the daemon's memory."""
 STREAM_HEADER_TIMEOUT_S = 30.0
+FRAME_BODY_TIMEOUT_S = 60.0
 AGENT_SRUN_GONE = 3
 """`agent step-output`'s exit when the script's srun closed its end (= agent/steps.go)."""
 
@@ -86,7 +89,9 @@ class Api:
         self._running_tasks: set[TaskId] = set()
         self._early_signals: dict[TaskId, tuple[float, list[int]]] = {}
         self._early_signal_jobs: dict[int, int] = {}
-        self._step_streams: set[tuple[int, str]] = set()
+        self._early_signal_users: dict[int, int] = {}
+        self._early_signal_owner: dict[TaskId, int] = {}
+        self._step_streams: set[tuple[int, int | None, str]] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -319,7 +324,7 @@ class Api:
         cancel): pass it to its task in the pod."""
         job_id = int(request.match_info["job_id"])
         raw = await request.read()
-        await self._identify(request, job_id, raw)
+        uid = await self._identify(request, job_id, raw)
         try:
             body = json.loads(raw)
             key, procid, node = str(int(body["key"])), str(int(body["procid"])), str(body["node"])
@@ -336,7 +341,7 @@ class Api:
         if task_id not in self._running_tasks:
             # The proxy is up but has not yet asked to run its task (munge, the pod's exec):
             # natively the task would exist and get the signal, so it is kept for the task's start.
-            if not self._keep_early_signal(task_id, signum):
+            if not self._keep_early_signal(task_id, signum, uid):
                 raise web.HTTPServiceUnavailable(text="too many signals waiting for tasks to start")
             log.info("task.signal_kept", job_id=job_id, step_key=key, procid=procid, signal=signum)
             return web.json_response({"kept": f"{key}.{procid}"}, status=202)
@@ -350,18 +355,21 @@ class Api:
             raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
         return web.json_response({"signalled": f"{key}.{procid}"})
 
-    def _keep_early_signal(self, task_id: TaskId, signum: int) -> bool:
+    def _keep_early_signal(self, task_id: TaskId, signum: int, uid: int) -> bool:
         now = time.monotonic()
         if task_id not in self._early_signals:
             if len(self._early_signals) >= MAX_TASKS_WITH_EARLY_SIGNALS:
                 stale = [t for t, (at, _) in self._early_signals.items() if now - at > EARLY_SIGNAL_TTL_S]
                 for old in stale:
                     self._forget_early_signals(old)
-            # A quota per job too: one user's flood must not take every other job's place.
+            # Quotas per job and per user: one user's flood must not take everybody's place.
             if (len(self._early_signals) >= MAX_TASKS_WITH_EARLY_SIGNALS
-                    or self._early_signal_jobs.get(task_id[0], 0) >= EARLY_SIGNAL_TASKS_PER_JOB):
+                    or self._early_signal_jobs.get(task_id[0], 0) >= EARLY_SIGNAL_TASKS_PER_JOB
+                    or self._early_signal_users.get(uid, 0) >= EARLY_SIGNAL_TASKS_PER_USER):
                 return False
             self._early_signal_jobs[task_id[0]] = self._early_signal_jobs.get(task_id[0], 0) + 1
+            self._early_signal_users[uid] = self._early_signal_users.get(uid, 0) + 1
+            self._early_signal_owner[task_id] = uid
         _, kept = self._early_signals.setdefault(task_id, (now, []))
         if len(kept) < EARLY_SIGNALS_PER_TASK:
             kept.append(signum)
@@ -370,11 +378,8 @@ class Api:
     def _forget_early_signals(self, task_id: TaskId) -> list[int]:
         _, kept = self._early_signals.pop(task_id, (0.0, []))
         if kept:
-            left = self._early_signal_jobs.get(task_id[0], 1) - 1
-            if left > 0:
-                self._early_signal_jobs[task_id[0]] = left
-            else:
-                self._early_signal_jobs.pop(task_id[0], None)
+            _count_down(self._early_signal_jobs, task_id[0])
+            _count_down(self._early_signal_users, self._early_signal_owner.pop(task_id, -1))
         return kept
 
     async def _deliver_task_signals(self, pod: str, pidfile: str, signals: list[int], job_id: int) -> None:
@@ -421,21 +426,22 @@ class Api:
             raise web.HTTPBadRequest(text="step-output needs the step's key") from None
         if self.reconciler.current_step(job_id, key) is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key} in its current run")
-        if (job_id, key) in self._step_streams:
+        stream_id = (job_id, self.reconciler.current_run(job_id), key)
+        if stream_id in self._step_streams:
             # One stream per step: the pod's srun takes one relay, and each holds daemon memory.
             raise web.HTTPConflict(text=f"step {key} of job {job_id} already streams its output")
         pod = self.reconciler.task_pod_of_index(job_id, 0)
         if pod is None:
             raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod for its script")
         bound = log.bind(job_id=job_id, pod=pod, step_key=key)
-        self._step_streams.add((job_id, key))
+        self._step_streams.add(stream_id)
         try:
             response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
             await response.prepare(request)
             await response.write(b'{"accepted": true}\n')
             answer = await self._relay_step_output(request, job_id, key, pod, stream_key)
         finally:
-            self._step_streams.discard((job_id, key))
+            self._step_streams.discard(stream_id)
         bound.info("step.output_relayed", **{k: str(v) for k, v in answer.items()})
         with contextlib.suppress(ConnectionResetError):
             await response.write(json.dumps(answer).encode() + b"\n")
@@ -457,12 +463,17 @@ class Api:
                 # The end frame is in: the agent passes it on and exits; its exit tells whether
                 # the script's srun took it. A slow reader in the pod takes its time, as natively.
                 put = asyncio.ensure_future(feed.put(None))
-                await asyncio.wait({put, relay}, return_when=asyncio.ALL_COMPLETED)
+                try:
+                    # The relay's end decides: should it end without taking what is queued (the
+                    # script's srun killed, the pod gone), the put never completes.
+                    await asyncio.wait({relay})
+                finally:
+                    put.cancel()
                 answer = _relay_ended(relay)
                 if answer.get("done"):
                     self.reconciler.close_step(job_id, key)
             return answer
-        except (asyncio.IncompleteReadError, ConnectionResetError):
+        except (asyncio.IncompleteReadError, ConnectionResetError, TimeoutError):
             return {"failed": "the waiter went away"}
         finally:
             relay.cancel()
@@ -486,8 +497,10 @@ class Api:
             fd, size = head[0], int.from_bytes(head[1:], "big")
             if fd > 2 or size > MAX_OUTPUT_FRAME:
                 return {"failed": f"bad output frame (fd {fd}, {size} bytes)"}
-            data = await request.content.readexactly(size)
-            mac = await request.content.readexactly(32)
+            # The waiter sends a frame whole: a body that does not follow its head is a stalled
+            # or hostile client, which must not hold the handler and its exec.
+            body = await asyncio.wait_for(request.content.readexactly(size + 32), FRAME_BODY_TIMEOUT_S)
+            data, mac = body[:size], body[size:]
             if not hmac.compare_digest(sign_output_frame(stream_key, seq, fd, data)[-32:], mac):
                 return {"failed": "an output frame's signature does not match its stream"}
             seq += 1
@@ -525,3 +538,11 @@ def _relay_ended(relay: asyncio.Future[int]) -> dict[str, object]:
     if code == AGENT_SRUN_GONE:
         return {"gone": "the script's srun is gone"}
     return {"failed": f"the relay into the pod ended with exit code {code}"}
+
+
+def _count_down(counts: dict[int, int], key: int) -> None:
+    left = counts.get(key, 1) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)

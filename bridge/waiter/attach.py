@@ -274,6 +274,9 @@ ENDING_SIGNALS = frozenset(int(s) for s in (
     signal.SIGPIPE, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
 
 
+PR_SET_DUMPABLE = 4
+
+
 def end_as_the_task(code: int) -> int:
     """End the proxy as its task in the pod ended: by signal N when that ended it, so that srun
     and sacct see what they see natively ("task 0: Terminated", a step's exit code from the tasks
@@ -282,6 +285,16 @@ def end_as_the_task(code: int) -> int:
     if signum in ENDING_SIGNALS:
         sys.stdout.flush()
         sys.stderr.flush()
+        # The user picks the code: a SEGV or ABRT must not leave a core of this process on the
+        # slurmd host (nor reach a core-dump helper).
+        import resource
+
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         if signum != signal.SIGKILL:  # its action cannot be changed, nor need it be
             signal.signal(signum, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})

@@ -5,6 +5,7 @@ and the daemon lifts its soft open-files limit to the hard one at start."""
 
 from __future__ import annotations
 
+import asyncio
 import resource
 import subprocess
 import sys
@@ -64,3 +65,27 @@ def test_the_daemon_lifts_its_soft_open_files_limit_to_the_hard_one() -> None:
 
     assert soft == now
     assert soft == (daemon.OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else hard)
+
+
+async def test_at_most_a_few_log_streams_are_being_opened_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thousand relays starting (or resuming) together must not bury the API server."""
+    opening = peak = 0
+
+    async def request(api: Any, method: str, path: str, what: str, **_kwargs: Any) -> Any:
+        nonlocal opening, peak
+        opening += 1
+        peak = max(peak, opening)
+        await asyncio.sleep(0.01)
+        opening -= 1
+        raise actions_module.KubeInvalid("not started", status=400, reason="BadRequest", what=what)
+
+    async def read(kube: KubeActions, name: str) -> None:
+        with pytest.raises(actions_module.LogsNotReady):
+            async for _ in kube.stream_logs(name):
+                pass
+
+    monkeypatch.setattr(actions_module, "request", request)
+    kube = KubeActions(object(), "jobs", streams=object())  # type: ignore[arg-type]
+    await asyncio.gather(*(read(kube, f"slurm-{i}-0") for i in range(200)))
+
+    assert peak == actions_module.STREAM_OPENS_AT_ONCE

@@ -77,6 +77,9 @@ class Reconciler:
     def is_bridged(self, _alloc: JobAllocation) -> bool:
         return True
 
+    def current_run(self, _job_id: int) -> int:
+        return 0
+
     def current_step(self, _job_id: int, key: str) -> dict[str, Any] | None:
         return {"argv": [], "env": {}, "cwd": "/"} if key in self.open_steps else None
 
@@ -267,7 +270,7 @@ async def test_a_second_stream_for_a_step_that_streams_is_refused(tmp_path: Path
     script.write_text(UNMUNGE_OK)
     api = Api(Reconciler(PodAgent()), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
               (sys.executable, str(script)))
-    api._step_streams.add((42, "7"))
+    api._step_streams.add((42, 0, "7"))
     header = b'{"key": "7"}\n'
     async with TestClient(TestServer(api.app())) as client:
         response = await client.post(PATH, data=header, headers={
@@ -324,3 +327,31 @@ def test_an_early_answer_that_came_with_the_acceptance_is_seen() -> None:
         server.close()
 
     assert relay.gone
+
+
+@pytest.mark.usefixtures("credential_is_its_payload")
+async def test_a_relay_that_ends_with_frames_still_queued_does_not_hold_the_stream(tmp_path: Path) -> None:
+    """The script's srun killed while its output is still queued for it: the handler answers, and
+    the step's stream slot is free again."""
+    class GoneAtTheEnd(PodAgent):
+        async def exec_feeding(self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None]) -> int:
+            while feed.qsize() < 8:  # full: output and the end, nobody reading
+                await asyncio.sleep(0.01)
+            return 3
+
+    agent = GoneAtTheEnd()
+    script = tmp_path / "unmunge.py"
+    script.write_text(UNMUNGE_OK)
+    api = Api(Reconciler(agent), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
+              (sys.executable, str(script)))
+    key = b"k" * 32
+    frames = b"".join(waiter.sign_output_frame(key, i, 1, b"line\n") for i in range(7))
+    frames += waiter.sign_output_frame(key, 7, 0, b"0")
+    header = b'{"key": "7"}\n'
+    async with TestClient(TestServer(api.app())) as client:
+        response = await asyncio.wait_for(client.post(PATH, data=header + frames, headers={
+            "X-Munge-Credential": waiter.request_digest("POST", PATH, 42, header) + " " + key.hex()}), 10)
+        answers = [json.loads(line) for line in (await asyncio.wait_for(response.text(), 10)).splitlines()]
+
+    assert "gone" in answers[-1]
+    assert api._step_streams == set()

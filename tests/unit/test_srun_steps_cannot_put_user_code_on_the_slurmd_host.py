@@ -798,3 +798,13 @@ def test_a_task_proxy_ends_by_the_signal_that_ended_its_task(code: int, returnco
     program = f"import sys; from bridge.waiter.attach import end_as_the_task as end; sys.exit(end({code}))"
     proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, timeout=30, check=False)
     assert proc.returncode == returncode
+
+
+def test_a_task_that_claims_a_segfault_leaves_no_core_on_the_slurmd_host(tmp_path: Path) -> None:
+    """The exit code is the user's to pick: 139 ends the proxy by SIGSEGV, without a core."""
+    program = ("import resource, sys; resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)); "
+               "from bridge.waiter.attach import end_as_the_task as end; sys.exit(end(139))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env, timeout=30, check=False)
+    assert proc.returncode == -11
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("core")]

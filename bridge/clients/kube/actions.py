@@ -44,6 +44,9 @@ kubelet, a lost network path) would otherwise hang for ever. A job that computes
 is fine: its relay resumes after the last line it saw (reconcile._relay_logs)."""
 
 
+STREAM_OPENS_AT_ONCE = 32
+
+
 class KubeActions:
     """Pod verbs in one namespace."""
 
@@ -54,6 +57,10 @@ class KubeActions:
         self._api = api_client
         self._streams = streams or api_client
         """Long-lived reads (followed logs): their own pool, if the caller gave one."""
+        # Streams once open are not capped, but at most this many are being opened at once: a
+        # thousand relays (re)starting together must not bury the API server, whose slowness
+        # would cost the Lease (each open is a request the server routes to a kubelet).
+        self._opening_streams = asyncio.Semaphore(STREAM_OPENS_AT_ONCE)
         self.namespace = namespace
         self._pods = f"/api/v1/namespaces/{namespace}/pods"
         self._log_timeout = aiohttp.ClientTimeout(connect=10, sock_read=log_read_timeout_s)
@@ -304,10 +311,11 @@ class KubeActions:
             query["sinceTime"] = ns_to_rfc3339(after_ns)
         what = f"read the log of container {container} of pod {pod_name} in namespace {self.namespace}"
         try:
-            response = await request(
-                self._streams, "GET", f"{self._pods}/{pod_name}/log", what, query=query,
-                timeout=self._log_timeout,
-            )
+            async with self._opening_streams:
+                response = await request(
+                    self._streams, "GET", f"{self._pods}/{pod_name}/log", what, query=query,
+                    timeout=self._log_timeout,
+                )
         except KubeInvalid as error:
             raise LogsNotReady(str(error)) from error
         async with contextlib.aclosing(iter_lines(response, what)) as lines:
