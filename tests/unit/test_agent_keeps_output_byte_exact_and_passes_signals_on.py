@@ -398,6 +398,15 @@ def test_install_copies_a_working_executable(agent: Path, tmp_path: Path) -> Non
 # -- srun in the pod --------------------------------------------------------------------------
 
 
+def installed_agent(agent: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The agent installed as in a pod: its directory (with bin/srun) and its binary."""
+    home = tmp_path / "agent"
+    home.mkdir()
+    installed = home / "slurm-k8s-bridge-agent"
+    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    return home, installed
+
+
 def output_frame(fd: int, data: bytes) -> bytes:
     return bytes([fd]) + len(data).to_bytes(4, "big") + data
 
@@ -407,10 +416,7 @@ def test_srun_output_relayed_into_the_pod_goes_where_the_scripts_srun_writes(
 ) -> None:
     """`agent step-output KEY` (the daemon's exec) hands Slurm's srun output to the srun the script
     called: through a pipe, into $(...), and its exit code as srun's."""
-    home = tmp_path / "agent"
-    home.mkdir()
-    installed = home / "slurm-k8s-bridge-agent"
-    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    home, installed = installed_agent(agent, tmp_path)
     script = ('srun hostname | tr a-z A-Z; echo "piped rc=$?"; x=$(srun true); echo "got [$x] rc=$?"; '
               "srun sh -c 'echo e >&2' 2>/dev/null; echo \"quiet rc=$?\"")
     replies = {
@@ -445,10 +451,7 @@ def test_srun_output_relayed_into_the_pod_goes_where_the_scripts_srun_writes(
 
 
 def test_step_output_for_an_srun_that_is_gone_exits_3(agent: Path, tmp_path: Path) -> None:
-    home = tmp_path / "agent"
-    home.mkdir()
-    installed = home / "slurm-k8s-bridge-agent"
-    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    home, installed = installed_agent(agent, tmp_path)
     (home / "steps").mkdir()
     # A socket nobody reads from any more: the first write fails once the peer is closed.
     import socket
@@ -470,10 +473,7 @@ def test_step_output_for_an_srun_that_is_gone_exits_3(agent: Path, tmp_path: Pat
 
 
 def test_step_output_ends_at_once_when_a_quiet_sruns_connection_closes(agent: Path, tmp_path: Path) -> None:
-    home = tmp_path / "agent"
-    home.mkdir()
-    installed = home / "slurm-k8s-bridge-agent"
-    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    home, installed = installed_agent(agent, tmp_path)
     (home / "steps").mkdir()
     import socket
 
@@ -500,10 +500,7 @@ def test_a_signal_to_the_scripts_srun_goes_to_slurms_srun_which_decides_the_end(
     """`kill -TERM <srun pid>` in the script: like native srun, the script's srun does not just
     die; the signal goes on (a "k" frame, for Slurm's srun of the step) and srun ends when the
     step does, with its exit code."""
-    home = tmp_path / "agent"
-    home.mkdir()
-    installed = home / "slurm-k8s-bridge-agent"
-    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    home, installed = installed_agent(agent, tmp_path)
     script = 'srun sleep 100 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; echo "srun said $?"'
     env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
     proc = subprocess.Popen(
@@ -543,10 +540,7 @@ def test_a_signal_to_the_scripts_srun_goes_to_slurms_srun_which_decides_the_end(
 def test_the_scripts_srun_ends_on_term_even_when_nobody_ends_its_step(agent: Path, tmp_path: Path) -> None:
     """The bridge restarted and lost the step, or the waiter is away: the forwarded TERM goes
     nowhere, and the script's srun still ends (as native srun ends on TERM), by TERM's code."""
-    home = tmp_path / "agent"
-    home.mkdir()
-    installed = home / "slurm-k8s-bridge-agent"
-    subprocess.run([str(agent), "install", str(installed)], check=True, timeout=30)
+    home, installed = installed_agent(agent, tmp_path)
     script = 'srun sleep 100 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; echo "srun said $?"'
     env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin", "SLURM_K8S_BRIDGE_SRUN_SIGNAL_GRACE_S": "1"}
     result = subprocess.run(
