@@ -29,3 +29,9 @@ class SlurmAuthError(PermanentError):
 
 class KubeUnavailable(TemporaryError):
     """The Kubernetes API server did not answer."""
+
+
+class ExecNotStarted(KubeUnavailable):
+    """The exec was refused before its websocket opened (HTTP 500 from a kubelet that cannot
+    reach the container yet, a 400 for a container not running, a dropped connection): its command
+    never ran, so running it again is safe."""

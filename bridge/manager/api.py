@@ -20,7 +20,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.sessions import JobSession
 from bridge.core import wellknown
-from bridge.core.errors import BridgeError, TemporaryError
+from bridge.core.errors import BridgeError, ExecNotStarted, TemporaryError
 from bridge.core.model import ModelError, payload_from_json
 from bridge.waiter.attach import (
     FORWARDED,
@@ -55,6 +55,11 @@ STREAM_HEADER_TIMEOUT_S = 30.0
 FRAME_BODY_TIMEOUT_S = 60.0
 AGENT_SRUN_GONE = 3
 """`agent step-output`'s exit when the script's srun closed its end (= agent/steps.go)."""
+TASK_START_DEADLINE_S = 60.0
+"""How long a task's exec may keep being refused before it opens (its pod's container may still
+be starting when Slurm's srun already launched the step)."""
+TASK_START_FIRST_RETRY_S = 0.25
+TASK_START_MAX_RETRY_S = 4.0
 
 TaskId = tuple[int, str, str]
 """(job id, step key, SLURM_PROCID)."""
@@ -296,13 +301,8 @@ class Api:
             # `agent signal ... group` waits for the task's pid file, so these may race its start.
             self._in_background(self._deliver_task_signals(pod, pidfile, early, job_id))
         try:
-            stream = self.reconciler.kube.exec_stream(pod, [AGENT, "task", pidfile, encoded, "--", *command])
-            async for channel, data in stream:
-                if channel == 0:
-                    code = data
-                    break
-                line = {"fd": channel, "data": base64.b64encode(data).decode()}
-                await response.write(json.dumps(line).encode() + b"\n")
+            code = await self._run_task(
+                response, job_id, node, key, pod, [AGENT, "task", pidfile, encoded, "--", *command])
         except (asyncio.CancelledError, ConnectionResetError):
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
             # stream does not stop its process, so the task is killed in the pod.
@@ -318,6 +318,32 @@ class Api:
         await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
         await response.write_eof()
         return response
+
+    async def _run_task(
+        self, response: web.StreamResponse, job_id: int, node: str, key: str, pod: str,
+        argv: list[str],
+    ) -> bytes:
+        """Run one task in its pod and stream its output to the proxy; its exit code. An exec the
+        kubelet refused before it opened (the pod's container still starting, a busy kubelet: an
+        HTTP 500 under load) ran nothing, so it is tried again until TASK_START_DEADLINE_S."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TASK_START_DEADLINE_S
+        delay = TASK_START_FIRST_RETRY_S
+        while True:
+            try:
+                async for channel, data in self.reconciler.kube.exec_stream(pod, argv):
+                    if channel == 0:
+                        return data
+                    line = {"fd": channel, "data": base64.b64encode(data).decode()}
+                    await response.write(json.dumps(line).encode() + b"\n")
+                return b"1"
+            except ExecNotStarted as error:
+                if loop.time() + delay > deadline or self.reconciler.step_of(job_id, key) is None:
+                    raise
+                log.info("task.exec_retried", job_id=job_id, pod=pod, step_key=key, error=str(error))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, TASK_START_MAX_RETRY_S)
+                pod = self.reconciler.task_pod(job_id, node) or pod
 
     async def task_signal(self, request: web.Request) -> web.Response:
         """A task proxy got a signal (scancel -s SIG for the steps, --signal=SIG@TIME, a step

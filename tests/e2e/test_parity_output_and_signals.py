@@ -174,49 +174,82 @@ def _started(path: Path) -> bool:
     return path.exists() and b"started" in path.read_bytes()
 
 
+Outcome = tuple[list[tuple[str, str, str]] | None, dict[str, bytes]]
+"""A case's sacct rows and its output files (by task and suffix), normalised."""
+
+
+def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...], workdir: Path
+               ) -> dict[tuple[str, str], Outcome]:
+    """Submit every case in every partition at once, act on the ones that say so, and collect
+    their outcomes once all have ended."""
+    jobs = {(case.name, part): _submit(sandbox, case, part, workdir)
+            for case in cases for part in partitions}
+    for case in cases:
+        if not case.action:
+            continue
+        for part in partitions:
+            job = jobs[(case.name, part)]
+            out = workdir / f"{case.name}-{part}-{job}.out"
+            wait_until(f"{case.name} started in {part}", lambda o=out: _started(o), timeout=90)
+            if case.action == "usr1":
+                sandbox.slurm("scancel", "-s", "USR1", "-b", str(job))
+            elif case.action == "usr1-step":
+                sandbox.slurm("scancel", "-s", "USR1", f"{job}.0")
+            else:
+                sandbox.slurm("scancel", str(job))
+
+    for key, job in jobs.items():
+        wait_until(f"{key} final in sacct", lambda j=job: _sacct(sandbox, j), timeout=240)
+    # slurmdbd may record a job's end (and its steps as ended with it) before the batch step's
+    # own completion arrives: read again once things have settled.
+    time.sleep(5)
+    outcomes: dict[tuple[str, str], Outcome] = {}
+    for case in cases:
+        suffixes = [".out", ".err"] if case.stderr_file else [".out"]
+        tasks = [f"_{i}" for i in range(case.array)] if case.array else [""]
+        for part in partitions:
+            job = jobs[(case.name, part)]
+            files = {f"{task}{suffix}": _normalised(
+                         (workdir / f"{case.name}-{part}-{job}{task}{suffix}").read_bytes(), case.sort_lines)
+                     for task in tasks for suffix in suffixes}
+            outcomes[(case.name, part)] = (_sacct(sandbox, job), files)
+    return outcomes
+
+
+def _differences(name: str, native: Outcome, bridged: Outcome) -> list[str]:
+    found = []
+    if native[0] != bridged[0]:
+        found.append(f"{name}: sacct native {native[0]} != k8s {bridged[0]}")
+    for file, want in native[1].items():
+        got = bridged[1][file]
+        if want != got:
+            found.append(f"{name}{file}: native {want[:300]!r} != k8s {got[:300]!r}")
+    return found
+
+
+NATIVE_RERUNS = 2
+"""Natively, some races are Slurm's own (under load, whether a trap's line makes it out before
+the job's end; which stream's line comes first): a case whose bridged outcome differs is run
+natively again, and passes if native Slurm itself produces the bridged outcome. An outcome native
+never produces (a bridge error line, a wrong exit code) still fails."""
+
+
 def test_every_script_writes_the_same_bytes_and_sacct_rows_in_native_and_k8s(bridge: Sandbox) -> None:
     workdir = bridge.home("alice") / f"parity-{int(time.time())}"
     workdir.mkdir()
     user = pwd.getpwnam("alice")
     os.chown(workdir, user.pw_uid, user.pw_gid)
 
-    jobs = {(case.name, part): _submit(bridge, case, part, workdir)
-            for case in CASES for part in ("native", "k8s")}
-    for case in CASES:
-        if not case.action:
-            continue
-        for part in ("native", "k8s"):
-            job = jobs[(case.name, part)]
-            out = workdir / f"{case.name}-{part}-{job}.out"
-            wait_until(f"{case.name} started in {part}", lambda o=out: _started(o), timeout=90)
-            if case.action == "usr1":
-                bridge.slurm("scancel", "-s", "USR1", "-b", str(job))
-            elif case.action == "usr1-step":
-                bridge.slurm("scancel", "-s", "USR1", f"{job}.0")
-            else:
-                bridge.slurm("scancel", str(job))
-
-    for key, job in jobs.items():
-        wait_until(f"{key} final in sacct", lambda j=job: _sacct(bridge, j), timeout=240)
-    # slurmdbd may record a job's end (and its steps as ended with it) before the batch step's
-    # own completion arrives: read again once things have settled.
-    time.sleep(5)
-    rows = {key: _sacct(bridge, job) for key, job in jobs.items()}
-    differences = []
-    for case in CASES:
-        native, bridged = jobs[(case.name, "native")], jobs[(case.name, "k8s")]
-        if rows[(case.name, "native")] != rows[(case.name, "k8s")]:
-            differences.append(f"{case.name}: sacct native {rows[(case.name, 'native')]} "
-                               f"!= k8s {rows[(case.name, 'k8s')]}")
-        suffixes = [".out", ".err"] if case.stderr_file else [".out"]
-        tasks = [f"_{i}" for i in range(case.array)] if case.array else [""]
-        for task in tasks:
-            for suffix in suffixes:
-                native_file = workdir / f"{case.name}-native-{native}{task}{suffix}"
-                bridged_file = workdir / f"{case.name}-k8s-{bridged}{task}{suffix}"
-                want = _normalised(native_file.read_bytes(), case.sort_lines)
-                got = _normalised(bridged_file.read_bytes(), case.sort_lines)
-                if want != got:
-                    differences.append(
-                        f"{case.name}{task}{suffix}: native {want[:300]!r} != k8s {got[:300]!r}")
-    assert not differences, "\n".join(differences)
+    outcomes = _run_cases(bridge, CASES, ("native", "k8s"), workdir)
+    differing = {case.name: _differences(case.name, outcomes[(case.name, "native")],
+                                         outcomes[(case.name, "k8s")]) for case in CASES}
+    differing = {name: found for name, found in differing.items() if found}
+    for _ in range(NATIVE_RERUNS):
+        if not differing:
+            break
+        again = _run_cases(bridge, [case for case in CASES if case.name in differing], ("native",), workdir)
+        for name in list(differing):
+            if again[(name, "native")] == outcomes[(name, "k8s")]:
+                print(f"{name}: native Slurm itself also gave the bridged outcome; first: {differing[name]}")
+                del differing[name]
+    assert not differing, "\n".join(line for found in differing.values() for line in found)

@@ -32,7 +32,7 @@ from bridge.clients.kube.errors import (
 )
 from bridge.clients.kube.lines import ns_to_rfc3339, rfc3339_to_ns, split_log_line
 from bridge.core import wellknown
-from bridge.core.errors import KubeUnavailable
+from bridge.core.errors import ExecNotStarted, KubeUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -145,9 +145,14 @@ class KubeActions:
         self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
     ) -> AsyncIterator[tuple[int, bytes]]:
         """Run `command` in the container and yield (1 or 2, bytes) as it writes to stdout or
-        stderr, then (0, exit code as text) once it has ended (the exec status channel)."""
+        stderr, then (0, exit code as text) once it has ended (the exec status channel).
+
+        Raises ExecNotStarted when the exec was refused before it opened (a container not yet
+        running, a kubelet or API server that failed the upgrade): the command did not run, so
+        the caller may try again; any later error may come after the command started."""
         ws_client = WsApiClient(configuration=self._api.configuration)
         exit_code = b"1"
+        started = False
         try:
             try:
                 connection = await CoreV1Api(api_client=ws_client).connect_get_namespaced_pod_exec(
@@ -155,6 +160,8 @@ class KubeActions:
                     stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
                 )
                 async with connection as ws:
+                    # From here on the command may be running: an error is no longer "not started".
+                    started = True
                     async for message in ws:
                         data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
                         if not data:
@@ -166,8 +173,13 @@ class KubeActions:
                             exit_code = _exit_code_of(payload)
             except ApiException as error:
                 what = f"exec in pod {pod_name}"
-                raise error_for_status(error.status or 500, error.body or b"", what) from error
+                refused = error_for_status(error.status or 500, error.body or b"", what)
+                if not started:
+                    raise ExecNotStarted(str(refused)) from error
+                raise refused from error
             except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                if not started:
+                    raise ExecNotStarted(f"cannot exec in pod {pod_name}: {error}") from error
                 raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
         finally:
             await ws_client.close()

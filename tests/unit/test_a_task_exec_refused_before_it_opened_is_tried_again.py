@@ -1,0 +1,130 @@
+"""Under load, a kubelet may refuse a task's exec before its websocket opens (CI saw `500,
+message='Invalid response status'` for the second pod of a `-N 2` job whose container was still
+starting). Such an exec ran nothing, so the daemon tries it again; an exec that failed after it
+opened may have run the task, so it is never run twice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from bridge.clients.kube.actions import KubeActions
+from bridge.core.errors import ExecNotStarted, KubeUnavailable
+from bridge.manager import api as api_module
+
+from .test_a_signal_before_its_task_runs_is_kept_for_it import _post, _served
+
+TASK = {"key": "7", "node": "kube1", "env": {"SLURM_PROCID": "0"}}
+
+
+class FlakyKubelet:
+    """Refuses the first `refusals` execs before they open, then runs the task, or breaks it
+    off after its first output when `break_after_output`."""
+
+    def __init__(self, refusals: int, *, break_after_output: bool = False) -> None:
+        self.refusals = refusals
+        self.break_after_output = break_after_output
+        self.attempts = 0
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        return ""
+
+    async def exec_stream(self, pod: str, command: list[str]) -> AsyncIterator[tuple[int, bytes]]:
+        self.attempts += 1
+        if self.attempts <= self.refusals:
+            raise ExecNotStarted(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
+        yield 1, b"task ran\n"
+        if self.break_after_output:
+            raise KubeUnavailable(f"cannot exec in pod {pod}: connection reset")
+        yield 0, b"0"
+
+
+def _lines(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.fixture(autouse=True)
+def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api_module, "TASK_START_FIRST_RETRY_S", 0.01)
+
+
+async def test_an_exec_refused_before_it_opened_is_tried_again_and_the_task_runs_once(tmp_path: Path) -> None:
+    kubelet = FlakyKubelet(refusals=3)
+    async with await _served(tmp_path, kubelet) as client:  # type: ignore[arg-type]
+        status, text = await _post(client, "/v1/jobs/42/task", TASK)
+
+    assert status == 200, text
+    assert kubelet.attempts == 4
+    lines = _lines(text)
+    assert [line for line in lines if "data" in line] == [{"fd": 1, "data": "dGFzayByYW4K"}]
+    assert lines[-1] == {"exit": 0}
+
+
+async def test_an_exec_that_broke_after_it_opened_is_not_run_again(tmp_path: Path) -> None:
+    kubelet = FlakyKubelet(refusals=0, break_after_output=True)
+    async with await _served(tmp_path, kubelet) as client:  # type: ignore[arg-type]
+        status, text = await _post(client, "/v1/jobs/42/task", TASK)
+
+    assert status == 200, text
+    assert kubelet.attempts == 1
+    lines = _lines(text)
+    assert lines[-1] == {"exit": 1}
+    assert any(line.get("fd") == 2 for line in lines), lines
+
+
+async def test_refusals_past_the_deadline_end_the_task_with_the_reason_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(api_module, "TASK_START_DEADLINE_S", 0.2)
+    kubelet = FlakyKubelet(refusals=10_000)
+    async with await _served(tmp_path, kubelet) as client:  # type: ignore[arg-type]
+        status, text = await _post(client, "/v1/jobs/42/task", TASK)
+
+    assert status == 200, text
+    assert 2 <= kubelet.attempts < 100
+    lines = _lines(text)
+    assert lines[-1] == {"exit": 1}
+    errors = [line for line in lines if line.get("fd") == 2]
+    assert len(errors) == 1, lines
+
+
+async def _exec_against(handler: web.RequestHandler) -> tuple[type[BaseException], list[tuple[int, bytes]]]:
+    app = web.Application()
+    app.router.add_route("*", "/api/v1/namespaces/jobs/pods/{name}/exec", handler)
+    yielded: list[tuple[int, bytes]] = []
+    async with TestServer(app) as server:
+        configuration = Configuration(host=str(server.make_url("")).rstrip("/"))
+        async with ApiClient(configuration) as api_client:
+            actions = KubeActions(api_client, "jobs")
+            try:
+                async for item in actions.exec_stream("pod-0", ["true"]):
+                    yielded.append(item)
+            except KubeUnavailable as error:
+                return type(error), yielded
+    return type(None), yielded
+
+
+async def test_the_exec_says_not_started_for_a_refused_upgrade_only() -> None:
+    async def refuse(_request: web.Request) -> web.Response:
+        return web.Response(status=500, text="container not found")
+
+    async def open_then_drop(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io",))
+        await ws.prepare(request)
+        await ws.send_bytes(b"\x01started\n")
+        assert request.transport is not None
+        request.transport.abort()
+        return ws
+
+    refused, nothing = await _exec_against(refuse)
+    dropped, output = await _exec_against(open_then_drop)
+
+    assert refused is ExecNotStarted and nothing == []
+    assert output[:1] == [(1, b"started\n")]
+    assert dropped is not ExecNotStarted
