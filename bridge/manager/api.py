@@ -11,6 +11,7 @@ import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
@@ -61,8 +62,28 @@ be starting when Slurm's srun already launched the step)."""
 TASK_START_FIRST_RETRY_S = 0.25
 TASK_START_MAX_RETRY_S = 4.0
 
+T = TypeVar("T")
 TaskId = tuple[int, str, str]
 """(job id, step key, SLURM_PROCID)."""
+
+
+async def _until_started(
+    attempt: Callable[[], Awaitable[T]], still_wanted: Callable[[], bool], bound: Any,
+) -> T:
+    """`attempt()`, again after a backoff while it raises ExecNotStarted (its exec ran nothing),
+    until TASK_START_DEADLINE_S or until it is no longer wanted (then the last error is raised)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TASK_START_DEADLINE_S
+    delay = TASK_START_FIRST_RETRY_S
+    while True:
+        try:
+            return await attempt()
+        except ExecNotStarted as error:
+            if loop.time() + delay > deadline or not still_wanted():
+                raise
+            bound.info("exec.retried", error=str(error))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, TASK_START_MAX_RETRY_S)
 
 
 def task_pidfile(key: str, procid: str) -> str:
@@ -325,25 +346,20 @@ class Api:
     ) -> bytes:
         """Run one task in its pod and stream its output to the proxy; its exit code. An exec the
         kubelet refused before it opened (the pod's container still starting, a busy kubelet: an
-        HTTP 500 under load) ran nothing, so it is tried again until TASK_START_DEADLINE_S."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + TASK_START_DEADLINE_S
-        delay = TASK_START_FIRST_RETRY_S
-        while True:
-            try:
-                async for channel, data in self.reconciler.kube.exec_stream(pod, argv):
-                    if channel == 0:
-                        return data
-                    line = {"fd": channel, "data": base64.b64encode(data).decode()}
-                    await response.write(json.dumps(line).encode() + b"\n")
-                return b"1"
-            except ExecNotStarted as error:
-                if loop.time() + delay > deadline or self.reconciler.step_of(job_id, key) is None:
-                    raise
-                log.info("task.exec_retried", job_id=job_id, pod=pod, step_key=key, error=str(error))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, TASK_START_MAX_RETRY_S)
-                pod = self.reconciler.task_pod(job_id, node) or pod
+        HTTP 500 under load) ran nothing, so it is tried again."""
+
+        async def attempt() -> bytes:
+            current = self.reconciler.task_pod(job_id, node) or pod
+            async for channel, data in self.reconciler.kube.exec_stream(current, argv):
+                if channel == 0:
+                    return data
+                line = {"fd": channel, "data": base64.b64encode(data).decode()}
+                await response.write(json.dumps(line).encode() + b"\n")
+            return b"1"
+
+        return await _until_started(
+            attempt, lambda: self.reconciler.step_of(job_id, key) is not None,
+            log.bind(job_id=job_id, pod=pod, step_key=key, what="task"))
 
     async def task_signal(self, request: web.Request) -> web.Response:
         """A task proxy got a signal (scancel -s SIG for the steps, --signal=SIG@TIME, a step
@@ -481,8 +497,7 @@ class Api:
         it is gone (the waiter then ends the step); {"failed": ...} when the relay broke (the
         waiter writes the rest to the job's files and reports the end by step-done)."""
         feed: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=STEP_OUTPUT_FEED_FRAMES)
-        relay = asyncio.ensure_future(
-            self.reconciler.kube.exec_feeding(pod, [AGENT, "step-output", key], feed))
+        relay = asyncio.ensure_future(self._feed_step_output(job_id, key, pod, feed))
         try:
             answer = await self._relay_frames(request, stream_key, feed, relay)
             if answer.get("done"):
@@ -503,6 +518,15 @@ class Api:
             return {"failed": "the waiter went away"}
         finally:
             relay.cancel()
+
+    async def _feed_step_output(
+        self, job_id: int, key: str, pod: str, feed: asyncio.Queue[bytes | None]
+    ) -> int:
+        """`agent step-output KEY` in the batch pod, fed from `feed`; its exit code. An exec
+        refused before it opened took nothing from the feed, so it is tried again (as a task's)."""
+        return await _until_started(
+            lambda: self.reconciler.kube.exec_feeding(pod, [AGENT, "step-output", key], feed),
+            lambda: True, log.bind(job_id=job_id, pod=pod, step_key=key, what="step-output"))
 
     async def _relay_frames(
         self, request: web.Request, stream_key: bytes, feed: asyncio.Queue[bytes | None],

@@ -19,7 +19,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.controller.metrics import Metrics
+from bridge.core.errors import ExecNotStarted
 from bridge.core.model import JobAllocation
+from bridge.manager import api as api_module
 from bridge.manager.api import AGENT, Api
 from bridge.waiter import attach as waiter
 
@@ -146,6 +148,37 @@ async def test_srun_output_and_exit_code_reach_the_pod_in_order_per_stream(tmp_p
     assert agent.frames[-1] == (0, b"3")
     assert all(len(data) <= waiter.MAX_OUTPUT_FRAME for _, data in agent.frames)
     assert reconciler.closed == ["7"]
+
+
+class PodAgentBehindABusyKubelet(PodAgent):
+    """The kubelet refuses the first two execs before they open (HTTP 500 under load)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def exec_feeding(self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None]) -> int:
+        if self.refused < 2:
+            self.refused += 1
+            raise ExecNotStarted(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
+        return await super().exec_feeding(pod, command, feed)
+
+
+@pytest.mark.usefixtures("credential_is_its_payload")
+async def test_a_relay_whose_exec_was_refused_before_it_opened_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(api_module, "TASK_START_FIRST_RETRY_S", 0.01)
+    agent = PodAgentBehindABusyKubelet()
+    client = await _serve(tmp_path, Reconciler(agent))
+    try:
+        code, relay, _ = await _relay(client, "printf 'kept in the pipe\\n'; exit 4")
+    finally:
+        await client.close()
+
+    assert agent.refused == 2
+    assert code == 4 and relay.delivered
+    assert _by_fd(agent.frames)[1] == b"kept in the pipe\n"
 
 
 @pytest.mark.usefixtures("credential_is_its_payload")

@@ -220,15 +220,19 @@ class KubeActions:
         """Run `command` in the container and write what arrives in `feed` to its stdin as it
         comes, until a None; return its exit code. The command must know where its input ends (the
         v4 exec protocol cannot close stdin). Slow readers hold the writer: the websocket's send
-        waits for the transport to drain."""
+        waits for the transport to drain. Raises ExecNotStarted as exec_stream does (nothing
+        was taken from `feed` then)."""
         ws_client = WsApiClient(configuration=self._api.configuration)
         code = b"1"
+        started = False
         try:
             connection = await CoreV1Api(api_client=ws_client).connect_get_namespaced_pod_exec(
                 pod_name, self.namespace, command=command, container=container,
                 stdout=True, stderr=True, stdin=True, tty=False, _preload_content=False,
             )
             async with connection as ws:
+                started = True
+
                 async def send() -> None:
                     while (chunk := await feed.get()) is not None:
                         for start in range(0, len(chunk), 65536):
@@ -245,9 +249,13 @@ class KubeActions:
                 finally:
                     sender.cancel()
         except ApiException as error:
-            what = f"exec in pod {pod_name}"
-            raise error_for_status(error.status or 500, error.body or b"", what) from error
+            refused = error_for_status(error.status or 500, error.body or b"", f"exec in pod {pod_name}")
+            if not started:
+                raise ExecNotStarted(str(refused)) from error
+            raise refused from error
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            if not started:
+                raise ExecNotStarted(f"cannot exec in pod {pod_name}: {error}") from error
             raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
         finally:
             await ws_client.close()
