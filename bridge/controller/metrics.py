@@ -43,6 +43,7 @@ HELP = {
 HISTOGRAMS = {
     "attach_to_pod_seconds": "From a waiter's attach to its job's pods created.",
     "pod_end_to_job_end_seconds": "From the first pod's container end to the waiter told the outcome.",
+    "event_loop_lag_seconds": "How late the daemon's event loop ran a timer (a busy or starved loop).",
 }
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

@@ -33,8 +33,10 @@ from bridge.waiter.attach import (
 
 log = structlog.get_logger(__name__)
 
-MAX_CONCURRENT_VERIFY = 64
-"""unmunge processes at most at once (requests beyond answer 503 and are retried)."""
+MAX_CONCURRENT_VERIFY = 16
+"""unmunge processes at most at once: more only add forks on a busy host (munged has few threads)."""
+MAX_WAITING_VERIFY = 512
+"""Requests that may wait for an unmunge slot; beyond, they answer 503 and are retried."""
 HEARTBEAT_S = 10.0
 """Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
 HEARTBEAT = {"type": "heartbeat"}
@@ -109,6 +111,7 @@ class Api:
         self.synced = synced or ready
         self.unmunge_command = tuple(unmunge_command)
         self._verifying = asyncio.Semaphore(MAX_CONCURRENT_VERIFY)
+        self._verify_waiting = 0
         self._background: set[asyncio.Future[object]] = set()
         # Tasks whose run in the pod has begun, and signals that reached a task's proxy before
         # that (slurmctld signals a step as soon as it exists: --signal=SIG@T, scancel -s).
@@ -173,17 +176,23 @@ class Api:
             # Service (selecting the leader's pod label, or routing on /readyz) finds the leader.
             raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
         credential = request.headers.get("X-Munge-Credential", "")
-        if self._verifying.locked():
-            # Each check runs unmunge: a flood of requests (anyone may send them) must not fork
-            # without bound. Waiters retry a 503 with backoff.
+        if self._verifying.locked() and self._verify_waiting >= MAX_WAITING_VERIFY:
+            # Each check runs unmunge: a flood of requests (anyone may send them) must neither
+            # fork nor queue without bound. Waiters retry a 503 with backoff.
             raise web.HTTPServiceUnavailable(text="busy checking other credentials; retry")
+        self._verify_waiting += 1
         try:
-            async with self._verifying:
-                who = await munge.verify(credential, self.unmunge_command)
+            await self._verifying.acquire()
+        finally:
+            self._verify_waiting -= 1
+        try:
+            who = await munge.verify(credential, self.unmunge_command)
         except munge.MungeUnavailable as error:
             raise web.HTTPServiceUnavailable(text=str(error)) from None
         except munge.MungeError as error:
             raise web.HTTPForbidden(text=str(error)) from None
+        finally:
+            self._verifying.release()
         hosts = self.reconciler.cfg.waiter.slurmd_hosts
         if hosts and who.encode_host not in hosts:
             raise web.HTTPForbidden(

@@ -93,6 +93,7 @@ def _run(path: str, log_format: str) -> int:
 
     cfg = _load(path)
     logs.configure(cfg.log_level, json=log_format == "json")
+    daemon.watch_children_without_threads()
     return asyncio.run(daemon.run(cfg))
 
 

@@ -10,12 +10,16 @@ by the Reconciler itself; the leader elector gets its own API client.
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import signal
 import socket
 import ssl
+import sys
+import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -195,7 +199,7 @@ async def run(cfg: BridgeConfig) -> int:
     metrics.gauge("ready", "1 when caches are synced and this replica acts.", lambda: float(ready()))
 
     api = Api(reconciler, metrics, queue.add, ready, cfg.waiter.unmunge_command, synced=synced)
-    runner = web.AppRunner(api.app(), access_log=None)
+    runner = api_runner(api.app())
     await runner.setup()
     await web.TCPSite(runner, cfg.api.host, cfg.api.port, ssl_context=tls).start()
     log.info("daemon.listening", host=cfg.api.host, port=cfg.api.port, tls=tls is not None,
@@ -212,6 +216,7 @@ async def run(cfg: BridgeConfig) -> int:
         asyncio.create_task(poller.run(), name="slurm-poll"),
         asyncio.create_task(node_watcher.run(), name="node-watch"),
         asyncio.create_task(node_sync.run(), name="node-health"),
+        asyncio.create_task(watch_loop_lag(metrics), name="loop-lag"),
     ]
     if elector is not None:
         background.append(asyncio.create_task(elector.run(), name="leader-election"))
@@ -221,8 +226,15 @@ async def run(cfg: BridgeConfig) -> int:
         can_act = asyncio.ensure_future(_all_set(
             cache.synced, poller.synced, *([elector.is_leader] if elector else [])
         ))
-        await asyncio.wait({can_act, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
-        if not stop.is_set():
+        stopped = asyncio.ensure_future(stop.wait())
+        # Whatever ends the daemon while it acts may also come before it acts: a Lease lost while
+        # the caches still sync (under load) left a replica that neither acted nor exited.
+        ends: set[asyncio.Future[Any]] = {stopped, *background}
+        if elector is not None:
+            ends.add(asyncio.ensure_future(elector.lost.wait()))
+
+        def start_acting() -> None:
+            nonlocal workers
             log.info("daemon.acting", pods=len(cache), jobs=len(reconciler.jobs))
             # Level-triggered: look at everything once, whatever happened before we led.
             for job_id in reconciler.jobs.job_ids() | cache.job_ids():
@@ -233,19 +245,18 @@ async def run(cfg: BridgeConfig) -> int:
             if leader_pod is not None:
                 workers.append(asyncio.create_task(_until_done(leader_pod.mark, "leader_pod.mark"),
                                                    name="leader-pod-label"))
-            waits = {asyncio.ensure_future(stop.wait()), *background}
-            if elector is not None:
-                waits.add(asyncio.ensure_future(elector.lost.wait()))
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if elector is not None and elector.lost.is_set():
-                exit_code = 1
-            for task in done & set(background):
-                # A watch or a poll only ends by a permanent error (RBAC, a config the server
-                # refuses): its cache would freeze while the daemon looked ready. Exit; the
-                # supervisor restarts us and the error is in the log.
-                error = task.exception() if not task.cancelled() else None
-                log.error("daemon.source_died", task=task.get_name(), error=repr(error))
-                exit_code = 1
+
+        done = await act_until_an_end(can_act, ends, start_acting)
+        can_act.cancel()
+        if elector is not None and elector.lost.is_set():
+            exit_code = 1
+        for task in done & set(background):
+            # A watch or a poll only ends by a permanent error (RBAC, a config the server
+            # refuses): its cache would freeze while the daemon looked ready. Exit; the
+            # supervisor restarts us and the error is in the log.
+            error = task.exception() if not task.cancelled() else None
+            log.error("daemon.source_died", task=task.get_name(), error=repr(error))
+            exit_code = 1
     finally:
         log.info("daemon.stopping", exit_code=exit_code)
         for task in [*workers, *background]:
@@ -268,6 +279,53 @@ async def run(cfg: BridgeConfig) -> int:
     return exit_code
 
 
+def watch_children_without_threads() -> bool:
+    """Have asyncio learn of its subprocesses' ends (unmunge, one per waiter request) through
+    pidfds on the loop, not a thread blocked in waitpid per child (Python 3.11's default). Under a
+    burst of attaches on a starved host, dozens of such threads passed the GIL around while the
+    loop waited: 8 s late, and the Lease lost. Python 3.12 and later do this on their own."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # a kernel before 5.3, or a seccomp filter: keep the default
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+    return True
+
+
+LOOP_LAG_PROBE_S = 0.5
+LOOP_LAG_WARN_S = 1.0
+"""A Lease renewal has renew_deadline_s (10 s): a loop running timers this late is on the way to
+losing it, and the log should say so before it happens."""
+
+
+async def watch_loop_lag(metrics: Metrics, probe_s: float = LOOP_LAG_PROBE_S) -> None:
+    """Record how late the loop wakes from a short sleep; warn when it is over LOOP_LAG_WARN_S
+    (a blocking call on the loop, or a host whose CPUs are starved)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time()
+        await asyncio.sleep(probe_s)
+        lag = max(0.0, loop.time() - asked - probe_s)
+        metrics.observe("event_loop_lag_seconds", lag)
+        if lag >= LOOP_LAG_WARN_S:
+            log.warning("daemon.loop_lagged", lag_s=round(lag, 2), load_1m=round(os.getloadavg()[0], 1))
+
+
+API_SHUTDOWN_S = 3.0
+"""How long a stopping daemon lets its open requests (attached waiters' streams) end on their own
+before it cancels them. aiohttp's default (60 s, spent twice) kept a daemon that had lost its
+Lease alive for two minutes, and its supervisor from starting a fresh one; the waiters reattach
+to whichever replica acts."""
+
+
+def api_runner(app: web.Application) -> web.AppRunner:
+    return web.AppRunner(app, access_log=None, shutdown_timeout=API_SHUTDOWN_S)
+
+
 def announce_to_jobs_on(reconciler: Reconciler, node: str, text: str) -> int:
     """Tell the attached waiters of the jobs running on Slurm node `node` (they print it on the
     job's stderr); returns how many were told."""
@@ -279,6 +337,19 @@ def announce_to_jobs_on(reconciler: Reconciler, node: str, text: str) -> int:
             session.publish({"type": "message", "text": text})
             told += 1
     return told
+
+
+async def act_until_an_end(
+    can_act: asyncio.Future[None], ends: set[asyncio.Future[Any]], start_acting: Callable[[], None]
+) -> set[asyncio.Future[Any]]:
+    """Wait until the daemon may act (caches synced, Lease held), start acting, and return the
+    ends that came (a stop, a lost Lease, a source that died), whether before or after it acted."""
+    done, _ = await asyncio.wait({can_act, *ends}, return_when=asyncio.FIRST_COMPLETED)
+    if done & ends:
+        return done & ends
+    start_acting()
+    done, _ = await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+    return done
 
 
 async def _until_done(step: Callable[[], Awaitable[None]], what: str, delay_s: float = 1.0) -> None:

@@ -93,12 +93,16 @@ async def test_changed_jobs_is_none_when_idle_and_lists_jobs_right_after_any_cha
     first = await backend.changed_jobs()
     assert first is not None and job_id in {j.job_id for j in first.jobs}  # a fresh client lists everything
 
+    # What the bridge acts on is a job's state (its nodes come with RUNNING): a change of state is
+    # seen at the next poll. (The REST backend reads other fields, e.g. a new time limit, which
+    # Slurm itself enforces, at its periodic full listing.)
     await wait_idle(backend)
-    sandbox.slurm("scontrol", "update", f"jobid={job_id}", "timelimit=7")
+    sandbox.slurm("scontrol", "suspend", str(job_id))
     after_update = await backend.changed_jobs()
+    sandbox.slurm("scontrol", "resume", str(job_id))
 
-    assert after_update is not None, "the time limit change right after an idle poll was missed"
-    assert {j.job_id: j for j in after_update.jobs}[job_id].time_limit_s == 7 * 60
+    assert after_update is not None, "the state change right after an idle poll was missed"
+    assert {j.job_id: j for j in after_update.jobs}[job_id].state == "SUSPENDED"
 
     await wait_idle(backend)
     new_id = jobs.submit("-p", "native", "-H", "--wrap", "true")  # held: stays PENDING

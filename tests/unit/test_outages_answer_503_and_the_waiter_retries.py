@@ -173,8 +173,10 @@ async def test_a_quiet_attach_stream_carries_heartbeats(
 async def test_credential_checks_are_capped_and_the_rest_retried(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Anyone may send requests and each check runs unmunge: beyond the cap, 503 (retried)."""
+    """Anyone may send requests and each check runs unmunge: beyond the cap and the requests
+    allowed to wait for it, 503 (retried)."""
     monkeypatch.setattr(api_module, "MAX_CONCURRENT_VERIFY", 1)
+    monkeypatch.setattr(api_module, "MAX_WAITING_VERIFY", 0)
     script = tmp_path / "unmunge.py"
     script.write_text("import sys, time\ntime.sleep(1)\n" + UNMUNGE_OK)
     reconciler = Reconciler(config(), Slurm(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
@@ -188,3 +190,24 @@ async def test_credential_checks_are_capped_and_the_rest_retried(
         first = await slow
         assert first.status == 403  # its credential carries no digest of the request
         first.release()
+
+
+async def test_a_burst_of_credential_checks_waits_for_a_slot_instead_of_failing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """300 waiters attaching at once: beyond the unmunge slots, requests wait (up to
+    MAX_WAITING_VERIFY) rather than each coming back later with a new connection and fork."""
+    monkeypatch.setattr(api_module, "MAX_CONCURRENT_VERIFY", 1)
+    script = tmp_path / "unmunge.py"
+    script.write_text("import sys, time\ntime.sleep(0.3)\n" + UNMUNGE_OK)
+    reconciler = Reconciler(config(), Slurm(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
+    api = Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(script)))
+    async with TestClient(TestServer(api.app())) as client:
+        cancel = "/v1/jobs/42/cancel"
+        answers = await asyncio.gather(*(
+            client.post(cancel, data=b"{}", headers={"X-Munge-Credential": f"c{i}"}) for i in range(3)))
+        statuses = [answer.status for answer in answers]
+        for answer in answers:
+            answer.release()
+
+    assert statuses == [403, 403, 403], "each was checked (and refused: no digest), none turned away"

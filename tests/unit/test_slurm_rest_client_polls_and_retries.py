@@ -24,28 +24,46 @@ DATA = Path(__file__).parent / "data" / "rest_job_running.json"
 
 class FakeRestd:
     def __init__(self) -> None:
-        self.last_update = 1000
         self.jobs: list[dict[str, Any]] = [json.loads(DATA.read_text())]
         self.valid_token = "good"
         self.failures_left = 0
         self.requests: list[tuple[str, str, str]] = []
 
-    async def jobs_handler(self, request: web.Request) -> web.Response:
-        token = request.headers.get("X-SLURM-USER-TOKEN", "")
+    def _refusal(self, request: web.Request) -> web.Response | None:
         self.requests.append((request.method, request.path, request.query.get("update_time", "")))
-        if token != self.valid_token:
+        if request.headers.get("X-SLURM-USER-TOKEN", "") != self.valid_token:
             return web.json_response({"errors": [{"error": "auth"}]}, status=401)
         if self.failures_left:
             self.failures_left -= 1
             return web.json_response({"errors": [{"error": "busy"}]}, status=503)
-        since = int(request.query.get("update_time", "0"))
-        if since >= self.last_update:
-            return web.json_response({
-                "jobs": [], "last_update": {"set": True, "number": 0},
-                "warnings": [{"description": f"No job changes since update_time[{since}]"}],
-            })
-        return web.json_response({"jobs": self.jobs, "last_update": {"set": True, "number": self.last_update},
+        return None
+
+    async def jobs_handler(self, request: web.Request) -> web.Response:
+        if (refused := self._refusal(request)) is not None:
+            return refused
+        return web.json_response({"jobs": self.jobs, "last_update": {"set": True, "number": 1000},
                                   "warnings": [], "errors": []})
+
+    async def states_handler(self, request: web.Request) -> web.Response:
+        """slurmctld's printed ids: "N" for a plain job, "N_T" for task T of an array."""
+        if (refused := self._refusal(request)) is not None:
+            return refused
+        states = []
+        for job in self.jobs:
+            task = (job.get("array_task_id") or {})
+            printed = f"{job['job_id']}_{task['number']}" if task.get("set") else str(job["job_id"])
+            states.append({"job_id": printed, "state": job.get("job_state") or []})
+        return web.json_response({"jobs": states, "warnings": [], "errors": []})
+
+    async def job_handler(self, request: web.Request) -> web.Response:
+        if (refused := self._refusal(request)) is not None:
+            return refused
+        wanted = int(request.match_info["job_id"])
+        return web.json_response({"jobs": [job for job in self.jobs if job["job_id"] == wanted],
+                                  "warnings": [], "errors": []})
+
+    def paths(self) -> list[str]:
+        return [path.removeprefix("/slurm/v0.0.45") for _, path, _ in self.requests]
 
 
 @pytest.fixture
@@ -53,6 +71,8 @@ async def restd(tmp_path: Path) -> AsyncIterator[tuple[FakeRestd, str]]:
     fake = FakeRestd()
     app = web.Application()
     app.router.add_get("/slurm/v0.0.45/jobs/", fake.jobs_handler)
+    app.router.add_get("/slurm/v0.0.45/jobs/state/", fake.states_handler)
+    app.router.add_get("/slurm/v0.0.45/job/{job_id}", fake.job_handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -68,24 +88,100 @@ def _client(url: str, tmp_path: Path, token: str = "good") -> tuple[RestSlurmCli
     return RestSlurmClient(url, "slurm", token_file), token_file
 
 
-async def test_polls_list_jobs_once_per_change_and_none_in_between(
+async def test_the_first_poll_lists_everything_then_only_changed_jobs_are_read(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    """Issue 11: after any change `GET /jobs/` returns every job (~27 KB each in v0.0.45: 16 MB
+    for 600 jobs held the loop for seconds and cost the Lease). The poll reads job states and
+    then only the jobs whose state changed."""
+    fake, url = restd
+    running = fake.jobs[0]
+    fake.jobs = [running, *({**running, "job_id": 5000 + i} for i in range(50))]
+    client, _ = _client(url, tmp_path)
+
+    first = await client.changed_jobs({"sim"})
+    fake.requests.clear()
+    idle = await client.changed_jobs({"sim"})
+    fake.jobs[7] = {**fake.jobs[7], "job_state": ["COMPLETED"]}
+    fake.jobs.append({**running, "job_id": 6000, "job_state": ["PENDING"]})
+    changed = await client.changed_jobs({"sim"})
+    await client.close()
+
+    assert first is not None and len(first.jobs) == 51
+    assert idle is None
+    assert changed is not None
+    assert {job.job_id: job.state for job in changed.jobs}[5006] == "COMPLETED"
+    assert len(changed.jobs) == 52, "the listing stays complete: unchanged jobs keep their view"
+    assert sorted(fake.paths()) == ["/job/5006", "/job/6000", "/jobs/state/", "/jobs/state/"]
+
+
+async def test_a_job_that_leaves_slurmctld_leaves_the_listing(
     restd: tuple[FakeRestd, str], tmp_path: Path
 ) -> None:
     fake, url = restd
+    fake.jobs = [fake.jobs[0], {**fake.jobs[0], "job_id": 77}]
     client, _ = _client(url, tmp_path)
 
-    first = await client.changed_jobs()
-    recheck = await client.changed_jobs()  # once the second of the last change is over
-    idle = await client.changed_jobs()
-    fake.last_update = 1001
-    changed = await client.changed_jobs()
+    await client.changed_jobs({"sim"})
+    del fake.jobs[1]
+    after = await client.changed_jobs({"sim"})
     await client.close()
 
-    assert first is not None and [j.job_id for j in first.jobs] == [fake.jobs[0]["job_id"]]
-    assert recheck is not None, "a change later in the same second as the last read is not lost"
-    assert idle is None
-    assert changed is not None and len(changed.jobs) == 1
-    assert [q for _, _, q in fake.requests[:3]] == ["0", "999", "1000"], "slurmctld's clock, not ours"
+    assert after is not None and [job.job_id for job in after.jobs] == [fake.jobs[0]["job_id"]]
+
+
+async def test_jobs_of_other_partitions_are_read_again_only_until_they_leave_pending(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    """A pending job's partition may still change (`scontrol update Partition=`), so it is read
+    when its state changes; once it ran elsewhere it can never be ours and is not read again."""
+    fake, url = restd
+    elsewhere = {**fake.jobs[0], "job_id": 90, "partition": "cpu", "job_state": ["PENDING"]}
+    moved = {**fake.jobs[0], "job_id": 91, "partition": "cpu", "job_state": ["PENDING"]}
+    fake.jobs = [elsewhere, moved]
+    client, _ = _client(url, tmp_path)
+
+    first = await client.changed_jobs({"sim"})
+    moved_here = {**moved, "partition": "sim", "job_state": ["RUNNING"]}
+    fake.jobs = [{**elsewhere, "job_state": ["RUNNING"]}, moved_here]
+    fake.requests.clear()
+    started = await client.changed_jobs({"sim"})
+    fake.jobs = [{**elsewhere, "job_state": ["COMPLETED"]}, moved_here]
+    reads_before = len(fake.requests)
+    ended_elsewhere = await client.changed_jobs({"sim"})
+    await client.close()
+
+    assert first is not None and first.jobs == ()
+    assert started is not None and [job.job_id for job in started.jobs] == [91]
+    assert sorted(fake.paths()[:reads_before]) == ["/job/90", "/job/91", "/jobs/state/"]
+    assert fake.paths()[reads_before:] == ["/jobs/state/"], "job 90 ran elsewhere: never read again"
+    assert ended_elsewhere is not None and [job.job_id for job in ended_elsewhere.jobs] == [91]
+
+
+async def test_a_job_that_could_not_be_read_is_read_at_the_next_poll(
+    restd: tuple[FakeRestd, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, url = restd
+    monkeypatch.setattr(rest, "GET_ATTEMPTS", 1)
+    client, _ = _client(url, tmp_path)
+    await client.changed_jobs({"sim"})
+    fake.jobs = [{**fake.jobs[0], "job_state": ["COMPLETED"]}]
+
+    real_job = client.job
+    fails = [True]
+
+    async def flaky_job(job_id: int) -> Any:
+        if fails.pop(0) if fails else False:
+            raise rest.SlurmUnavailable("slurmrestd GET /job: timeout")
+        return await real_job(job_id)
+
+    monkeypatch.setattr(client, "job", flaky_job)
+    unread = await client.changed_jobs({"sim"})
+    again = await client.changed_jobs({"sim"})
+    await client.close()
+
+    assert unread is not None and [job.state for job in unread.jobs] == ["RUNNING"]
+    assert again is not None and [job.state for job in again.jobs] == ["COMPLETED"]
 
 
 async def test_a_bad_record_is_skipped_and_other_partitions_are_never_parsed(
@@ -159,7 +255,7 @@ async def test_reads_ride_out_a_short_slurmrestd_outage(restd: tuple[FakeRestd, 
     await client.close()
 
     assert jobs is not None
-    assert len(fake.requests) == 3
+    assert len(fake.requests) == 4  # two refused, then states and the listing
 
 
 async def test_a_big_listing_is_parsed_off_the_event_loop(

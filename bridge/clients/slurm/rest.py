@@ -1,14 +1,15 @@
-"""slurmrestd backend: JWT over aiohttp, polling with `update_time`.
+"""slurmrestd backend: JWT over aiohttp, polling job states and reading only changed jobs.
 
-slurmrestd answers `GET /jobs/?update_time=T` in ~2 ms with an empty list when
-nothing changed since T, so the poll is cheap when idle; after any change it
-returns the full list (not a delta), which the caller diffs.
+`GET /jobs/?update_time=T` returns the full list (not a delta) after any change, ~27 KB a job in
+v0.0.45, so the poll reads `GET /jobs/state/` (~85 bytes a job) instead and then each job whose
+state changed; the full list is read at start and as a periodic safety net (FULL_RESYNC_S).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -45,8 +46,14 @@ class RestSlurmClient:
         self._token: str | None = None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
-        self._last_update = 0
-        self._recheck_second: int | None = None
+        self._states: dict[str, tuple[str, ...]] | None = None
+        """The job states of the last poll, by slurmctld's printed id (None before the first)."""
+        self._bridged: dict[int, JobAllocation] = {}
+        """The last full view of every listed job of the wanted partitions."""
+        self._unreadable: set[int] = set()
+        self._foreign: dict[str, bool] = {}
+        """Jobs of other partitions, by printed id: True while PENDING (may still become ours)."""
+        self._full_read_at = 0.0
         self._reported: set[int] = set()
         self._nodes_last_update = 0
         self._nodes_recheck_second: int | None = None
@@ -109,26 +116,96 @@ class RestSlurmClient:
 
     # -- the SlurmClient verbs --------------------------------------------
     async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
-        since = self._last_update
-        if self._recheck_second is not None and time.time() >= self._recheck_second + 1:
-            # update_time has one-second resolution: a change made later in the
-            # same second as our last full read would look "unchanged". Once that
-            # second is over, read once more from just before it.
-            since, self._recheck_second = self._recheck_second - 1, None
+        """The jobs of `partitions` if any job changed since the previous call, else None.
+
+        Every call reads slurmctld's job states (`/jobs/state/`: ~85 bytes a job), and then the
+        full record only of the jobs whose state changed or that are new; a full listing (~27 KB a
+        job: 16 MB for 600 jobs, which held the event loop for seconds under load and cost the
+        Lease) is read only at the first call and every FULL_RESYNC_S. A job of another partition
+        is read once, and again only when it leaves PENDING (its partition may change until then).
+        """
+        wanted = None if partitions is None else frozenset(partitions)
+        if self._states is None or time.monotonic() - self._full_read_at >= FULL_RESYNC_S:
+            return await self._read_everything(wanted)
         read_at = time.monotonic()
-        body = await self._request("GET", f"/slurm/{API_VERSION}/jobs/", params={"update_time": str(since)})
-        if _says_unchanged(body):
+        states = await self._job_states()
+        if states == self._states:
             return None
-        # slurmctld's own clock, so skew between hosts cannot lose a change.
-        last = int((body.get("last_update") or {}).get("number") or time.time())
-        # Re-read a second once it is over, unless this read already was that re-read.
-        self._recheck_second = None if last == self._last_update else last
-        self._last_update = last
+        previous = self._states
+        self._states = dict(states)
+        changed = [key for key, state in states.items() if previous.get(key) != state]
+        listed_ids = {_id_of(key) for key in states}
+        for key in previous.keys() - states.keys():
+            self._foreign.pop(key, None)
+            job_id = _id_of(key)
+            if job_id not in listed_ids:
+                self._bridged.pop(job_id, None)
+                self._unreadable.discard(job_id)
+        # A job seen in another partition once it runs (or ended) can never become ours.
+        to_read = [key for key in changed if self._foreign.get(key, True)]
+        for key in changed:
+            if key not in to_read:
+                self._foreign[key] = False
+        reads = asyncio.Semaphore(READS_AT_ONCE)
+
+        async def read(key: str) -> None:
+            job_id = _id_of(key)
+            async with reads:
+                try:
+                    alloc = await self.job(job_id)
+                except SlurmUnavailable:
+                    # Unread: forget its state, so the next poll reads it again.
+                    self._states.pop(key, None)
+                    return
+                except (SlurmAuthError, PermanentError):
+                    raise
+                except Exception as error:  # one unparseable record must not fail the poll
+                    self._unreadable.add(job_id)
+                    if job_id not in self._reported:
+                        self._reported.add(job_id)
+                        log.warning("slurm.record_skipped", job_id=job_id, error=repr(error))
+                    return
+            self._unreadable.discard(job_id)
+            self._reported.discard(job_id)
+            if alloc is None:
+                self._bridged.pop(job_id, None)
+                self._foreign.pop(key, None)
+            elif wanted is None or alloc.partition in wanted:
+                self._bridged[job_id] = alloc
+                self._foreign.pop(key, None)
+            else:
+                self._bridged.pop(job_id, None)
+                self._foreign[key] = alloc.state == "PENDING"
+
+        await asyncio.gather(*(read(key) for key in to_read))
+        return JobListing(read_at=read_at, jobs=tuple(self._bridged.values()),
+                          unreadable=frozenset(self._unreadable))
+
+    async def _job_states(self) -> dict[str, tuple[str, ...]]:
+        """slurmctld's job ids (as it prints them: "408_0", "408_[1-99]", "123+1") and states."""
+        body = await self._request("GET", f"/slurm/{API_VERSION}/jobs/state/")
+        if body.get("errors") or not isinstance(body.get("jobs", []), list | None):
+            raise SlurmUnavailable(f"slurmrestd could not list job states: {body.get('errors')}")
+        states: dict[str, tuple[str, ...]] = {}
+        for entry in body.get("jobs") or []:
+            key = str(entry.get("job_id", "")) if isinstance(entry, Mapping) else ""
+            if _LEADING_DIGITS.match(key):
+                states[key] = tuple(str(part) for part in entry.get("state") or ())
+        return states
+
+    async def _read_everything(self, wanted: frozenset[str] | None) -> JobListing:
+        """States first, then the full listing: a change between the two reads is newer in the
+        listing than in the states, so the next poll reads that job again (never misses it)."""
+        states = await self._job_states()
+        read_at = time.monotonic()
+        body = await self._request("GET", f"/slurm/{API_VERSION}/jobs/")
+        if body.get("errors"):
+            raise SlurmUnavailable(f"slurmrestd could not list jobs: {body['errors']}")
         records = body.get("jobs") or []
 
         def parse() -> JobListing:
             return parse_listing(
-                records, read_at=read_at, partitions=partitions,
+                records, read_at=read_at, partitions=wanted,
                 partition_of=lambda raw: str(_field(raw, "partition") or ""),
                 job_id_of=lambda raw: _field(raw, "job_id"),
                 parse=lambda raw: allocation_from_rest(raw, read_at), reported=self._reported,
@@ -137,7 +214,14 @@ class RestSlurmClient:
         # Thousands of records take seconds to parse: in a thread, whose Python code lets the
         # event loop (every attach, log relay and Lease renewal) run between its steps. (Only
         # this poll touches _reported: no race.)
-        return await asyncio.to_thread(parse) if len(records) > OFF_LOOP_RECORDS else parse()
+        listing = await asyncio.to_thread(parse) if len(records) > OFF_LOOP_RECORDS else parse()
+        self._bridged = {alloc.job_id: alloc for alloc in listing.jobs}
+        self._unreadable = set(listing.unreadable)
+        ours = set(self._bridged) | self._unreadable
+        self._foreign = {key: "PENDING" in state for key, state in states.items() if _id_of(key) not in ours}
+        self._states = states
+        self._full_read_at = read_at
+        return listing
 
     async def job(self, job_id: int) -> JobAllocation | None:
         read_at = time.monotonic()
@@ -180,7 +264,9 @@ class RestSlurmClient:
     async def changed_nodes(self, partitions: Collection[str]) -> list[SlurmNode] | None:
         since = self._nodes_last_update
         if self._nodes_recheck_second is not None and time.time() >= self._nodes_recheck_second + 1:
-            since, self._nodes_recheck_second = self._nodes_recheck_second - 1, None  # see changed_jobs
+            # update_time has one-second resolution: a change later in the same second as the last
+            # read would look "unchanged"; once that second is over, read from just before it.
+            since, self._nodes_recheck_second = self._nodes_recheck_second - 1, None
         body = await self._request("GET", f"/slurm/{API_VERSION}/nodes/", params={"update_time": str(since)})
         if body.get("errors"):
             raise SlurmUnavailable(f"slurmrestd could not list nodes: {body['errors']}")
@@ -250,6 +336,18 @@ class SlurmNodeRefused(PermanentError):
 
 OFF_LOOP_RECORDS = 200
 """Listings with more records are parsed in a worker thread."""
+FULL_RESYNC_S = 300.0
+"""How often the whole job listing is read (a safety net: between two, job states decide)."""
+READS_AT_ONCE = 16
+"""Single-job reads in flight at once after a poll found changed jobs."""
+_LEADING_DIGITS = re.compile(r"[0-9]+")
+
+
+def _id_of(printed: str) -> int:
+    """The numeric job id in slurmctld's printed one ("408_3" is job 408, task 3 of its array;
+    "123+1" is component 1 of heterogeneous job 123)."""
+    match = _LEADING_DIGITS.match(printed)
+    return int(match.group()) if match else 0
 
 
 async def decode_json(raw: bytes) -> Any:
@@ -272,10 +370,3 @@ class MalformedAnswer(SlurmAuthError):
 
 def _field(raw: object, key: str) -> object:
     return raw.get(key) if isinstance(raw, Mapping) else None
-
-
-def _says_unchanged(body: dict[str, Any]) -> bool:
-    """slurmrestd's answer to update_time when no job changed: a warning, no jobs."""
-    if body.get("jobs"):
-        return False
-    return any("No job changes" in str(w.get("description", "")) for w in body.get("warnings") or [])

@@ -1,0 +1,45 @@
+"""A daemon that lost its Lease stops, and its supervisor starts a fresh one. Measured on the
+sandbox: with waiters attached, aiohttp's default shutdown (60 s for the handlers to end, then
+60 s more once cancelled) kept the old daemon for 122 s. The API runner cancels open streams
+after API_SHUTDOWN_S instead."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import ClientSession, web
+
+from bridge.manager import daemon
+
+
+async def test_cleanup_cancels_a_stream_that_would_never_end() -> None:
+    handler_cancelled = asyncio.Event()
+    streaming = asyncio.Event()
+
+    async def attach(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"attached\n")
+        streaming.set()
+        try:
+            await asyncio.Event().wait()  # an attached waiter's stream: ends only with its job
+        except asyncio.CancelledError:
+            handler_cancelled.set()
+            raise
+        return response
+
+    app = web.Application()
+    app.router.add_get("/attach", attach)
+    runner = daemon.api_runner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    async with ClientSession() as client:
+        response = await client.get(f"http://127.0.0.1:{port}/attach")
+        await streaming.wait()
+        # The bound only catches a hang; the default shutdown takes 120 s here.
+        await asyncio.wait_for(runner.cleanup(), timeout=30)
+        response.close()
+
+    assert handler_cancelled.is_set()
