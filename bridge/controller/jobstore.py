@@ -86,7 +86,10 @@ class JobStore:
         listed: set[int] = set(listing.unreadable)  # listed, only unreadable: no news about them
         for alloc in listing.jobs:
             listed.add(alloc.job_id)
-            if self._apply(alloc.job_id, alloc, listing.read_at):
+            # Versioned by when the record itself was read: a listing may carry views read
+            # before it (slurmrestd's poll reads only changed jobs), which must not undo a newer
+            # read of one job (a refresh, an attach).
+            if self._apply(alloc.job_id, alloc, alloc.read_at or listing.read_at):
                 changed.add(alloc.job_id)
         for job_id, entry in list(self._entries.items()):
             if job_id in listed or entry.version >= listing.read_at:

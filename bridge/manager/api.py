@@ -37,6 +37,8 @@ MAX_CONCURRENT_VERIFY = 16
 """unmunge processes at most at once: more only add forks on a busy host (munged has few threads)."""
 MAX_WAITING_VERIFY = 512
 """Requests that may wait for an unmunge slot; beyond, they answer 503 and are retried."""
+VERIFY_WAIT_S = 10.0
+"""How long a request waits for an unmunge slot before it answers 503 (and is retried)."""
 HEARTBEAT_S = 10.0
 """Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
 HEARTBEAT = {"type": "heartbeat"}
@@ -182,9 +184,16 @@ class Api:
             raise web.HTTPServiceUnavailable(text="busy checking other credentials; retry")
         self._verify_waiting += 1
         try:
-            await self._verifying.acquire()
+            async with asyncio.timeout(VERIFY_WAIT_S):
+                await self._verifying.acquire()
+        except TimeoutError:
+            raise web.HTTPServiceUnavailable(text="busy checking other credentials; retry") from None
         finally:
             self._verify_waiting -= 1
+        if not self.ready():
+            # It lost the Lease while this request waited.
+            self._verifying.release()
+            raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
         try:
             who = await munge.verify(credential, self.unmunge_command)
         except munge.MungeUnavailable as error:
@@ -535,7 +544,8 @@ class Api:
         refused before it opened took nothing from the feed, so it is tried again (as a task's)."""
         return await _until_started(
             lambda: self.reconciler.kube.exec_feeding(pod, [AGENT, "step-output", key], feed),
-            lambda: True, log.bind(job_id=job_id, pod=pod, step_key=key, what="step-output"))
+            lambda: self.reconciler.current_step(job_id, key) is not None,
+            log.bind(job_id=job_id, pod=pod, step_key=key, what="step-output"))
 
     async def _relay_frames(
         self, request: web.Request, stream_key: bytes, feed: asyncio.Queue[bytes | None],

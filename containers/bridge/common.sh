@@ -121,10 +121,7 @@ slurm_side_up() {
   write_job_submit_settings "$1"
   cp "$SBX_REPO/deploy/slurm/job_submit.lua" "$SLURM_ETC/job_submit.lua"
   local node
-  # Niced: on this one small machine they stand for the slurmd hosts, whose hundreds of waiters
-  # and slurmstepds starting at once must not starve the control plane (etcd, the API server, the
-  # bridge's Lease), which in production runs on hosts of its own.
-  for node in $(bridged_nodes); do start_slurmd "$node" "${SBX_BRIDGED_SLURMD_NICE:-10}"; done
+  for node in $(bridged_nodes); do start_slurmd "$node"; done
   # Up means responding: a node drained (by an admin, or by Slurm after a refused launch) counts.
   for node in $(bridged_nodes); do
     wait_for "slurmd $node" 30 sh -c "'$SLURM_DIR/cli.sh' sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated|drain|drained|draining)'"

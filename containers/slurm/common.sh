@@ -33,9 +33,8 @@ node_port() {
   return 1
 }
 
-# start_slurmd NODE [NICENESS]: one slurmd for NODE, chrooted like the other daemons. Its
-# slurmstepds and their jobs inherit the niceness.
+# start_slurmd NODE: one slurmd for NODE, chrooted like the other daemons.
 start_slurmd() {
   mkdir -p "$SLURM_STATE/slurmd/$1"
-  start_bg "slurmd-$1" nice -n "${2:-0}" "$SLURM_DIR/in-ns.sh" slurmd -D -N "$1"
+  start_bg "slurmd-$1" "$SLURM_DIR/in-ns.sh" slurmd -D -N "$1"
 }

@@ -128,3 +128,26 @@ async def test_the_exec_says_not_started_for_a_refused_upgrade_only() -> None:
     assert refused is ExecNotStarted and nothing == []
     assert output[:1] == [(1, b"started\n")]
     assert dropped is not ExecNotStarted
+
+
+def test_only_errors_that_prove_the_command_never_ran_count_as_not_started() -> None:
+    """A timeout or a dropped connection during the upgrade may come after the kubelet started
+    the command (running it again would run the task twice); 401/403/404 cannot get better."""
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from bridge.clients.kube.actions import _refused_before_running
+
+    def handshake(status: int) -> aiohttp.WSServerHandshakeError:
+        return aiohttp.WSServerHandshakeError(None, (), status=status)  # type: ignore[arg-type]
+
+    key = ConnectionKey("127.0.0.1", 6443, True, None, None, None, None)
+    assert _refused_before_running(handshake(500))
+    assert _refused_before_running(handshake(400))
+    assert _refused_before_running(ApiException(status=503))
+    assert _refused_before_running(aiohttp.ClientConnectorError(key, OSError(111, "refused")))
+    assert not _refused_before_running(handshake(403))
+    assert not _refused_before_running(ApiException(status=404))
+    assert not _refused_before_running(TimeoutError())
+    assert not _refused_before_running(aiohttp.ServerDisconnectedError())

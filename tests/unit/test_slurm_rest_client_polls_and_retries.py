@@ -180,8 +180,60 @@ async def test_a_job_that_could_not_be_read_is_read_at_the_next_poll(
     again = await client.changed_jobs({"sim"})
     await client.close()
 
-    assert unread is not None and [job.state for job in unread.jobs] == ["RUNNING"]
+    job_id = fake.jobs[0]["job_id"]
+    assert unread is not None and unread.jobs == (), "its old view must not come back as new"
+    assert unread.unreadable == {job_id}, "listed (not gone), without a view"
     assert again is not None and [job.state for job in again.jobs] == ["COMPLETED"]
+    assert again.unreadable == frozenset()
+
+
+async def test_a_poll_that_fails_for_good_loses_no_change(
+    restd: tuple[FakeRestd, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five jobs end and reading one of them is refused: the poll fails, and the next one must
+    still see all five endings (a review found them lost until the 5-minute full listing)."""
+    fake, url = restd
+    running = fake.jobs[0]
+    fake.jobs = [{**running, "job_id": 700 + i} for i in range(5)]
+    client, _ = _client(url, tmp_path)
+    await client.changed_jobs({"sim"})
+    fake.jobs = [{**job, "job_state": ["COMPLETED"]} for job in fake.jobs]
+    real_job = client.job
+
+    async def refused_once(job_id: int) -> Any:
+        if job_id == 702 and not refused:
+            refused.append(job_id)
+            raise rest.MalformedAnswer("slurmrestd sent a malformed answer")
+        return await real_job(job_id)
+
+    refused: list[int] = []
+    monkeypatch.setattr(client, "job", refused_once)
+    with pytest.raises(rest.MalformedAnswer):
+        await client.changed_jobs({"sim"})
+    after = await client.changed_jobs({"sim"})
+    await client.close()
+
+    assert after is not None
+    assert {job.job_id: job.state for job in after.jobs} == {700 + i: "COMPLETED" for i in range(5)}
+
+
+async def test_a_pending_array_is_read_once_not_once_per_task(
+    restd: tuple[FakeRestd, str], tmp_path: Path
+) -> None:
+    """slurmrestd lists a pending array task by task ("408_0" ... "408_599"), all job 408."""
+    fake, url = restd
+    client, _ = _client(url, tmp_path)
+    await client.changed_jobs({"sim"})
+    array = {**fake.jobs[0], "job_id": 408, "job_state": ["PENDING"]}
+    tasks = ({**array, "array_task_id": {"set": True, "number": task}} for task in range(60))
+    fake.jobs = [fake.jobs[0], *tasks]
+    fake.requests.clear()
+
+    listing = await client.changed_jobs({"sim"})
+    await client.close()
+
+    assert listing is not None and 408 in {job.job_id for job in listing.jobs}
+    assert sorted(fake.paths()) == ["/job/408", "/jobs/state/"]
 
 
 async def test_a_bad_record_is_skipped_and_other_partitions_are_never_parsed(

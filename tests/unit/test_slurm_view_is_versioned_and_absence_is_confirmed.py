@@ -142,3 +142,19 @@ async def test_pods_of_a_job_no_listing_ever_showed_are_only_deleted_once_slurm_
     await poller.poll_once()
     await reconciler.reconcile(42)
     assert kube.deleted == ["slurm-42-0"]
+
+
+async def test_a_listing_carrying_an_older_read_of_a_job_does_not_undo_a_newer_one() -> None:
+    """slurmrestd's poll reads only the jobs whose state changed: the rest of its listing is
+    views read at earlier polls. Such a view, older than a read of the job made since (the
+    attach's), must not replace it, although the listing itself is newer."""
+    reconciler, poller, slurm, kube, _ = world()
+    earlier_read = replace(allocation(), read_at=time.monotonic(), state="PENDING", nodes=())
+    await attach_and_start(reconciler, slurm, kube)  # the attach read it RUNNING, later
+    slurm.listings.append(JobListing(read_at=time.monotonic(), jobs=(earlier_read,)))
+
+    await poller.poll_once()
+
+    view = reconciler.jobs.get(42)
+    assert view is not None and view.alloc is not None
+    assert view.alloc.state == "RUNNING"

@@ -47,6 +47,17 @@ is fine: its relay resumes after the last line it saw (reconcile._relay_logs).""
 STREAM_OPENS_AT_ONCE = 32
 
 
+def _refused_before_running(error: BaseException) -> bool:
+    """An exec error that proves its command never ran: the upgrade answered with a status (a
+    kubelet's 500, a container not running yet), or no connection at all. A timeout or a
+    dropped connection during the upgrade may come after the kubelet started the command; and
+    401/403/404 (credentials, RBAC, a pod gone) are not worth trying again."""
+    status = error.status if isinstance(error, ApiException | aiohttp.WSServerHandshakeError) else None
+    if status is not None:
+        return status not in (401, 403, 404)
+    return isinstance(error, aiohttp.ClientConnectorError)
+
+
 class KubeActions:
     """Pod verbs in one namespace."""
 
@@ -174,11 +185,11 @@ class KubeActions:
             except ApiException as error:
                 what = f"exec in pod {pod_name}"
                 refused = error_for_status(error.status or 500, error.body or b"", what)
-                if not started:
+                if not started and _refused_before_running(error):
                     raise ExecNotStarted(str(refused)) from error
                 raise refused from error
             except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                if not started:
+                if not started and _refused_before_running(error):
                     raise ExecNotStarted(f"cannot exec in pod {pod_name}: {error}") from error
                 raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
         finally:
@@ -250,11 +261,11 @@ class KubeActions:
                     sender.cancel()
         except ApiException as error:
             refused = error_for_status(error.status or 500, error.body or b"", f"exec in pod {pod_name}")
-            if not started:
+            if not started and _refused_before_running(error):
                 raise ExecNotStarted(str(refused)) from error
             raise refused from error
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            if not started:
+            if not started and _refused_before_running(error):
                 raise ExecNotStarted(f"cannot exec in pod {pod_name}: {error}") from error
             raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
         finally:

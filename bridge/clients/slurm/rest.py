@@ -125,15 +125,82 @@ class RestSlurmClient:
         is read once, and again only when it leaves PENDING (its partition may change until then).
         """
         wanted = None if partitions is None else frozenset(partitions)
-        if self._states is None or time.monotonic() - self._full_read_at >= FULL_RESYNC_S:
+        if self._states is None:
             return await self._read_everything(wanted)
+        if time.monotonic() - self._full_read_at >= FULL_RESYNC_S:
+            try:
+                return await self._read_everything(wanted)
+            except SlurmUnavailable as error:
+                # The big read failing (under the load that makes it slow) must not stop the
+                # small ones: try it again later, poll the states meanwhile.
+                self._full_read_at = time.monotonic() - FULL_RESYNC_S + FULL_RESYNC_RETRY_S
+                log.warning("slurm.full_listing_failed", error=str(error))
         read_at = time.monotonic()
         states = await self._job_states()
-        if states == self._states:
-            return None
         previous = self._states
-        self._states = dict(states)
+        if states == previous:
+            return None
         changed = [key for key, state in states.items() if previous.get(key) != state]
+        # A job of another partition that ran there can never become ours, unless it is pending
+        # again (requeued), when `scontrol update Partition=` may move it.
+        by_id: dict[int, list[str]] = {}
+        for key in changed:
+            if self._foreign.get(key, True) or "PENDING" in states[key]:
+                by_id.setdefault(_id_of(key), []).append(key)
+        # One read per job: a pending array's tasks share its id until they start.
+        reads = asyncio.Semaphore(READS_AT_ONCE)
+
+        async def read(job_id: int) -> JobAllocation | BaseException | None:
+            async with reads:
+                try:
+                    return await self.job(job_id)
+                except (SlurmAuthError, PermanentError):
+                    raise
+                except Exception as error:  # this job's read failed or its record is unparseable
+                    return error
+
+        try:
+            async with asyncio.TaskGroup() as group:  # one failing for good cancels the others
+                tasks = {job_id: group.create_task(read(job_id)) for job_id in by_id}
+        except BaseExceptionGroup as failed:
+            self._states = None  # nothing of this poll is committed: read everything next time
+            raise failed.exceptions[0] from None
+        # Commit only now, and only what was read: a key whose read failed keeps its old state,
+        # so the next poll reads it again.
+        unread: set[int] = set()
+        for job_id, task in tasks.items():
+            outcome = task.result()
+            if isinstance(outcome, BaseException):
+                unread.add(job_id)
+                # Its old view must not come back stamped as new: listed, without a view.
+                self._bridged.pop(job_id, None)
+                if not isinstance(outcome, SlurmUnavailable) and job_id not in self._reported:
+                    self._reported.add(job_id)
+                    log.warning("slurm.record_skipped", job_id=job_id, error=repr(outcome))
+                continue
+            self._reported.discard(job_id)
+            ours = outcome is not None and (wanted is None or outcome.partition in wanted)
+            if outcome is None:
+                self._bridged.pop(job_id, None)
+            elif ours:
+                self._bridged[job_id] = outcome
+            else:
+                self._bridged.pop(job_id, None)
+            for key in by_id[job_id]:
+                if ours or outcome is None:
+                    self._foreign.pop(key, None)
+                else:
+                    self._foreign[key] = "PENDING" in states[key]
+        committed = dict(states)
+        for job_id in unread:
+            for key in by_id[job_id]:
+                if key in previous:
+                    committed[key] = previous[key]
+                else:
+                    committed.pop(key, None)
+        for key in changed:
+            if _id_of(key) not in by_id:
+                self._foreign[key] = False
         listed_ids = {_id_of(key) for key in states}
         for key in previous.keys() - states.keys():
             self._foreign.pop(key, None)
@@ -141,48 +208,16 @@ class RestSlurmClient:
             if job_id not in listed_ids:
                 self._bridged.pop(job_id, None)
                 self._unreadable.discard(job_id)
-        # A job seen in another partition once it runs (or ended) can never become ours.
-        to_read = [key for key in changed if self._foreign.get(key, True)]
-        for key in changed:
-            if key not in to_read:
-                self._foreign[key] = False
-        reads = asyncio.Semaphore(READS_AT_ONCE)
-
-        async def read(key: str) -> None:
-            job_id = _id_of(key)
-            async with reads:
-                try:
-                    alloc = await self.job(job_id)
-                except SlurmUnavailable:
-                    # Unread: forget its state, so the next poll reads it again.
-                    self._states.pop(key, None)
-                    return
-                except (SlurmAuthError, PermanentError):
-                    raise
-                except Exception as error:  # one unparseable record must not fail the poll
-                    self._unreadable.add(job_id)
-                    if job_id not in self._reported:
-                        self._reported.add(job_id)
-                        log.warning("slurm.record_skipped", job_id=job_id, error=repr(error))
-                    return
-            self._unreadable.discard(job_id)
-            self._reported.discard(job_id)
-            if alloc is None:
-                self._bridged.pop(job_id, None)
-                self._foreign.pop(key, None)
-            elif wanted is None or alloc.partition in wanted:
-                self._bridged[job_id] = alloc
-                self._foreign.pop(key, None)
-            else:
-                self._bridged.pop(job_id, None)
-                self._foreign[key] = alloc.state == "PENDING"
-
-        await asyncio.gather(*(read(key) for key in to_read))
+        self._states = committed
+        self._unreadable = (self._unreadable - set(tasks)) | unread
+        self._unreadable &= listed_ids
         return JobListing(read_at=read_at, jobs=tuple(self._bridged.values()),
                           unreadable=frozenset(self._unreadable))
 
     async def _job_states(self) -> dict[str, tuple[str, ...]]:
-        """slurmctld's job ids (as it prints them: "408_0", "408_[1-99]", "123+1") and states."""
+        """slurmctld's job ids as it prints them ("408_3": task 3 of an array, job 408 while it
+        is pending with its array, its own id once it started; "124+1": a heterogeneous job's
+        component) and their states."""
         body = await self._request("GET", f"/slurm/{API_VERSION}/jobs/state/")
         if body.get("errors") or not isinstance(body.get("jobs", []), list | None):
             raise SlurmUnavailable(f"slurmrestd could not list job states: {body.get('errors')}")
@@ -338,6 +373,8 @@ OFF_LOOP_RECORDS = 200
 """Listings with more records are parsed in a worker thread."""
 FULL_RESYNC_S = 300.0
 """How often the whole job listing is read (a safety net: between two, job states decide)."""
+FULL_RESYNC_RETRY_S = 30.0
+"""After a failed full listing, how long the poll reads only states before trying it again."""
 READS_AT_ONCE = 16
 """Single-job reads in flight at once after a poll found changed jobs."""
 _LEADING_DIGITS = re.compile(r"[0-9]+")
