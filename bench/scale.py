@@ -17,11 +17,13 @@ On this one 2-core VM the slurmd "hosts" share the CPU with the control plane (e
 server, slurmctld, the bridge), which in production run on hosts of their own. Hundreds of
 waiters and slurmstepds starting at once starved the API server until Lease renewals took over
 5 s and the bridge lost its Lease. So while it runs, the benchmark puts every slurmd (native and
-bridged alike, so both runs pay the same) in one CPU cgroup of low weight (`--job-hosts-weight`,
-0 to leave them be), and moves them back after. 300 tasks is what fits (the default): at 1,000
-slurmstepds took 7-16 s to start and Slurm drained nodes ("Prolog error").
+bridged alike, so both runs pay the same) in one CPU cgroup (`--job-hosts-weight`, default 100:
+all of them together weigh as one process; 0 leaves them be), and moves them back after. At
+weight 25 slurmstepds took so long to start that Slurm requeued tasks ("Prolog error"). 300
+tasks is what fits (the default): at 1,000, slurmstepds took 7-16 s to start and Slurm drained
+nodes.
 
-Usage: .venv/bin/python bench/scale.py [--tasks 300] [--run-time 1s] [--job-hosts-weight 25]
+Usage: .venv/bin/python bench/scale.py [--tasks 300] [--run-time 1s] [--job-hosts-weight 100]
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=int(os.environ.get("BENCH_TASKS", "300")))
     parser.add_argument("--run-time", default=os.environ.get("BENCH_RUN_TIME", "1s"))
     parser.add_argument("--job-hosts-weight", type=int,
-                        default=int(os.environ.get("BENCH_JOB_HOSTS_WEIGHT", "25")))
+                        default=int(os.environ.get("BENCH_JOB_HOSTS_WEIGHT", "100")))
     args = parser.parse_args()
     with slurmds_in_cpu_group(args.job_hosts_weight) as group:
         run(args, group)
