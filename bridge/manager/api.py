@@ -7,6 +7,7 @@ import base64
 import contextlib
 import hmac
 import json
+import random
 import re
 import signal
 import time
@@ -67,6 +68,8 @@ TASK_START_FIRST_RETRY_S = 0.25
 TASK_START_MAX_RETRY_S = 4.0
 
 T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NOT_ACTING = "this bridge replica is not acting (standby or syncing)"
 TaskId = tuple[int, str, str]
 """(job id, step key, SLURM_PROCID)."""
 
@@ -86,7 +89,8 @@ async def _until_started(
             if loop.time() + delay > deadline or not still_wanted():
                 raise
             bound.info("exec.retried", error=str(error))
-            await asyncio.sleep(delay)
+            # Jittered: the tasks of a burst refused together must not come back together.
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, TASK_START_MAX_RETRY_S)
 
 
@@ -124,8 +128,19 @@ class Api:
         self._early_signal_owner: dict[TaskId, int] = {}
         self._step_streams: set[tuple[int, int | None, str]] = set()
 
+    @web.middleware
+    async def _turn_away_early(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Refuse what _identify would refuse anyway before the handler reads a body of up to
+        8 MB: hundreds of requests queued for unmunge must not each hold one."""
+        if request.path.startswith("/v1/"):
+            if not self.ready():
+                raise web.HTTPServiceUnavailable(text=NOT_ACTING)
+            if self._verifying.locked() and self._verify_waiting >= MAX_WAITING_VERIFY:
+                raise web.HTTPServiceUnavailable(text="busy checking other credentials; retry")
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[self._turn_away_early])
         app.add_routes([
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
@@ -176,7 +191,7 @@ class Api:
         if not self.ready():
             # A standby (or a replica still syncing) must not act; the waiter retries, and the
             # Service (selecting the leader's pod label, or routing on /readyz) finds the leader.
-            raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
+            raise web.HTTPServiceUnavailable(text=NOT_ACTING)
         credential = request.headers.get("X-Munge-Credential", "")
         if self._verifying.locked() and self._verify_waiting >= MAX_WAITING_VERIFY:
             # Each check runs unmunge: a flood of requests (anyone may send them) must neither
@@ -193,7 +208,7 @@ class Api:
         if not self.ready():
             # It lost the Lease while this request waited.
             self._verifying.release()
-            raise web.HTTPServiceUnavailable(text="this bridge replica is not acting (standby or syncing)")
+            raise web.HTTPServiceUnavailable(text=NOT_ACTING)
         try:
             who = await munge.verify(credential, self.unmunge_command)
         except munge.MungeUnavailable as error:
@@ -341,7 +356,7 @@ class Api:
             self._in_background(self._deliver_task_signals(pod, pidfile, early, job_id))
         try:
             code = await self._run_task(
-                response, job_id, node, key, pod, [AGENT, "task", pidfile, encoded, "--", *command])
+                response, job_id, key, pod, [AGENT, "task", pidfile, encoded, "--", *command])
         except (asyncio.CancelledError, ConnectionResetError):
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
             # stream does not stop its process, so the task is killed in the pod.
@@ -359,16 +374,15 @@ class Api:
         return response
 
     async def _run_task(
-        self, response: web.StreamResponse, job_id: int, node: str, key: str, pod: str,
-        argv: list[str],
+        self, response: web.StreamResponse, job_id: int, key: str, pod: str, argv: list[str],
     ) -> bytes:
         """Run one task in its pod and stream its output to the proxy; its exit code. An exec the
         kubelet refused before it opened (the pod's container still starting, a busy kubelet: an
         HTTP 500 under load) ran nothing, so it is tried again."""
 
         async def attempt() -> bytes:
-            current = self.reconciler.task_pod(job_id, node) or pod
-            async for channel, data in self.reconciler.kube.exec_stream(current, argv):
+            # Always this pod: the step belongs to its run (a requeue's pods are another run's).
+            async for channel, data in self.reconciler.kube.exec_stream(pod, argv):
                 if channel == 0:
                     return data
                 line = {"fd": channel, "data": base64.b64encode(data).decode()}
@@ -453,6 +467,17 @@ class Api:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def finish_background(self, timeout_s: float) -> int:
+        """Let the work handed off by requests end (above all the kills of the tasks whose
+        proxies went away as the daemon stopped: else they run on in their pods); how many
+        were still running after `timeout_s` (then cancelled)."""
+        if not self._background:
+            return 0
+        _, pending = await asyncio.wait(set(self._background), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        return len(pending)
 
     async def step_done(self, request: web.Request) -> web.Response:
         """The waiter's srun for a step ended: the script's srun gets its exit code."""

@@ -270,6 +270,11 @@ async def run(cfg: BridgeConfig) -> int:
         for session in reconciler.sessions:
             session.detach()
         await runner.cleanup()
+        # The handlers cancelled by the cleanup handed their tasks' kills to the background:
+        # they need the Kubernetes clients, closed just below.
+        left = await api.finish_background(BACKGROUND_FINISH_S)
+        if left:
+            log.warning("daemon.background_cancelled", left=left)
         await slurm.close()
         await api_client.close()
         await stream_client.close()
@@ -315,6 +320,7 @@ async def watch_loop_lag(metrics: Metrics, probe_s: float = LOOP_LAG_PROBE_S) ->
             log.warning("daemon.loop_lagged", lag_s=round(lag, 2), load_1m=round(os.getloadavg()[0], 1))
 
 
+BACKGROUND_FINISH_S = 10.0
 API_SHUTDOWN_S = 3.0
 """How long a stopping daemon lets its open requests (attached waiters' streams) end on their own
 before it cancels them. aiohttp's default (60 s, spent twice) kept a daemon that had lost its
