@@ -170,6 +170,14 @@ async def test_a_quiet_attach_stream_carries_heartbeats(
         response.close()
 
 
+def _api_with_slow_unmunge(tmp_path: Path, seconds: float) -> Api:
+    """An Api whose unmunge takes `seconds` for each credential."""
+    script = tmp_path / "unmunge.py"
+    script.write_text(f"import sys, time\ntime.sleep({seconds})\n" + UNMUNGE_OK)
+    reconciler = Reconciler(config(), Slurm(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
+    return Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(script)))
+
+
 async def test_credential_checks_are_capped_and_the_rest_retried(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -177,11 +185,7 @@ async def test_credential_checks_are_capped_and_the_rest_retried(
     allowed to wait for it, 503 (retried)."""
     monkeypatch.setattr(api_module, "MAX_CONCURRENT_VERIFY", 1)
     monkeypatch.setattr(api_module, "MAX_WAITING_VERIFY", 0)
-    script = tmp_path / "unmunge.py"
-    script.write_text("import sys, time\ntime.sleep(1)\n" + UNMUNGE_OK)
-    reconciler = Reconciler(config(), Slurm(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
-    api = Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(script)))
-    async with TestClient(TestServer(api.app())) as client:
+    async with TestClient(TestServer(_api_with_slow_unmunge(tmp_path, 1.0).app())) as client:
         cancel = "/v1/jobs/42/cancel"
         slow = asyncio.ensure_future(client.post(cancel, data=b"{}", headers={"X-Munge-Credential": "x"}))
         await asyncio.sleep(0.3)
@@ -198,11 +202,7 @@ async def test_a_burst_of_credential_checks_waits_for_a_slot_instead_of_failing(
     """300 waiters attaching at once: beyond the unmunge slots, requests wait (up to
     MAX_WAITING_VERIFY) rather than each coming back later with a new connection and fork."""
     monkeypatch.setattr(api_module, "MAX_CONCURRENT_VERIFY", 1)
-    script = tmp_path / "unmunge.py"
-    script.write_text("import sys, time\ntime.sleep(0.3)\n" + UNMUNGE_OK)
-    reconciler = Reconciler(config(), Slurm(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
-    api = Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(script)))
-    async with TestClient(TestServer(api.app())) as client:
+    async with TestClient(TestServer(_api_with_slow_unmunge(tmp_path, 0.3).app())) as client:
         cancel = "/v1/jobs/42/cancel"
         answers = await asyncio.gather(*(
             client.post(cancel, data=b"{}", headers={"X-Munge-Credential": f"c{i}"}) for i in range(3)))

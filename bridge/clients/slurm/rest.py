@@ -167,30 +167,8 @@ class RestSlurmClient:
             raise failed.exceptions[0] from None
         # Commit only now, and only what was read: a key whose read failed keeps its old state,
         # so the next poll reads it again.
-        unread: set[int] = set()
-        for job_id, task in tasks.items():
-            outcome = task.result()
-            if isinstance(outcome, BaseException):
-                unread.add(job_id)
-                # Its old view must not come back stamped as new: listed, without a view.
-                self._bridged.pop(job_id, None)
-                if not isinstance(outcome, SlurmUnavailable) and job_id not in self._reported:
-                    self._reported.add(job_id)
-                    log.warning("slurm.record_skipped", job_id=job_id, error=repr(outcome))
-                continue
-            self._reported.discard(job_id)
-            ours = outcome is not None and (wanted is None or outcome.partition in wanted)
-            if outcome is None:
-                self._bridged.pop(job_id, None)
-            elif ours:
-                self._bridged[job_id] = outcome
-            else:
-                self._bridged.pop(job_id, None)
-            for key in by_id[job_id]:
-                if ours or outcome is None:
-                    self._foreign.pop(key, None)
-                else:
-                    self._foreign[key] = "PENDING" in states[key]
+        unread = {job_id for job_id, task in tasks.items()
+                  if not self._record_read(job_id, task.result(), by_id[job_id], states, wanted)}
         committed = dict(states)
         for job_id in unread:
             for key in by_id[job_id]:
@@ -213,6 +191,31 @@ class RestSlurmClient:
         self._unreadable &= listed_ids
         return JobListing(read_at=read_at, jobs=tuple(self._bridged.values()),
                           unreadable=frozenset(self._unreadable))
+
+    def _record_read(
+        self, job_id: int, outcome: JobAllocation | BaseException | None, keys: list[str],
+        states: dict[str, tuple[str, ...]], wanted: frozenset[str] | None,
+    ) -> bool:
+        """Keep what one job's read found; False if the read failed (then it is listed without
+        a view: its old one must not come back stamped as new)."""
+        if isinstance(outcome, BaseException):
+            self._bridged.pop(job_id, None)
+            if not isinstance(outcome, SlurmUnavailable) and job_id not in self._reported:
+                self._reported.add(job_id)
+                log.warning("slurm.record_skipped", job_id=job_id, error=repr(outcome))
+            return False
+        self._reported.discard(job_id)
+        elsewhere = outcome is not None and wanted is not None and outcome.partition not in wanted
+        if outcome is not None and not elsewhere:
+            self._bridged[job_id] = outcome
+        else:
+            self._bridged.pop(job_id, None)
+        for key in keys:
+            if elsewhere:
+                self._foreign[key] = "PENDING" in states[key]
+            else:
+                self._foreign.pop(key, None)
+        return True
 
     async def _job_states(self) -> dict[str, tuple[str, ...]]:
         """slurmctld's job ids as it prints them ("408_3": task 3 of an array, job 408 while it
