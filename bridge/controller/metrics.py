@@ -4,7 +4,7 @@ a second daemon in one process never share series."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,7 +14,9 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
@@ -89,5 +91,26 @@ class Metrics:
         self._gauges.add(name)
         Gauge(PREFIX + name, help_text, registry=self.registry).set_function(read)
 
+    def counters_from(self, name: str, help_text: str, label: str,
+                      read: Callable[[], Mapping[str, float]]) -> None:
+        """A counter that another layer keeps (`read` gives its totals by `label` value), read
+        when scraped: e.g. the API requests the Kubernetes client sent."""
+        if name in self._gauges:
+            return
+        self._gauges.add(name)
+        self.registry.register(_CountersRead(PREFIX + name.removesuffix("_total"), help_text, label, read))
+
     def render(self) -> str:
         return generate_latest(self.registry).decode()
+
+
+class _CountersRead(Collector):
+    def __init__(self, name: str, help_text: str, label: str,
+                 read: Callable[[], Mapping[str, float]]) -> None:
+        self._name, self._help, self._label, self._read = name, help_text, label, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._help, labels=[self._label])
+        for value, total in sorted(self._read().items()):
+            family.add_metric([value], total)
+        yield family

@@ -683,8 +683,9 @@ def _runs_agent(pod: dict[str, Any]) -> bool:
 
 def _with_output(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The pods whose logs carry the job's output: with the agent only the first node's (the
-    others hold their node and print nothing), else every pod's."""
-    return [p for p in pods if not _runs_agent(p) or (node_index_of(p) or 0) == 0]
+    others hold their node and print nothing), else every pod's; none of a simulated partition."""
+    return [p for p in pods if _annotation(p, wellknown.ANNOTATION_OUTPUT) != wellknown.OUTPUT_NONE
+            and (not _runs_agent(p) or (node_index_of(p) or 0) == 0)]
 
 
 def _annotation(pod: dict[str, Any], key: str) -> str | None:

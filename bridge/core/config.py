@@ -95,6 +95,11 @@ class PartitionConfig:
     """Extra annotations on every pod of the partition (cost centres, a policy engine's hints, a
     simulator's stage). `${NAME}` in a value is replaced by the job's environment variable NAME
     (empty when unset), e.g. `"example.com/account" = "${SLURM_JOB_ACCOUNT}"`."""
+    simulated: bool = False
+    """The nodes are simulated (kwok): pods run no containers, so the daemon reads no output
+    from them (kwok serves no logs: every read would fail and be retried until the job's end
+    waited it out); the -o/-e files get only what the waiter itself writes. Pods end as the
+    simulator's stages say (see pod_annotations)."""
 
 
 @dataclass(frozen=True)
@@ -540,6 +545,7 @@ def _partition(t: _Table) -> PartitionConfig:
         volumes=volumes,
         tolerations=tuple(_toleration(x) for x in t.tables("tolerations")),
         pod_annotations=_pod_annotations(t.table("pod_annotations")),
+        simulated=t.get_bool("simulated", False),
     )
     t.done()
     return cfg

@@ -454,6 +454,8 @@ def _pod(
         # nodes' pods hold their share of the allocation.
         command = ([agent_path, "run", wellknown.AGENT_PIDFILE, mode, "--", *command] if index == 0
                    else [agent_path, "wait"])
+    if part.simulated:
+        annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_NONE
     container: dict[str, Any] = {
         "name": wellknown.CONTAINER_NAME,
         "image": image,

@@ -109,6 +109,8 @@ ANNOTATION_OUTPUT: Final = PREFIX + "output"
 """`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
 
 OUTPUT_FRAMED: Final = "framed"
+OUTPUT_NONE: Final = "none"
+"""On pods of a simulated partition: there is no output to read."""
 
 RESERVED_VOLUMES: Final = frozenset({SCRIPT_VOLUME, SHM_VOLUME, AGENT_VOLUME})
 """Volume names the bridge adds itself."""

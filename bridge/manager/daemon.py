@@ -26,7 +26,7 @@ from aiohttp import web
 
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
-from bridge.clients.kube.client import make_api_client
+from bridge.clients.kube.client import REQUESTS_SENT, make_api_client
 from bridge.clients.kube.leader_pod import LeaderPodLabel, OwnPod
 from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.kube.watch import ListWatcher, PodWatcher
@@ -195,6 +195,8 @@ async def run(cfg: BridgeConfig) -> int:
     metrics.gauge("node_watch_events", "Node watch events applied.", lambda: float(node_watcher.events))
     metrics.gauge("watch_events", "Pod watch events applied.", lambda: float(watcher.events))
     metrics.gauge("watch_relists", "Pod watch relists.", lambda: float(watcher.relists))
+    metrics.counters_from("kube_requests_total", "Requests sent to the Kubernetes API server, by verb.",
+                          "verb", lambda: dict(REQUESTS_SENT))
     metrics.gauge("leader", "1 while this replica holds the Lease and acts.", lambda: float(leading()))
     metrics.gauge("ready", "1 when caches are synced and this replica acts.", lambda: float(ready()))
 

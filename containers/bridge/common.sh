@@ -71,6 +71,8 @@ mount_path = "/scratch"
 
 [partitions.sim]
 default_image = "sandbox.local/busybox:1"
+# kwok nodes run no containers and serve no logs: the daemon reads no output from them.
+simulated = true
 # kwok's pod stages (containers/kube/kwok.yaml) end a simulated pod after the delay, with the exit
 # code; a job picks them with --export=...,SIM_RUN_TIME=30s,SIM_EXIT_CODE=3.
 [partitions.sim.pod_annotations]

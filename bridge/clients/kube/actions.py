@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
-from bridge.clients.kube.client import iter_lines, request, request_json
+from bridge.clients.kube.client import REQUESTS_SENT, iter_lines, request, request_json
 from bridge.clients.kube.errors import (
     KubeConflict,
     KubeForbidden,
@@ -130,12 +130,17 @@ class KubeActions:
     async def get_node(self, name: str) -> dict[str, Any]:
         return await request_json(self._api, "GET", f"/api/v1/nodes/{name}", f"get node {name}")
 
+    def _exec_client(self) -> WsApiClient:
+        """A client for one exec (a websocket upgrade of its own), counted as a request."""
+        REQUESTS_SENT["EXEC"] += 1
+        return WsApiClient(configuration=self._api.configuration)
+
     async def exec_in_pod(
         self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
     ) -> str:
         """Run `command` in a container of the pod (the exec subresource, over a websocket) and
         return what it printed. Used only with the bridge's own agent (`agent signal`)."""
-        ws = WsApiClient(configuration=self._api.configuration)
+        ws = self._exec_client()
         try:
             # Bounded: the command is the agent's (signal, step-done), which ends at once; a user
             # who replaced it in their pod must not hold the daemon.
@@ -161,7 +166,7 @@ class KubeActions:
         Raises ExecNotStarted when the exec was refused before it opened (a container not yet
         running, a kubelet or API server that failed the upgrade): the command did not run, so
         the caller may try again; any later error may come after the command started."""
-        ws_client = WsApiClient(configuration=self._api.configuration)
+        ws_client = self._exec_client()
         exit_code = b"1"
         started = False
         try:
@@ -201,7 +206,7 @@ class KubeActions:
     ) -> int:
         """Run `command` in the container with `data` on its stdin (it must read exactly that much,
         as the v4 exec protocol cannot close stdin); return its exit code."""
-        ws_client = WsApiClient(configuration=self._api.configuration)
+        ws_client = self._exec_client()
         code = b"1"
         try:
             connection = await CoreV1Api(api_client=ws_client).connect_get_namespaced_pod_exec(
@@ -233,7 +238,7 @@ class KubeActions:
         v4 exec protocol cannot close stdin). Slow readers hold the writer: the websocket's send
         waits for the transport to drain. Raises ExecNotStarted as exec_stream does (nothing
         was taken from `feed` then)."""
-        ws_client = WsApiClient(configuration=self._api.configuration)
+        ws_client = self._exec_client()
         code = b"1"
         started = False
         try:

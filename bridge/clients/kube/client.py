@@ -10,6 +10,7 @@ are read chunk by chunk.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -29,6 +30,10 @@ _TRUST_ERRORS = (aiohttp.ClientConnectorCertificateError, aiohttp.ServerFingerpr
 """Transport errors that retrying cannot fix: the server's certificate is not the one we trust."""
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+REQUESTS_SENT: Counter[str] = Counter()
+"""Requests this process sent to API servers, by HTTP verb, watches, log streams and exec upgrades
+included. Process-wide, like the process' CPU time: every request goes through `request`."""
 
 
 async def make_api_client(
@@ -75,6 +80,7 @@ async def request(
     headers = {"Accept": "application/json, */*"}
     if content_type:
         headers["Content-Type"] = content_type
+    REQUESTS_SENT[method] += 1
     try:
         response: aiohttp.ClientResponse = await api.call_api(
             path,
