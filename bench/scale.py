@@ -45,12 +45,13 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from tests.e2e.sandbox import Sandbox, sandbox_env, write_script
+from tests.e2e.sandbox import JOB_NAMESPACE, Sandbox, sandbox_env, write_script
 
 STATE = Path("/var/lib/slurm-k8s-sandbox")
 LOG = STATE / "log" / "bridge.log"
@@ -74,10 +75,15 @@ def run_array(sandbox: Sandbox, partition: str, tasks: int, script: Path, env: s
     started = time.monotonic()
     array_id = sandbox.sbatch("-p", partition, f"--array=0-{tasks - 1}", "-o", output,
                               f"--export=ALL,{env}", str(script), user=user, cwd=str(script.parent))
+    deadline = started + max(600.0, 3.0 * tasks)
     while True:
         rows = final_rows(sandbox, array_id)
         if len(rows) >= tasks:
             break
+        if time.monotonic() > deadline:
+            sandbox.slurm("scancel", str(array_id), check=False)
+            raise TimeoutError(f"array {array_id} in {partition}: {len(rows)} of {tasks} tasks ended "
+                               f"in {deadline - started:.0f}s (cancelled)")
         time.sleep(1)
     wall = time.monotonic() - started
     wrong = sum(1 for row in rows.values() if row != ("COMPLETED", "0:0"))
@@ -95,27 +101,34 @@ def native_partition_over(sandbox: Sandbox, nodes: str) -> Iterator[str]:
     there. Made with `scontrol create`: never in slurm.conf, gone at a slurmctld restart."""
     spec = [f"PartitionName={NATIVE_PARTITION}", f"Nodes={nodes}", "RootOnly=YES", "AllowGroups=root",
             "Hidden=YES", "MaxTime=INFINITE", "State=UP"]
-    made = sandbox.slurm("scontrol", "create", *spec, check=False)
-    if made.returncode != 0:  # left by an interrupted run: make it what it must be
-        sandbox.slurm("scontrol", "update", *spec)
+    if sandbox.slurm("scontrol", "show", "partition", NATIVE_PARTITION, check=False).returncode == 0:
+        # Left by an interrupted run: none of its jobs may run now.
+        print(f"{NATIVE_PARTITION} left by an earlier run: its jobs are cancelled and it is made again")
+        drop_partition(sandbox)
+    sandbox.slurm("scontrol", "create", *spec)
     try:
         yield NATIVE_PARTITION
     finally:
-        sandbox.slurm("scancel", "-p", NATIVE_PARTITION, check=False)
-        for _ in range(30):
-            if sandbox.slurm("scontrol", "delete", f"PartitionName={NATIVE_PARTITION}",
-                             check=False).returncode == 0:
-                break
-            time.sleep(1)  # jobs still completing in it
+        drop_partition(sandbox)
 
 
-WRAPPER_NAMESPACE = "bench-kubectl-wrapper"
+def drop_partition(sandbox: Sandbox) -> None:
+    sandbox.slurm("scancel", "-p", NATIVE_PARTITION, check=False)
+    for _ in range(60):
+        if sandbox.slurm("scontrol", "delete", f"PartitionName={NATIVE_PARTITION}",
+                         check=False).returncode == 0:
+            return
+        time.sleep(1)  # jobs still completing in it
+    raise RuntimeError(f"partition {NATIVE_PARTITION} could not be deleted: scontrol delete "
+                       f"PartitionName={NATIVE_PARTITION} once its jobs are gone")
+
+
 # What a kube-slurm-style wrapper does per job: create the pod on the job's node, wait for it,
 # fetch its logs (kwok serves none: the request is still made, and its error printed), delete it.
 WRAPPER_SCRIPT = """#!/bin/sh
 set -eu
-k() { "$BENCH_KUBECTL" --kubeconfig "$BENCH_KUBECONFIG" --cache-dir /tmp/bench-kubectl-cache \\
-      -n "$BENCH_NAMESPACE" "$@"; }
+k() { "$BENCH_KUBECTL" --kubeconfig "$BENCH_KUBECONFIG" -n "$BENCH_NAMESPACE" \\
+      --cache-dir "$BENCH_WORK/kubectl-cache-$SLURM_JOB_ID" "$@"; }
 pod="kw-$SLURM_ARRAY_JOB_ID-$SLURM_ARRAY_TASK_ID"
 k create -f - >/dev/null <<JSON
 {"apiVersion": "v1", "kind": "Pod",
@@ -129,51 +142,73 @@ JSON
 k wait --for=jsonpath='{.status.phase}'=Succeeded --timeout=600s "pod/$pod" >/dev/null
 k logs "$pod" || true
 k delete pod "$pod" --wait=false >/dev/null
+rm -rf "$BENCH_WORK/kubectl-cache-$SLURM_JOB_ID"
 """
+
+
+def bench_work_dir() -> Path:
+    """Root's own directory for the benchmark's root jobs (in the state directory, which the
+    slurmds' rootfs mounts at the same path); nobody else may enter it."""
+    work = STATE / "bench"
+    work.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(work, 0o700)
+    return work
 
 
 def kubectl_wrapper_run(sandbox: Sandbox, partition: str, tasks: int, run_time: str) -> tuple[float, int]:
     """(seconds, tasks not COMPLETED 0:0) of `tasks` jobs through the kubectl wrapper."""
-    work = STATE / "bench"
-    work.mkdir(exist_ok=True)
+    work = bench_work_dir()
+    namespace = f"bench-kubectl-wrapper-{os.getpid()}"
     # The slurmds run in the Slurm rootfs, where the state directory is mounted at the same path
     # but the host's kubectl (a link into root's cache) is not.
     kubectl = work / "kubectl"
     shutil.copy2(shutil.which("kubectl", path=sandbox.environ()["PATH"]) or "kubectl", kubectl)
     script = work / "kubectl-wrapper.sh"
     script.write_text(WRAPPER_SCRIPT)
-    sandbox.kubectl("create", "namespace", WRAPPER_NAMESPACE, check=False)
-    env = (f"BENCH_KUBECTL={kubectl},BENCH_KUBECONFIG={sandbox.kubeconfig},"
-           f"BENCH_NAMESPACE={WRAPPER_NAMESPACE},SIM_RUN_TIME={run_time}")
+    sandbox.kubectl("create", "namespace", namespace)
+    env = (f"BENCH_KUBECTL={kubectl},BENCH_KUBECONFIG={sandbox.kubeconfig},BENCH_WORK={work},"
+           f"BENCH_NAMESPACE={namespace},SIM_RUN_TIME={run_time}")
     try:
         wall, _, wrong = run_array(sandbox, partition, tasks, script, env, user="root")
     finally:
-        sandbox.kubectl("delete", "namespace", WRAPPER_NAMESPACE, "--wait=false", check=False)
+        sandbox.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     return wall, wrong
 
 
-def lost_lines_run(sandbox: Sandbox, tasks: int, lines: int) -> tuple[float, int, int]:
-    """(seconds, lines missing or wrong over all -o files, tasks not COMPLETED 0:0) of an array
-    in `k8s` (real kubelets: kwok pods print nothing) whose tasks print `lines` numbered lines."""
+def as_alice(*argv: str) -> None:
+    """Files in alice's home are alice's business: root acting there would follow her links."""
+    subprocess.run(["runuser", "-u", "alice", "--", *argv], check=True, capture_output=True, timeout=60)
+
+
+def lost_lines_run(sandbox: Sandbox, tasks: int, lines: int) -> tuple[float, int, int, int]:
+    """(seconds, lines missing, lines extra, tasks not COMPLETED 0:0) over the -o files of an
+    array in `k8s` (real kubelets: kwok pods print nothing) whose tasks print `lines` numbered
+    lines each."""
     out_dir = sandbox.home("alice") / "bench-lines"
-    out_dir.mkdir(exist_ok=True)
-    for old in out_dir.glob("*.out"):
-        old.unlink()
-    alice = int(subprocess.run(["id", "-u", "alice"], check=True, capture_output=True, text=True).stdout)
-    os.chown(out_dir, alice, alice)
+    as_alice("mkdir", "-p", str(out_dir))
+    as_alice("find", str(out_dir), "-maxdepth", "1", "-name", "*.out", "-delete")
     script = write_script(sandbox, "alice", "bench-lines.sh",
                           "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\n"
                           f"seq 1 {lines} | sed 's/^/line /'\n")
     wall, array_id, wrong = run_array(sandbox, "k8s", tasks, script, "BENCH=1",
                                       output=f"{out_dir}/%A_%a.out")
-    expected = [f"line {i}" for i in range(1, lines + 1)]
-    lost = 0
+    expected = Counter(f"line {i}" for i in range(1, lines + 1))
+    lost = extra = 0
     for task in range(tasks):
-        path = out_dir / f"{array_id}_{task}.out"
-        got = path.read_text().splitlines() if path.exists() else []
-        # A line counts once, in its place: missing, garbled or reordered lines are all lost.
-        lost += sum(1 for i, line in enumerate(expected) if i >= len(got) or got[i] != line)
-    return wall, lost, wrong
+        got = Counter(read_own_file(out_dir / f"{array_id}_{task}.out").splitlines())
+        lost += sum((expected - got).values())
+        extra += sum((got - expected).values())  # doubled lines, or words of the bridge's own
+    return wall, lost, extra, wrong
+
+
+def read_own_file(path: Path) -> str:
+    """The file's text, never through a link (empty if it is missing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return ""
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as file:
+        return file.read()
 
 
 def seconds_of(duration: str) -> float:
@@ -183,9 +218,9 @@ def seconds_of(duration: str) -> float:
     return float(duration.removesuffix("s"))
 
 
-def kube_requests_sent() -> float | None:
+def kube_requests_sent(sandbox: Sandbox) -> float | None:
     """The daemon's own count of requests it sent to the API server (all verbs), or None."""
-    url = f"http://127.0.0.1:{os.environ.get('SBX_BRIDGE_PORT', '8470')}/metrics"
+    url = f"http://127.0.0.1:{sandbox.environ().get('SBX_BRIDGE_PORT', '8470')}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
             text = answer.read().decode()
@@ -228,43 +263,59 @@ class JobHosts:
         return int((self.accounted / "cpuacct.usage").read_text()) / 1e9
 
 
+def cgroup_of(pid: int, controller: str) -> str | None:
+    """The pid's cgroup path in the v1 hierarchy of `controller` ("" for v2), or None."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return None
+
+
 @contextlib.contextmanager
 def slurmds_in_cpu_group(weight: int) -> Iterator[JobHosts]:
     """Every slurmd of the sandbox (their future slurmstepds and jobs follow) in a CPU cgroup of
-    relative `weight` (100 = a process's), and in a CPU accounting cgroup, for the duration."""
+    relative `weight` (100 = a process's; 0 leaves their weight be), and in a CPU accounting
+    cgroup, for the duration; each goes back to the cgroups it came from."""
     pids = [int(path.read_text()) for path in (STATE / "run").glob("slurmd-*.pid")]
-    moved: list[tuple[Path, Path]] = []  # (group, its parent) the slurmds were put in
+    moves: list[tuple[Path, Path, str]] = []  # (hierarchy, the benchmark's group, controller)
     group: Path | None = None
     v1 = Path("/sys/fs/cgroup/cpu")
     if weight > 0 and pids and (v1 / "cpu.shares").exists():
         group = v1 / "sbx-job-hosts"
         group.mkdir(exist_ok=True)
         (group / "cpu.shares").write_text(str(max(2, weight * 1024 // 100)))
-        moved.append((group, v1))
+        moves.append((v1, group, "cpu"))
     elif weight > 0 and pids and (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
         group = Path("/sys/fs/cgroup") / "sbx-job-hosts"
         group.mkdir(exist_ok=True)
         (group / "cpu.weight").write_text(str(max(1, weight)))
-        moved.append((group, group.parent))
+        moves.append((group.parent, group, ""))
     accounted: Path | None = None
     cpuacct = Path("/sys/fs/cgroup/cpuacct")
     if pids and (cpuacct / "cpuacct.usage").exists() and cpuacct.resolve() != v1.resolve():
         accounted = cpuacct / "sbx-job-hosts"
         accounted.mkdir(exist_ok=True)
-        moved.append((accounted, cpuacct))
+        moves.append((cpuacct, accounted, "cpuacct"))
     elif group is not None and (group / "cpuacct.usage").exists():
         accounted = group  # cpu and cpuacct mounted together
-    for where, _ in moved:
+    came_from = {(pid, controller): cgroup_of(pid, controller) for pid in pids for _, _, controller in moves}
+    for _, where, _ in moves:
         for pid in pids:
             with contextlib.suppress(OSError):
                 (where / "cgroup.procs").write_text(str(pid))
     try:
         yield JobHosts(str(group) if group else None, accounted)
     finally:
-        for _, parent in moved:
+        for hierarchy, _, controller in moves:
             for pid in pids:
+                back = hierarchy / (came_from.get((pid, controller)) or "/").lstrip("/")
                 with contextlib.suppress(OSError):
-                    (parent / "cgroup.procs").write_text(str(pid))
+                    (back / "cgroup.procs").write_text(str(pid))
 
 
 def daemon_pid() -> int:
@@ -283,12 +334,28 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def latencies(since: float) -> tuple[list[float], list[float]]:
-    """(attach → pod created, container end seen → session ended), ms, for jobs after `since`."""
+def slurmd_launches(since: float) -> dict[int, float]:
+    """When each slurmd got a batch job to start (its log's millisecond stamps: the job is RUNNING
+    in slurmctld by then), by job id, for launches after `since`."""
+    launched: dict[int, float] = {}
+    pattern = re.compile(r"^\[([0-9T:.-]+)\] Launching batch JobId=(\d+) ")
+    for path in (STATE / "log").glob("slurmd-*.log"):
+        with path.open(errors="replace") as log:
+            for line in log:
+                found = pattern.match(line)
+                if found:
+                    stamp = datetime.fromisoformat(found.group(1)).timestamp()
+                    if stamp >= since:
+                        launched[int(found.group(2))] = stamp
+    return launched
+
+
+def latencies(since: float) -> tuple[list[float], list[float], list[float]]:
+    """In ms, for jobs after `since`: (slurmd's launch → pod created, waiter's attach → pod created,
+    first container end → the waiter told the outcome, as the daemon measured it)."""
     attach: dict[int, float] = {}
     created: dict[int, float] = {}
-    finished: dict[int, float] = {}
-    ended: dict[int, float] = {}
+    to_end: list[float] = []
     for line in LOG.read_text().splitlines():
         try:
             record = json.loads(line)
@@ -298,13 +365,26 @@ def latencies(since: float) -> tuple[list[float], list[float]]:
         if stamp < since or "job_id" not in record:
             continue
         job, event = record["job_id"], record.get("event")
-        table = {"attach.accepted": attach, "pod.created": created, "job.finished": finished,
-                 "session.ended": ended}.get(event)
-        if table is not None:
-            table.setdefault(job, stamp)
-    to_pod = [(created[j] - attach[j]) * 1000 for j in created if j in attach]
-    to_end = [(ended[j] - finished[j]) * 1000 for j in ended if j in finished]
-    return to_pod, to_end
+        if event == "attach.accepted":
+            attach.setdefault(job, stamp)
+        elif event == "pod.created":
+            created.setdefault(job, stamp)
+        elif event == "job.finished" and record.get("pod_end_to_job_end_s") is not None:
+            to_end.append(record["pod_end_to_job_end_s"] * 1000)
+    launched = slurmd_launches(since)
+    running_to_pod = [(created[j] - launched[j]) * 1000 for j in created if j in launched]
+    attach_to_pod = [(created[j] - attach[j]) * 1000 for j in created if j in attach]
+    return running_to_pod, attach_to_pod, to_end
+
+
+def wait_for_no_pods(sandbox: Sandbox, timeout: float = 180.0) -> None:
+    """Until the bridge's pods of the last run are gone, so the next run does not pay for them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = sandbox.kubectl("get", "pods", "-n", JOB_NAMESPACE, "--no-headers", check=False).stdout
+        if not listed.strip():
+            return
+        time.sleep(2)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -353,7 +433,7 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
             samples["slurmd"] += pss_kb(r"(^|/)slurmd ")
 
     sampler = threading.Thread(target=sample, daemon=True)
-    since, cpu_before, requests_before = time.time(), cpu_seconds(pid), kube_requests_sent()
+    since, cpu_before, requests_before = time.time(), cpu_seconds(pid), kube_requests_sent(sandbox)
     sampler.start()
     hosts_before = hosts.cpu_seconds()
     bridged_s, _, wrong = run_array(sandbox, "sim", args.tasks, script,
@@ -361,18 +441,18 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
     stop.set()
     bridged_hosts_ms = per_job(hosts, hosts_before, args.tasks)
     cpu = (cpu_seconds(pid) - cpu_before) / bridged_s
-    requests_after = kube_requests_sent()
-    requests_per_s = (round((requests_after - requests_before) / bridged_s, 1)
-                      if requests_before is not None and requests_after is not None else None)
-    to_pod, to_end = latencies(since)
+    requests_after = kube_requests_sent(sandbox)
+    requests_per_s = None  # unknown, or the daemon restarted meanwhile (its count began again)
+    if requests_before is not None and requests_after is not None and requests_after >= requests_before:
+        requests_per_s = round((requests_after - requests_before) / bridged_s, 1)
+    running_to_pod, attach_to_pod, to_end = latencies(since)
     print(f"bridged: {args.tasks} tasks on {sim_nodes} sim nodes in {bridged_s:.1f}s "
           f"({args.tasks / bridged_s:.2f} jobs/s), {wrong} wrong exit codes, "
-          f"{requests_per_s} API requests/s")
+          f"{requests_per_s} API requests/s from the bridge")
+    wait_for_no_pods(sandbox)
 
     with native_partition_over(sandbox, sim_hostlist) as native_partition:
-        work = STATE / "bench"
-        work.mkdir(exist_ok=True)
-        native_script = work / "native.sh"
+        native_script = bench_work_dir() / "native.sh"
         native_script.write_text(f"#!/bin/sh\nsleep {seconds_of(args.run_time)}\nexit 0\n")
         hosts_before = hosts.cpu_seconds()
         native_s, _, native_wrong = run_array(sandbox, native_partition, args.tasks, native_script,
@@ -389,41 +469,52 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
             print(f"kubectl wrapper: {args.wrapper_tasks} tasks on the same nodes in {wrapper_s:.1f}s "
                   f"({args.wrapper_tasks / wrapper_s:.2f} jobs/s), {wrapper_wrong} wrong exit codes")
 
-    lines_s = lost = lines_wrong = None
+    lines_s = lost = extra = lines_wrong = None
     if args.lines_tasks > 0:
-        lines_s, lost, lines_wrong = lost_lines_run(sandbox, args.lines_tasks, args.lines_per_task)
+        lines_s, lost, extra, lines_wrong = lost_lines_run(sandbox, args.lines_tasks, args.lines_per_task)
         print(f"lines: {args.lines_tasks} tasks x {args.lines_per_task} lines on the real kubelets in "
-              f"{lines_s:.1f}s, {lost} lost lines, {lines_wrong} wrong exit codes")
+              f"{lines_s:.1f}s, {lost} lost and {extra} extra lines, {lines_wrong} wrong exit codes")
 
     jobs_per_s = args.tasks / bridged_s
     wrapper_rate = args.wrapper_tasks / wrapper_s if wrapper_s else None
+    # A rate that came with wrong exit codes compares nothing: no ratio then.
+    ratio_native = round(native_s / bridged_s, 3) if not (wrong or native_wrong) else None
+    ratio_wrapper = (round(jobs_per_s / wrapper_rate, 2) if wrapper_rate and not (wrong or wrapper_wrong)
+                     else None)
     result = {
         "nodes": sim_nodes,
         "tasks": args.tasks,
         "jobs_per_s": round(jobs_per_s, 2),
         "native_jobs_per_s": round(args.tasks / native_s, 2),
         "native_wrong_exit_codes": native_wrong,
+        # A slice: each of its jobs costs as much as a bridged one at any count (4 kubectl runs).
         "kubectl_wrapper_tasks": args.wrapper_tasks or None,
         "kubectl_wrapper_jobs_per_s": round(wrapper_rate, 2) if wrapper_rate else None,
         "kubectl_wrapper_wrong_exit_codes": wrapper_wrong,
-        "ratio_vs_native": round(native_s / bridged_s, 3),
-        "ratio_vs_kubectl_wrapper": round(jobs_per_s / wrapper_rate, 2) if wrapper_rate else None,
-        # From the waiter's attach (its batch step started on the slurmd: the job is RUNNING).
-        "running_to_pod_ms_p50": percentile(to_pod, 0.5),
-        "running_to_pod_ms_p99": percentile(to_pod, 0.99),
+        "ratio_vs_native": ratio_native,
+        "ratio_vs_kubectl_wrapper": ratio_wrapper,
+        # From the slurmd's batch launch (the job RUNNING) to the first pod created.
+        "running_to_pod_ms_p50": percentile(running_to_pod, 0.5),
+        "running_to_pod_ms_p99": percentile(running_to_pod, 0.99),
+        # The daemon's own part of it: from the waiter's attach.
+        "attach_to_pod_ms_p50": percentile(attach_to_pod, 0.5),
+        "attach_to_pod_ms_p99": percentile(attach_to_pod, 0.99),
         "pod_end_to_job_end_ms_p50": percentile(to_end, 0.5),
         "pod_end_to_job_end_ms_p99": percentile(to_end, 0.99),
         "bridge_cpu_cores": round(cpu, 3),
         "bridge_peak_rss_mb": round(peak_rss_mb(pid), 1),
+        # The bridge's own requests (kube_requests_total), watches, log streams and execs included.
         "apiserver_requests_per_s": requests_per_s,
         "wrong_exit_codes": wrong,
         "lost_lines": lost,
+        "extra_lines": extra,
         "lines_tasks": args.lines_tasks or None,
         "lines_per_task": args.lines_per_task if args.lines_tasks else None,
         "lines_wrong_exit_codes": lines_wrong,
         "waiter_pss_kb": round(statistics.median(samples["waiter"])) if samples["waiter"] else None,
         "slurmd_pss_kb": round(statistics.median(samples["slurmd"])) if samples["slurmd"] else None,
-        # CPU the slurmd side used per job (slurmstepd, and the waiter or the job or kubectl).
+        # CPU of every slurmd and all it started (slurmstepds; then the waiters, the native jobs or
+        # kubectl), per job of the run. The daemon and the API server are not in it.
         "job_hosts_cpu_ms_per_job": bridged_hosts_ms,
         "native_job_hosts_cpu_ms_per_job": native_hosts_ms,
         "kubectl_wrapper_job_hosts_cpu_ms_per_job": wrapper_hosts_ms,

@@ -50,9 +50,11 @@ from bridge.core.errors import BridgeError, PermanentError, TemporaryError
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.translate import (
     TranslateError,
-    desired_pods,
+    desired_objects,
+    job_id_of,
     kubernetes_node_names,
     node_index_of,
+    payload_secret_name,
     pod_name,
     run_of,
 )
@@ -81,6 +83,9 @@ LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
 LOG_ATTEMPTS_AFTER_END = 3
 LOG_NOT_FOUND_ATTEMPTS = 10
 """404s for the log of a pod the watch has, asked again before the relay gives up on it."""
+SECRET_SWEEP_MIN_AGE_S = 600.0
+"""A payload Secret with no pods and no session is deleted by the sweep only once this old: a run
+being created has its Secret before its pods (and its session all along)."""
 
 
 class Reconciler:
@@ -397,12 +402,14 @@ class Reconciler:
             await self._fail(session, alloc, decision.reason, bound)
         elif isinstance(decision, outcomes.Finished):
             if self._logs_drained(session, pods):
-                bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal)
                 ended = _container_finished_at(pods)
+                took = None
                 # Only ends this process lived through: after a restart, old ends would count.
                 if ended is not None and session.final is None and ended >= self.started_at:
                     took = (datetime.now(UTC) - ended).total_seconds()
                     self.metrics.observe("pod_end_to_job_end_seconds", took)
+                bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal,
+                           pod_end_to_job_end_s=None if took is None else round(took, 3))
                 # An exit code or a kill by signal speaks for itself (native Slurm prints nothing
                 # either: sacct shows it); what native Slurm would not do (OOM kills, time limits,
                 # Kubernetes evicting a pod) gets a line in the job's stderr.
@@ -460,10 +467,20 @@ class Reconciler:
             if self.cfg.pods.supplemental_groups_policy == "auto":
                 strict = await self.strict_groups.among(kubernetes_node_names(alloc, part, k8s_nodes))
             directives = parse_directives(session.payload.script)
-            manifests = desired_pods(alloc, session.payload, directives, part, self.cfg, k8s_nodes,
-                                     supplemental_groups=groups, strict_groups_nodes=strict, home=home)
+            secret, manifests = desired_objects(
+                alloc, session.payload, directives, part, self.cfg, k8s_nodes,
+                supplemental_groups=groups, strict_groups_nodes=strict, home=home)
         except (DirectiveError, TranslateError) as error:
             await self._fail(session, alloc, str(error), bound)
+            return
+        # First: the pods mount it and import its variables (the same every time: a restart that
+        # creates the rest of the pods finds it there).
+        try:
+            if await self.kube.create_secret(secret):
+                bound.info("secret.created", secret=secret["metadata"]["name"])
+        except PermanentError as error:  # too big (1 MiB), or refused by an admission policy
+            await self._fail(session, alloc, f"Kubernetes refused the job's script and environment "
+                             f"(Secret {secret['metadata']['name']}): {error}", bound)
             return
         manifests = [m for m in manifests if m["metadata"]["name"] not in skip]
         names = [m["metadata"]["name"] for m in manifests]
@@ -491,7 +508,9 @@ class Reconciler:
         # The pods' own grace (termination_grace_s), as slurmstepd gives a step KillWait between
         # SIGTERM and SIGKILL: a script's TERM trap gets to clean up.
         grace = None
-        state = _describe(alloc, run_of(pods[0]) if pods else session.run if session else None)
+        run = run_of(pods[0]) if pods else session.run if session else None
+        state = _describe(alloc, run)
+        deleting = False
         for pod in pods:
             name = pod["metadata"]["name"]
             # No kubelet will ever confirm the end of a pod on a dead node: remove it at once.
@@ -501,9 +520,12 @@ class Reconciler:
                 continue  # the kubelet is stopping it
             # Once its containers have stopped, removing the object at once is safe: nothing
             # runs any more, and it saves the kubelet's volume clean-up from the waiter's wait.
+            deleting = True
             if await self.kube.delete_pod(name, 0 if stopped else grace):
                 self.metrics.inc("pods_deleted_total")
                 bound.info("pod.deleted", pod=name, slurm_state=state)
+        if deleting or (not pods and session is not None):
+            await self._delete_payload_secret(pods[0] if pods else None, session, run, bound)
         if session is not None and pods and all(_containers_stopped(p) for p in pods):
             # How the script ended (a TERM trap may exit 0): the batch step reports that, as
             # natively, once the pods are gone.
@@ -524,6 +546,44 @@ class Reconciler:
             self.sessions.end(session, event)
         else:
             session.finish(event)  # kept (and re-sent on re-attach) until Slurm shows the run over
+
+    async def _delete_payload_secret(
+        self, pod: dict[str, Any] | None, session: JobSession | None, run: int | None, bound: Any
+    ) -> None:
+        """The run is over and its pods are going: their containers have their environment and
+        script already, so its Secret goes too (once per session)."""
+        if session is not None and session.payload_secret_deleted:
+            return
+        job_id = session.job_id if session is not None else job_id_of(pod or {})
+        if job_id is None or run is None:
+            return
+        name = payload_secret_name(job_id, run)
+        if await self.kube.delete_secret(name):
+            bound.info("secret.deleted", secret=name)
+        if session is not None:
+            session.payload_secret_deleted = True
+
+    async def sweep_payload_secrets(self, selector: str) -> int:
+        """Delete the payload Secrets no run needs: no pod of theirs in the watch cache, no session,
+        and older than SECRET_SWEEP_MIN_AGE_S (a daemon that stopped between a run's end and its
+        Secret's deletion leaves one). Returns how many went."""
+        now = datetime.now(UTC)
+        removed = 0
+        for meta in await self.kube.secrets_metadata(selector):
+            job_id, run = job_id_of({"metadata": meta}), run_of({"metadata": meta})
+            created = _timestamp(meta.get("creationTimestamp"))
+            if job_id is None or created is None:
+                continue
+            if (now - created).total_seconds() < SECRET_SWEEP_MIN_AGE_S:
+                continue
+            if self.sessions.get(job_id, run) is not None:
+                continue
+            if any(run_of(pod) == run for pod in self.cache.pods_of(job_id)):
+                continue
+            if await self.kube.delete_secret(str(meta.get("name"))):
+                removed += 1
+                log.info("secret.swept", job_id=job_id, run=run, secret=meta.get("name"))
+        return removed
 
     async def _fail(self, session: JobSession, alloc: JobAllocation, reason: str, bound: Any) -> None:
         """The script could not run: tell the user where they look, end the job non-zero."""
@@ -686,6 +746,17 @@ def _with_output(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     others hold their node and print nothing), else every pod's; none of a simulated partition."""
     return [p for p in pods if _annotation(p, wellknown.ANNOTATION_OUTPUT) != wellknown.OUTPUT_NONE
             and (not _runs_agent(p) or (node_index_of(p) or 0) == 0)]
+
+
+def _timestamp(value: object) -> datetime | None:
+    """An API server timestamp ("2026-12-01T10:00:00Z"), or None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
 def _annotation(pod: dict[str, Any], key: str) -> str | None:

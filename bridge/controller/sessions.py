@@ -66,7 +66,9 @@ class JobSession:
     final: Event | None = None
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
     script_delivered: bool = False
-    """A script too big for an annotation has been copied into the first pod."""
+    """A script too big for the payload Secret has been copied into the first pod."""
+    payload_secret_deleted: bool = False
+    """The run's payload Secret has been deleted (its pods are gone or going)."""
     pending_signals: list[int] = field(default_factory=list)
     """Signals for the batch script that came before it ran (delivered once it does)."""
     tokens_issued: set[str] = field(default_factory=set)

@@ -4,10 +4,13 @@ The manifests are deterministic (same input, same dicts: no timestamps, sorted e
 planner can compare them with what exists and a restarted daemon rebuilds the same state.
 
 Decisions worth knowing (each explained where it is made):
-- the script reaches the container through an annotation and a downward API volume, and runs
-  with the interpreter of its shebang;
+- the script and the environment that all nodes share live in one immutable Secret per job run
+  (desired_secret), not in the pods: pods stay small in etcd, in every watch event and relist,
+  and the job's variables (tokens, often) are readable only by who may read Secrets. The script
+  reaches the container through a secret volume, and runs with the interpreter of its shebang;
 - the job's environment is passed on minus what describes the slurmd host, then per-node Slurm
-  variables are set; every `$` is escaped because the kubelet expands `$(VAR)` in env values;
+  variables are set in each pod's own env, where every `$` is escaped because the kubelet expands
+  `$(VAR)` there (values from envFrom are never expanded);
 - GPUs are pinned by NVIDIA_VISIBLE_DEVICES (physical indices Slurm chose); CUDA_VISIBLE_DEVICES
   counts from 0 because the container only sees its own GPUs;
 - the pause container is PID 1 (shareProcessNamespace) so that the script gets SIGTERM on delete.
@@ -15,6 +18,7 @@ Decisions worth knowing (each explained where it is made):
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -26,7 +30,8 @@ from bridge.core.errors import PermanentError
 from bridge.core.model import JobAllocation, JobPayload
 
 MAX_SCRIPT_BYTES = 240 * 1024
-"""What one annotation (the downward API file) carries; Kubernetes allows 256 KiB of them in all."""
+"""Largest script kept in the payload Secret (1 MiB in all, with the environment); larger ones are
+copied into the pod by the agent."""
 MAX_DELIVERED_SCRIPT_BYTES = 4 * 1024 * 1024
 """Slurm's own default max_script_size: larger scripts are copied into the pod by the agent."""
 """Largest script accepted: Kubernetes caps all annotations of an object at 256 KiB together."""
@@ -115,6 +120,12 @@ def pod_name(job_id: int, index: int, run: int = 0) -> str:
     job id): `slurm-<jobid>-<index>` for the first run (the name users and scripts know), and
     `slurm-<jobid>-r<run>-<index>` once Slurm requeued the job, so no name is shared between runs."""
     return f"slurm-{job_id}-{index}" if run == 0 else f"slurm-{job_id}-r{run}-{index}"
+
+
+def payload_secret_name(job_id: int, run: int = 0) -> str:
+    """Name of the Secret with run `run` of job `job_id`'s script and shared environment: its
+    pods' names without the node index (`slurm-<jobid>`, `slurm-<jobid>-r<run>`)."""
+    return f"slurm-{job_id}" if run == 0 else f"slurm-{job_id}-r{run}"
 
 
 def run_of(pod: Mapping[str, Any]) -> int:
@@ -247,7 +258,26 @@ def desired_pods(
     strict_groups_nodes: Collection[str] = (),
     home: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One Pod manifest per allocated node, in node order.
+    """The pods of desired_objects."""
+    return desired_objects(alloc, payload, directives, part, cfg, k8s_nodes,
+                           supplemental_groups=supplemental_groups,
+                           strict_groups_nodes=strict_groups_nodes, home=home)[1]
+
+
+def desired_objects(
+    alloc: JobAllocation,
+    payload: JobPayload,
+    directives: Directives,
+    part: PartitionConfig,
+    cfg: BridgeConfig,
+    k8s_nodes: Mapping[str, str] | None = None,
+    *,
+    supplemental_groups: Sequence[int] = (),
+    strict_groups_nodes: Collection[str] = (),
+    home: str | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's payload Secret (create it first: the pods mount it), and one Pod manifest per
+    allocated node, in node order.
 
     `k8s_nodes` maps Slurm node names to Kubernetes node names; it is required when the partition
     has a `node_label` (the caller looks the labels up), and ignored otherwise (same names).
@@ -275,11 +305,75 @@ def desired_pods(
     image = resolve_image(directives, part)
     k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
-    return [
+    delivered = script_bytes > MAX_SCRIPT_BYTES
+    envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
+            for index in range(len(alloc.nodes))]
+    # What every node has alike goes into the Secret once; each pod keeps only its own values.
+    shared = {name: value for name, value in envs[0].items()
+              if name != wellknown.SECRET_SCRIPT_KEY and all(env.get(name) == value for env in envs[1:])}
+    secret = _payload_secret(alloc, cfg, shared, "" if delivered else payload.script)
+    pods = [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
-             _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes), home)
+             _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes),
+             {name: value for name, value in envs[index].items() if shared.get(name) != value
+              or name not in shared},
+             delivered)
         for index in range(len(alloc.nodes))
     ]
+    return secret, pods
+
+
+def _labels(alloc: JobAllocation, cfg: BridgeConfig) -> dict[str, str]:
+    labels = {
+        wellknown.LABEL_MANAGED_BY: wellknown.MANAGER,
+        wellknown.LABEL_CLUSTER: cfg.cluster,
+        wellknown.LABEL_JOB_ID: str(alloc.job_id),
+        wellknown.LABEL_RUN: str(alloc.run),
+    }
+    if alloc.is_array_task:
+        labels[wellknown.LABEL_ARRAY_JOB_ID] = str(alloc.array_job_id)
+    return labels
+
+
+def _container_env(
+    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig, index: int,
+    k8s_names: list[str], home: str | None, delivered: bool,
+) -> dict[str, str]:
+    """Everything node `index`'s container gets in its environment (before `$` escaping)."""
+    env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0], home=home)
+    if delivered and index == 0:
+        env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
+    if cfg.pods.agent_image:
+        # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
+        env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
+    env[wellknown.SECRET_SCRIPT_KEY] = _script_path(index, delivered)
+    return env
+
+
+def _script_path(index: int, delivered: bool) -> str:
+    if delivered and index == 0:
+        return wellknown.AGENT_SCRIPT  # copied in once the pod runs (agent receive-script)
+    return f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
+
+
+def _payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping[str, str],
+                    script: str) -> dict[str, Any]:
+    data = dict(shared_env)
+    data[wellknown.SECRET_SCRIPT_KEY] = script
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        # Never changes once made: kubelets then need no watch of it (one per pod at 10,000 jobs).
+        "immutable": True,
+        "metadata": {
+            "name": payload_secret_name(alloc.job_id, alloc.run),
+            "namespace": cfg.namespace,
+            "labels": _labels(alloc, cfg),
+        },
+        "data": {name: base64.b64encode(value.encode("utf-8", "surrogateescape")).decode("ascii")
+                 for name, value in sorted(data.items())},
+    }
 
 
 def _check_identity(alloc: JobAllocation, payload: JobPayload) -> None:
@@ -363,22 +457,14 @@ def _pod(
     k8s_names: list[str],
     groups: list[int],
     groups_policy: str,
-    home: str | None,
+    env: dict[str, str],
+    delivered: bool,
 ) -> dict[str, Any]:
+    """Node `index`'s pod; `env` is what its container gets beyond the Secret's shared variables."""
     node = alloc.nodes[index]
-    env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0], home=home)
-    script_path = f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
-    # A script too big for its annotation is copied in once the pod runs (agent receive-script).
-    delivered = len(payload.script.encode("utf-8")) > MAX_SCRIPT_BYTES
-
-    labels = {
-        wellknown.LABEL_MANAGED_BY: wellknown.MANAGER,
-        wellknown.LABEL_CLUSTER: cfg.cluster,
-        wellknown.LABEL_JOB_ID: str(alloc.job_id),
-        wellknown.LABEL_RUN: str(alloc.run),
-    }
-    if alloc.is_array_task:
-        labels[wellknown.LABEL_ARRAY_JOB_ID] = str(alloc.array_job_id)
+    script_path = _script_path(index, delivered)
+    secret_name = payload_secret_name(alloc.job_id, alloc.run)
+    labels = _labels(alloc, cfg)
     annotations = {
         **expand_annotations(part.pod_annotations, payload.environment),
         wellknown.ANNOTATION_NODE_INDEX: str(index),
@@ -386,10 +472,6 @@ def _pod(
         wellknown.ANNOTATION_SLURM_NODE: node.name,
         wellknown.ANNOTATION_USER: alloc.user,
     }
-    # With the agent only the first node's pod runs the script: the others do not carry it (in
-    # etcd, and in every watch event of theirs).
-    if not delivered and (index == 0 or not cfg.pods.agent_image):
-        annotations[wellknown.ANNOTATION_SCRIPT] = payload.script
 
     quantities: dict[str, str] = {}
     if node.cpus > 0:
@@ -404,7 +486,7 @@ def _pod(
         # kubelet reports (oversubscription) must keep the kubelet from refusing the pod.
         requests["cpu"] = f"{max(1, round(node.cpus * 1000 * part.cpu_request_fraction))}m"
 
-    # The script arrives as a file: an annotation projected by a downward API volume. Unlike an env
+    # The script arrives as a file: one key of the run's Secret, as a secret volume. Unlike an env
     # var it does not leak into every child process's environment or hit the 128 KiB limit of one
     # env string; unlike writing it out from a shell wrapper it needs no shell and no writable
     # directory in the image. The file is read by the shebang's interpreter, so it needs no
@@ -412,14 +494,10 @@ def _pod(
     volumes: list[dict[str, Any]] = [
         {
             "name": wellknown.SCRIPT_VOLUME,
-            "downwardAPI": {
+            "secret": {
+                "secretName": secret_name,
                 "defaultMode": 0o444,
-                "items": [
-                    {
-                        "path": wellknown.SCRIPT_FILE,
-                        "fieldRef": {"fieldPath": f"metadata.annotations['{wellknown.ANNOTATION_SCRIPT}']"},
-                    }
-                ],
+                "items": [{"key": wellknown.SECRET_SCRIPT_KEY, "path": wellknown.SCRIPT_FILE}],
             },
         }
     ]
@@ -437,14 +515,10 @@ def _pod(
         mounts.append({"name": wellknown.SHM_VOLUME, "mountPath": "/dev/shm"})
 
     agent = cfg.pods.agent_image
-    if delivered and index == 0:
-        script_path = wellknown.AGENT_SCRIPT
+    if delivered and index == 0 and not part.simulated:  # a simulated pod has nothing to exec in
         annotations[wellknown.ANNOTATION_SCRIPT_DELIVERY] = "exec"
-        env[wellknown.ENV_SCRIPT_PENDING] = script_path
     command = [*interpreter_of(payload.script), script_path]
     if agent:
-        # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
-        env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
         volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
         mounts.append({"name": wellknown.AGENT_VOLUME, "mountPath": wellknown.AGENT_DIR})
@@ -460,9 +534,11 @@ def _pod(
         "name": wellknown.CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": directives.pull_policy or part.image_pull_policy or DEFAULT_PULL_POLICY,
-        "command": [_escape(arg) for arg in command],
+        "command": [escape_for_kubelet(arg) for arg in command],
         "workingDir": directives.workdir or payload.work_dir,
-        "env": [{"name": name, "value": _escape(env[name])} for name in sorted(env)],
+        # The Secret's variables first; the pod's own (per-node) ones win over them.
+        "envFrom": [{"secretRef": {"name": secret_name}}],
+        "env": [{"name": name, "value": escape_for_kubelet(env[name])} for name in sorted(env)],
         "resources": {"requests": requests, "limits": dict(quantities)},
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -563,7 +639,7 @@ def _pod_security(alloc: JobAllocation, groups: list[int], groups_policy: str) -
     return security
 
 
-def _escape(value: str) -> str:
+def escape_for_kubelet(value: str) -> str:
     """Protect a value from the kubelet's `$(VAR)` expansion in command and env.
 
     The kubelet turns `$$` into `$` and `$(NAME)` into NAME's value; doubling every `$` makes it

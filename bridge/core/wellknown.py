@@ -99,6 +99,11 @@ INIT_CONTAINER_NAME: Final = "slurm-k8s-bridge-agent"
 AGENT_SCRIPT: Final = AGENT_DIR + "/slurm_script"
 """Where a script too big for an annotation is copied (`agent receive-script`)."""
 
+SECRET_SCRIPT_KEY: Final = "SLURM_K8S_BRIDGE_SCRIPT"
+"""Key of the script in a run's payload Secret. The Secret is the pods' envFrom too, so the same name
+is set in every container's own env (which wins over envFrom) to the script's path: the script
+never becomes an environment variable (one is capped at 128 KiB, and every child would inherit it)."""
+
 ENV_SCRIPT_PENDING: Final = "SLURM_K8S_BRIDGE_SCRIPT_PENDING"
 """Set in the first pod when its script is copied in: the agent waits for that file."""
 

@@ -52,6 +52,8 @@ CONTROL_CONNECTIONS = 64
 Followed logs have a client of their own (no cap); the Lease has its own too."""
 OPEN_FILES_WANTED = 1_048_576
 """The soft limit of open files asked for when the hard one is unlimited."""
+SECRET_SWEEP_S = 300.0
+"""How often the leader looks for payload Secrets that no run needs."""
 
 
 def make_slurm_client(cfg: BridgeConfig) -> SlurmClient:
@@ -110,6 +112,21 @@ def server_ssl_context(api: ApiConfig) -> ssl.SSLContext | None:
 
 def pod_selector(cfg: BridgeConfig) -> str:
     return f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER},{wellknown.LABEL_CLUSTER}={cfg.cluster}"
+
+
+async def sweep_payload_secrets(reconciler: Reconciler, selector: str,
+                                interval_s: float = SECRET_SWEEP_S) -> None:
+    """While acting: now and then, delete the payload Secrets that no run needs any more (left by
+    a daemon that stopped between a run's end and its Secret's deletion)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            removed = await reconciler.sweep_payload_secrets(selector)
+        except BridgeError as error:  # the API server is away: next time
+            log.warning("secret.sweep_failed", error=repr(error))
+            continue
+        if removed:
+            log.info("secret.sweep_done", removed=removed)
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -244,6 +261,8 @@ async def run(cfg: BridgeConfig) -> int:
             node_sync.queue_all()
             workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
                        for i in range(WORKERS)]
+            workers.append(asyncio.create_task(
+                sweep_payload_secrets(reconciler, pod_selector(cfg)), name="secret-sweep"))
             if leader_pod is not None:
                 workers.append(asyncio.create_task(_until_done(leader_pod.mark, "leader_pod.mark"),
                                                    name="leader-pod-label"))

@@ -53,7 +53,30 @@ def config(**changes: Any) -> BridgeConfig:
     return replace(base, **changes)
 
 
-class RecordingKube:
+class SecretStore:
+    """The payload Secrets of an in-memory Kubernetes: kept by name, creation times settable."""
+
+    secrets: dict[str, dict[str, Any]]
+    secrets_deleted: list[str]
+
+    async def create_secret(self, manifest: dict[str, Any]) -> bool:
+        store = self.__dict__.setdefault("secrets", {})
+        name = manifest["metadata"]["name"]
+        if name in store:
+            return False
+        meta = {"creationTimestamp": "2026-12-01T10:00:00Z", **manifest["metadata"]}
+        store[name] = {**manifest, "metadata": meta}
+        return True
+
+    async def delete_secret(self, name: str) -> bool:
+        self.__dict__.setdefault("secrets_deleted", []).append(name)
+        return self.__dict__.setdefault("secrets", {}).pop(name, None) is not None
+
+    async def secrets_metadata(self, selector: str) -> list[dict[str, Any]]:
+        return [dict(s["metadata"]) for s in self.__dict__.setdefault("secrets", {}).values()]
+
+
+class RecordingKube(SecretStore):
     """In-memory Kubernetes for reconcile tests: a created pod reaches the cache at once, in
     phase Running (with its container running when `container_running`); deletes are recorded."""
 

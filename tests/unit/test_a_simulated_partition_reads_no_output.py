@@ -5,6 +5,7 @@ an unreadable log (1 + 2 s after the pod ended, measured in bench-scale: pod cre
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 
@@ -30,8 +31,10 @@ async def test_a_simulated_pod_ends_its_job_without_any_log_read() -> None:
     session.payload = payload()
     queue = session.attach({})
     await reconciler.reconcile(42)
+    await asyncio.sleep(0.05)  # a relay, had one started, would have read by now
     kube.set_status(EXITED)
     await reconciler.reconcile(42)
+    await asyncio.sleep(0.05)
 
     events = [queue.get_nowait() for _ in range(queue.qsize())]
     assert kube.reads == [], "a simulated pod's log was read"

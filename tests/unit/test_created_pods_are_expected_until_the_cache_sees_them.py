@@ -15,7 +15,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core.config import PartitionConfig
 
-from .builders import allocation, config, payload
+from .builders import SecretStore, allocation, config, payload
 
 
 class Clock:
@@ -26,7 +26,7 @@ class Clock:
         return self.now
 
 
-class Kube:
+class Kube(SecretStore):
     """Creates succeed at once; the cache only hears of them when the test delivers the event."""
 
     def __init__(self) -> None:

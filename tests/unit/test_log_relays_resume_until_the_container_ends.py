@@ -19,14 +19,14 @@ from bridge.controller.reconcile import Reconciler
 from bridge.core.config import PartitionConfig
 from bridge.core.errors import KubeUnavailable
 
-from .builders import allocation, config, payload
+from .builders import SecretStore, allocation, config, payload
 
 RUNNING = {"phase": "Running", "containerStatuses": [{"name": "job", "state": {"running": {}}}]}
 EXITED = {"phase": "Succeeded",
           "containerStatuses": [{"name": "job", "state": {"terminated": {"exitCode": 0}}}]}
 
 
-class Kube:
+class Kube(SecretStore):
     """One pod whose log the test writes; each stream_logs call plays the next scripted ending."""
 
     def __init__(self, cache: PodCache) -> None:

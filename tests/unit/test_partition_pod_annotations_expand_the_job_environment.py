@@ -37,10 +37,10 @@ def test_annotations_reach_every_pod_but_never_the_bridges_own_keys() -> None:
     part = PartitionConfig(pod_annotations={"pod-complete.stage.kwok.x-k8s.io/exit-code": "${CODE:-0}"})
     job = payload(environment={"CODE": "3"})
     pods = desired_pods(allocation(), job, Directives(image="i"), part, config())
-    for pod in pods:
+    for index, pod in enumerate(pods):
         annotations = pod["metadata"]["annotations"]
         assert annotations["pod-complete.stage.kwok.x-k8s.io/exit-code"] == "3"
-        assert annotations[wellknown.ANNOTATION_SCRIPT] == job.script
+        assert annotations[wellknown.ANNOTATION_NODE_INDEX] == str(index)
 
 
 def test_config_reads_them() -> None:

@@ -17,7 +17,7 @@ from bridge.controller.reconcile import Reconciler
 from bridge.core.config import PartitionConfig
 from bridge.core.model import JobAllocation
 
-from .builders import allocation, config, payload
+from .builders import SecretStore, allocation, config, payload
 
 
 class FakeSlurm:
@@ -35,7 +35,7 @@ class FakeSlurm:
         self.comments[job_id] = comment
 
 
-class FakeKube:
+class FakeKube(SecretStore):
     def __init__(self, cache: PodCache) -> None:
         self.cache = cache
         self.created: list[dict[str, Any]] = []

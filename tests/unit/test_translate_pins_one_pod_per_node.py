@@ -75,7 +75,6 @@ def test_first_pod_manifest() -> None:
         "slurm-k8s-bridge/node-count": "2",
         "slurm-k8s-bridge/slurm-node": "kube1",
         "slurm-k8s-bridge/user": "alice",
-        "slurm-k8s-bridge/script": payload().script,
     }
     spec = pod["spec"]
     assert {k: v for k, v in spec.items() if k not in ("containers", "volumes")} == {
@@ -97,14 +96,10 @@ def test_first_pod_manifest() -> None:
     assert spec["volumes"] == [
         {
             "name": "slurm-k8s-bridge-script",
-            "downwardAPI": {
+            "secret": {
+                "secretName": "slurm-42",
                 "defaultMode": 0o444,
-                "items": [
-                    {
-                        "path": "slurm_script",
-                        "fieldRef": {"fieldPath": "metadata.annotations['slurm-k8s-bridge/script']"},
-                    }
-                ],
+                "items": [{"key": "SLURM_K8S_BRIDGE_SCRIPT", "path": "slurm_script"}],
             },
         }
     ]
@@ -115,6 +110,7 @@ def test_first_pod_manifest() -> None:
         "imagePullPolicy": "IfNotPresent",
         "command": ["/bin/bash", "/slurm-k8s-bridge/slurm_script"],
         "workingDir": "/home/alice/run",
+        "envFrom": [{"secretRef": {"name": "slurm-42"}}],
         "resources": {
             "requests": {"cpu": "2", "memory": "1024Mi"},
             "limits": {"cpu": "2", "memory": "1024Mi"},

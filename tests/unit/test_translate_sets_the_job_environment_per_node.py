@@ -1,34 +1,61 @@
-"""Pods get the job's environment minus the slurmd host's, plus per-node Slurm and GPU variables."""
+"""Pods get the job's environment minus the slurmd host's, plus per-node Slurm and GPU variables.
+What all nodes share is in the run's payload Secret (the pods' envFrom, never expanded by the
+kubelet); each pod's own env has only its per-node values (escaped: the kubelet expands them)."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import pytest
 
+from bridge.core import wellknown
 from bridge.core.config import PartitionConfig
 from bridge.core.directives import Directives
 from bridge.core.model import NodeAllocation
-from bridge.core.translate import desired_pods, gpu_environment, job_environment, node_environment
+from bridge.core.translate import (
+    desired_objects,
+    escape_for_kubelet,
+    gpu_environment,
+    job_environment,
+    node_environment,
+    payload_secret_name,
+)
 
 from .builders import allocation, config, payload
 
+SCRIPT_PATH = f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
 
-def envs(part: PartitionConfig | None = None, **kwargs: Any) -> list[dict[str, str]]:
-    result = desired_pods(
+
+def objects(
+    part: PartitionConfig | None = None, **kwargs: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    return desired_objects(
         kwargs.get("alloc", allocation()),
         kwargs.get("payload", payload()),
         Directives(image="x"),
         part or PartitionConfig(),
         config(),
     )
-    out = []
-    for pod in result:
-        (container,) = pod["spec"]["containers"]
-        names = [e["name"] for e in container["env"]]
-        assert names == sorted(names)  # deterministic order
-        out.append({e["name"]: e["value"] for e in container["env"]})
-    return out
+
+
+def seen(secret: dict[str, Any], pod: dict[str, Any]) -> dict[str, str]:
+    """The environment the kubelet gives the pod's container: envFrom's Secret as it is, then the
+    container's env, each value expanded, winning over the Secret's."""
+    (container,) = pod["spec"]["containers"]
+    assert container["envFrom"] == [{"secretRef": {"name": secret["metadata"]["name"]}}]
+    env = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
+    names = [e["name"] for e in container["env"]]
+    assert names == sorted(names)  # deterministic order
+    for entry in container["env"]:
+        env[entry["name"]] = kubelet_expand(entry["value"], env)
+    return env
+
+
+def envs(part: PartitionConfig | None = None, **kwargs: Any) -> list[dict[str, str]]:
+    secret, pods = objects(part, **kwargs)
+    return [seen(secret, pod) for pod in pods]
 
 
 def test_per_node_slurm_variables() -> None:
@@ -54,6 +81,8 @@ def test_per_node_slurm_variables() -> None:
         # Not exported by this job: filled in from Slurm's user name, as a login environment would.
         "USER": "alice",
         "LOGNAME": "alice",
+        # The script's key in the Secret; the container's own env says where the file is.
+        wellknown.SECRET_SCRIPT_KEY: SCRIPT_PATH,
     }
     assert first == {
         **common,
@@ -166,19 +195,38 @@ def test_gpu_environment(indices: tuple[int, ...], mode: str, expected: dict[str
     assert gpu_environment(indices, mode) == expected
 
 
-@pytest.mark.parametrize(
-    ("value", "escaped"),
-    [
-        ("plain", "plain"),
-        ("$(HOME)/x", "$$(HOME)/x"),
-        ("a$$b", "a$$$$b"),
-        ("cost: 5$", "cost: 5$$"),
-        ("$HOME", "$$HOME"),
-    ],
-)
-def test_values_survive_kubelet_expansion(value: str, escaped: str) -> None:
-    env = envs(payload=payload(environment={"X": value}))[0]
-    assert env["X"] == escaped
+def test_the_secret_holds_the_script_and_shared_values_and_the_pods_only_their_own() -> None:
+    """Issue 11: the script (up to 240 KB) and the environment were in every pod object: in etcd,
+    every watch event and relist. Now once per run, in a Secret the pods mount and import."""
+    job = payload(environment={"TOKEN": "s3cret-value", "HOME": "/home/alice"})
+    secret, pods = objects(payload=job)
+    assert secret["kind"] == "Secret" and secret["immutable"] is True
+    assert secret["metadata"]["name"] == payload_secret_name(42) == "slurm-42"
+    assert secret["metadata"]["labels"] == pods[0]["metadata"]["labels"]
+    data = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
+    assert data[wellknown.SECRET_SCRIPT_KEY] == job.script and data["TOKEN"] == "s3cret-value"
+    for pod in pods:
+        text = json.dumps(pod)
+        assert "s3cret-value" not in text and job.script not in text
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == wellknown.SCRIPT_VOLUME]
+        script_item = {"key": wellknown.SECRET_SCRIPT_KEY, "path": wellknown.SCRIPT_FILE}
+        assert volume["secret"] == {"secretName": "slurm-42", "defaultMode": 0o444, "items": [script_item]}
+    own = [{e["name"] for e in pod["spec"]["containers"][0]["env"]} for pod in pods]
+    assert "SLURM_NODEID" in own[0] and "SLURM_JOB_ID" not in own[0], "shared values are not repeated"
+    assert all(wellknown.SECRET_SCRIPT_KEY in names for names in own), "the script never becomes a variable"
+
+
+def test_a_requeued_run_has_a_secret_of_its_own() -> None:
+    secret, pods = objects(alloc=allocation(run=2))
+    assert secret["metadata"]["name"] == payload_secret_name(42, 2) == "slurm-42-r2"
+    assert pods[0]["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "slurm-42-r2"}}]
+
+
+@pytest.mark.parametrize("value", ["plain", "$(HOME)/x", "a$$b", "cost: 5$", "$HOME"])
+def test_values_survive_kubelet_expansion(value: str) -> None:
+    secret, _ = objects(payload=payload(environment={"X": value}))
+    assert base64.b64decode(secret["data"]["X"]).decode() == value, "envFrom values are not expanded"
+    assert envs(payload=payload(environment={"X": value}))[0]["X"] == value
 
 
 def kubelet_expand(value: str, defined: dict[str, str]) -> str:
@@ -209,8 +257,9 @@ def kubelet_expand(value: str, defined: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("value", ["$(HOME)", "$$(HOME)", "a$$b$", "$(", "$(X", "${HOME} $1 $$$ $()", "$"])
 def test_kubelet_gives_back_the_original_value(value: str) -> None:
-    env = envs(payload=payload(environment={"X": value}))[0]
-    assert kubelet_expand(env["X"], {"HOME": "/root", "X": "?"}) == value
+    # Through the Secret (a job's variable) and through a pod's own env (escaped: a per-node value).
+    assert envs(payload=payload(environment={"X": value}))[0]["X"] == value
+    assert kubelet_expand(escape_for_kubelet(value), {"HOME": "/root", "X": "?"}) == value
 
 
 def test_a_job_exported_without_home_user_and_logname_gets_them_from_slurm_and_nss() -> None:

@@ -45,6 +45,9 @@ is fine: its relay resumes after the last line it saw (reconcile._relay_logs).""
 
 
 STREAM_OPENS_AT_ONCE = 32
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""Accept header for a list of objects' metadata only."""
+LIST_PAGE = 500
 
 
 def _refused_before_running(error: BaseException) -> bool:
@@ -74,6 +77,7 @@ class KubeActions:
         self._opening_streams = asyncio.Semaphore(STREAM_OPENS_AT_ONCE)
         self.namespace = namespace
         self._pods = f"/api/v1/namespaces/{namespace}/pods"
+        self._secrets = f"/api/v1/namespaces/{namespace}/secrets"
         self._log_timeout = aiohttp.ClientTimeout(connect=10, sock_read=log_read_timeout_s)
 
     async def create_pod(self, manifest: dict[str, Any]) -> bool:
@@ -117,6 +121,45 @@ class KubeActions:
         response.release()
         log.info("kube.pod_deleted", pod=name, grace_s=grace_seconds)
         return True
+
+    async def create_secret(self, manifest: dict[str, Any]) -> bool:
+        """Create the Secret; True if created, False if one of that name exists (not an error).
+        Only its name is ever logged: it holds a job's script and environment."""
+        name = (manifest.get("metadata") or {}).get("name")
+        what = f"create secrets in namespace {self.namespace}"
+        try:
+            response = await request(self._api, "POST", self._secrets, what, body=manifest)
+        except KubeConflict:
+            log.debug("kube.secret_exists", secret=name)
+            return False
+        response.release()
+        return True
+
+    async def delete_secret(self, name: str) -> bool:
+        """Delete the Secret; True if deleted, False if already gone."""
+        what = f"delete secrets in namespace {self.namespace}"
+        try:
+            response = await request(self._api, "DELETE", f"{self._secrets}/{name}", what)
+        except KubeNotFound:
+            return False
+        response.release()
+        return True
+
+    async def secrets_metadata(self, selector: str) -> list[dict[str, Any]]:
+        """The metadata of every Secret matching the label `selector`: names, labels and creation
+        times only (a metadata-only list: their data never crosses the wire)."""
+        items: list[dict[str, Any]] = []
+        query: dict[str, str | int] = {"labelSelector": selector, "limit": LIST_PAGE}
+        while True:
+            page = await request_json(
+                self._api, "GET", self._secrets, f"list secrets in namespace {self.namespace}",
+                query=query, accept=METADATA_LIST,
+            )
+            items.extend(item.get("metadata") or {} for item in page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query = {**query, "continue": token}
 
     async def get_pod(self, name: str) -> dict[str, Any] | None:
         """The pod as the API server has it now (raw dict), or None. Reconcile reads the cache instead."""

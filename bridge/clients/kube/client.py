@@ -70,14 +70,16 @@ async def request(
     body: Any = None,
     timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
     content_type: str | None = None,
+    accept: str = "application/json, */*",
 ) -> aiohttp.ClientResponse:
     """Send one request; return the open response if it is 2xx, else raise the classified error.
 
     `what` describes the request for error messages ("create pods in namespace slurm"). The caller
     must release the returned response (`async with response:` or `response.release()`).
-    `content_type` is for PATCH bodies (application/merge-patch+json, ...).
+    `content_type` is for PATCH bodies (application/merge-patch+json, ...); `accept` may ask for
+    another form of the answer (a metadata-only list).
     """
-    headers = {"Accept": "application/json, */*"}
+    headers = {"Accept": accept}
     if content_type:
         headers["Content-Type"] = content_type
     REQUESTS_SENT[method] += 1
@@ -118,10 +120,12 @@ async def request_json(
     body: Any = None,
     timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
     content_type: str | None = None,
+    accept: str = "application/json, */*",
 ) -> dict[str, Any]:
     """`request`, then read and parse the JSON body."""
     response = await request(
-        api, method, path, what, query=query, body=body, timeout=timeout, content_type=content_type
+        api, method, path, what, query=query, body=body, timeout=timeout, content_type=content_type,
+        accept=accept,
     )
     async with response:
         try:
