@@ -203,6 +203,9 @@ func (f *frames) relay(tag byte, from io.Reader, done chan<- struct{}) {
 }
 
 func run(pidfile string, merged bool, argv []string) int {
+	// The payload Secret's script key, which the pod's env sets to the script's path so that the
+	// script never becomes a variable: the job's own environment never had it.
+	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT")
 	if pending := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING"); pending != "" {
 		// A script too big for an annotation: the daemon copies it in (receive-script).
 		_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING")

@@ -424,13 +424,14 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
     sim_nodes = len(sandbox.slurm("sinfo", "-h", "-N", "-p", "sim", "-o", "%N").stdout.split())
     pid = daemon_pid()
 
-    samples: dict[str, list[int]] = {"waiter": [], "slurmd": []}
+    samples: dict[str, list[int]] = {"waiter": [], "slurmd": [], "slurmstepd": []}
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(2.0):
             samples["waiter"] += pss_kb(r"slurm-k8s-bridge-waiter\.py")
             samples["slurmd"] += pss_kb(r"(^|/)slurmd ")
+            samples["slurmstepd"] += pss_kb(r"^slurmstepd")
 
     sampler = threading.Thread(target=sample, daemon=True)
     since, cpu_before, requests_before = time.time(), cpu_seconds(pid), kube_requests_sent(sandbox)
@@ -513,6 +514,8 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
         "lines_wrong_exit_codes": lines_wrong,
         "waiter_pss_kb": round(statistics.median(samples["waiter"])) if samples["waiter"] else None,
         "slurmd_pss_kb": round(statistics.median(samples["slurmd"])) if samples["slurmd"] else None,
+        "slurmstepd_pss_kb": (round(statistics.median(samples["slurmstepd"]))
+                              if samples["slurmstepd"] else None),
         # CPU of every slurmd and all it started (slurmstepds; then the waiters, the native jobs or
         # kubectl), per job of the run. The daemon and the API server are not in it.
         "job_hosts_cpu_ms_per_job": bridged_hosts_ms,

@@ -54,7 +54,7 @@ from bridge.core.translate import (
     job_id_of,
     kubernetes_node_names,
     node_index_of,
-    payload_secret_name,
+    payload_secret_of,
     pod_name,
     run_of,
 )
@@ -475,6 +475,7 @@ class Reconciler:
             return
         # First: the pods mount it and import its variables (the same every time: a restart that
         # creates the rest of the pods finds it there).
+        session.payload_secret = secret["metadata"]["name"]
         try:
             if await self.kube.create_secret(secret):
                 bound.info("secret.created", secret=secret["metadata"]["name"])
@@ -525,7 +526,7 @@ class Reconciler:
                 self.metrics.inc("pods_deleted_total")
                 bound.info("pod.deleted", pod=name, slurm_state=state)
         if deleting or (not pods and session is not None):
-            await self._delete_payload_secret(pods[0] if pods else None, session, run, bound)
+            await self._delete_payload_secret(pods, session, bound)
         if session is not None and pods and all(_containers_stopped(p) for p in pods):
             # How the script ended (a TERM trap may exit 0): the batch step reports that, as
             # natively, once the pods are gone.
@@ -548,18 +549,19 @@ class Reconciler:
             session.finish(event)  # kept (and re-sent on re-attach) until Slurm shows the run over
 
     async def _delete_payload_secret(
-        self, pod: dict[str, Any] | None, session: JobSession | None, run: int | None, bound: Any
+        self, pods: list[dict[str, Any]], session: JobSession | None, bound: Any
     ) -> None:
         """The run is over and its pods are going: their containers have their environment and
-        script already, so its Secret goes too (once per session)."""
+        script already, so its Secret goes too (once per session). Its name is on its pods, or
+        the session knows it; else (pods gone while no daemon ran) the sweep finds it."""
         if session is not None and session.payload_secret_deleted:
             return
-        job_id = session.job_id if session is not None else job_id_of(pod or {})
-        if job_id is None or run is None:
-            return
-        name = payload_secret_name(job_id, run)
-        if await self.kube.delete_secret(name):
-            bound.info("secret.deleted", secret=name)
+        names = {name for name in map(payload_secret_of, pods) if name}
+        if not names and session is not None and session.payload_secret:
+            names = {session.payload_secret}
+        for name in sorted(names):
+            if await self.kube.delete_secret(name):
+                bound.info("secret.deleted", secret=name)
         if session is not None:
             session.payload_secret_deleted = True
 
@@ -580,7 +582,11 @@ class Reconciler:
                 continue
             if any(run_of(pod) == run for pod in self.cache.pods_of(job_id)):
                 continue
-            if await self.kube.delete_secret(str(meta.get("name"))):
+            alloc = self.jobs.get(job_id).alloc if self.jobs.get(job_id) is not None else None
+            if alloc is not None and alloc.run == run and not _over(alloc):
+                continue  # Slurm runs it: its waiter will attach and its pods be made
+            # Only the Secret that was listed: one made again meanwhile (same name) stays.
+            if await self.kube.delete_secret(str(meta.get("name")), uid=meta.get("uid")):
                 removed += 1
                 log.info("secret.swept", job_id=job_id, run=run, secret=meta.get("name"))
         return removed

@@ -67,6 +67,8 @@ class JobSession:
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
     script_delivered: bool = False
     """A script too big for the payload Secret has been copied into the first pod."""
+    payload_secret: str | None = None
+    """The name of the run's payload Secret, once this daemon made (or found) it."""
     payload_secret_deleted: bool = False
     """The run's payload Secret has been deleted (its pods are gone or going)."""
     pending_signals: list[int] = field(default_factory=list)

@@ -19,6 +19,7 @@ Decisions worth knowing (each explained where it is made):
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -30,8 +31,9 @@ from bridge.core.errors import PermanentError
 from bridge.core.model import JobAllocation, JobPayload
 
 MAX_SCRIPT_BYTES = 240 * 1024
-"""Largest script kept in the payload Secret (1 MiB in all, with the environment); larger ones are
-copied into the pod by the agent."""
+"""Largest script kept in the payload Secret; larger ones are copied into the pod by the agent."""
+SECRET_DATA_BYTES = 1024 * 1024 - 4096
+"""What the values of one Secret may weigh (Kubernetes: 1 MiB), less a margin."""
 MAX_DELIVERED_SCRIPT_BYTES = 4 * 1024 * 1024
 """Slurm's own default max_script_size: larger scripts are copied into the pod by the agent."""
 """Largest script accepted: Kubernetes caps all annotations of an object at 256 KiB together."""
@@ -122,10 +124,19 @@ def pod_name(job_id: int, index: int, run: int = 0) -> str:
     return f"slurm-{job_id}-{index}" if run == 0 else f"slurm-{job_id}-r{run}-{index}"
 
 
-def payload_secret_name(job_id: int, run: int = 0) -> str:
+def payload_secret_name(job_id: int, run: int, digest: str) -> str:
     """Name of the Secret with run `run` of job `job_id`'s script and shared environment: its
-    pods' names without the node index (`slurm-<jobid>`, `slurm-<jobid>-r<run>`)."""
-    return f"slurm-{job_id}" if run == 0 else f"slurm-{job_id}-r{run}"
+    pods' names without the node index, then a digest of its content (`slurm-<jobid>-<digest>`,
+    `slurm-<jobid>-r<run>-<digest>`). The same payload gives the same name (a restarted daemon
+    finds its Secret); a Secret left by another job of the same id (Slurm's ids begin again after
+    a state reset) has another name, so no job ever runs with another's script or variables."""
+    return f"slurm-{job_id}-{digest}" if run == 0 else f"slurm-{job_id}-r{run}-{digest}"
+
+
+def payload_secret_of(pod: Mapping[str, Any]) -> str | None:
+    """The name of the payload Secret a pod manifest uses (annotation ANNOTATION_PAYLOAD_SECRET)."""
+    name = _metadata(pod, "annotations").get(wellknown.ANNOTATION_PAYLOAD_SECRET)
+    return name if isinstance(name, str) and name else None
 
 
 def run_of(pod: Mapping[str, Any]) -> int:
@@ -308,19 +319,59 @@ def desired_objects(
     delivered = script_bytes > MAX_SCRIPT_BYTES
     envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
             for index in range(len(alloc.nodes))]
-    # What every node has alike goes into the Secret once; each pod keeps only its own values.
-    shared = {name: value for name, value in envs[0].items()
-              if name != wellknown.SECRET_SCRIPT_KEY and all(env.get(name) == value for env in envs[1:])}
+    shared = _shared(envs)
+    env_bytes = sum(len(value.encode("utf-8", "surrogateescape")) for value in shared.values())
+    if env_bytes > SECRET_DATA_BYTES:
+        largest = sorted(shared, key=lambda name: len(shared[name]), reverse=True)[:3]
+        raise TranslateError(
+            f"the job's environment has {env_bytes} bytes; at most {SECRET_DATA_BYTES} fit into "
+            f"Kubernetes (a Secret); the largest variables: {', '.join(largest)}")
+    if not delivered and script_bytes + env_bytes > SECRET_DATA_BYTES:
+        if not cfg.pods.agent_image:
+            raise TranslateError(
+                f"the job script ({script_bytes} bytes) and its environment ({env_bytes} bytes) "
+                f"together exceed the {SECRET_DATA_BYTES} bytes that fit into Kubernetes (a Secret) "
+                "without the bridge's in-pod agent ([pods] agent_image)")
+        delivered = True  # the agent copies the script in once the first pod runs
+        envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
+                for index in range(len(alloc.nodes))]
+        shared = _shared(envs)
     secret = _payload_secret(alloc, cfg, shared, "" if delivered else payload.script)
+    secret_name = secret["metadata"]["name"]
     pods = [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
              _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes),
-             {name: value for name, value in envs[index].items() if shared.get(name) != value
-              or name not in shared},
-             delivered)
+             {name: value for name, value in envs[index].items() if name not in shared},
+             delivered, secret_name)
         for index in range(len(alloc.nodes))
     ]
     return secret, pods
+
+
+def _shared(envs: list[dict[str, str]]) -> dict[str, str]:
+    """What every node has alike goes into the Secret once; each pod keeps only its own values
+    (and names Kubernetes does not take as a Secret key)."""
+    return {name: value for name, value in envs[0].items()
+            if name != wellknown.SECRET_SCRIPT_KEY and _is_secret_key(name)
+            and all(env.get(name) == value for env in envs[1:])}
+
+
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+def _is_secret_key(name: str) -> bool:
+    """What Kubernetes accepts as a key of a Secret's data."""
+    return (len(name) <= 253 and bool(_SECRET_KEY.match(name)) and name not in (".", "..")
+            and not name.startswith(".."))
+
+
+def _utf8(value: str) -> bytes:
+    """The value as UTF-8, each byte that was not (the waiter reads the environment with
+    surrogateescape) as U+FFFD, which is what the API server made of it when it was in the pod:
+    the kubelet refuses invalid UTF-8 in a container's environment."""
+    if any("\ud800" <= char <= "\udfff" for char in value):
+        value = "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in value)
+    return value.encode("utf-8")
 
 
 def _labels(alloc: JobAllocation, cfg: BridgeConfig) -> dict[str, str]:
@@ -358,8 +409,11 @@ def _script_path(index: int, delivered: bool) -> str:
 
 def _payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping[str, str],
                     script: str) -> dict[str, Any]:
-    data = dict(shared_env)
-    data[wellknown.SECRET_SCRIPT_KEY] = script
+    data = {name: _utf8(value) for name, value in shared_env.items()}
+    data[wellknown.SECRET_SCRIPT_KEY] = _utf8(script)
+    content = hashlib.sha256()
+    for name in sorted(data):
+        content.update(name.encode() + b"\0" + len(data[name]).to_bytes(8, "big") + data[name])
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -367,12 +421,11 @@ def _payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping
         # Never changes once made: kubelets then need no watch of it (one per pod at 10,000 jobs).
         "immutable": True,
         "metadata": {
-            "name": payload_secret_name(alloc.job_id, alloc.run),
+            "name": payload_secret_name(alloc.job_id, alloc.run, content.hexdigest()[:10]),
             "namespace": cfg.namespace,
             "labels": _labels(alloc, cfg),
         },
-        "data": {name: base64.b64encode(value.encode("utf-8", "surrogateescape")).decode("ascii")
-                 for name, value in sorted(data.items())},
+        "data": {name: base64.b64encode(value).decode("ascii") for name, value in sorted(data.items())},
     }
 
 
@@ -459,11 +512,11 @@ def _pod(
     groups_policy: str,
     env: dict[str, str],
     delivered: bool,
+    secret_name: str,
 ) -> dict[str, Any]:
     """Node `index`'s pod; `env` is what its container gets beyond the Secret's shared variables."""
     node = alloc.nodes[index]
     script_path = _script_path(index, delivered)
-    secret_name = payload_secret_name(alloc.job_id, alloc.run)
     labels = _labels(alloc, cfg)
     annotations = {
         **expand_annotations(part.pod_annotations, payload.environment),
@@ -471,6 +524,7 @@ def _pod(
         wellknown.ANNOTATION_NODE_COUNT: str(len(alloc.nodes)),
         wellknown.ANNOTATION_SLURM_NODE: node.name,
         wellknown.ANNOTATION_USER: alloc.user,
+        wellknown.ANNOTATION_PAYLOAD_SECRET: secret_name,
     }
 
     quantities: dict[str, str] = {}

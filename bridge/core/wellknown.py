@@ -110,6 +110,9 @@ ENV_SCRIPT_PENDING: Final = "SLURM_K8S_BRIDGE_SCRIPT_PENDING"
 ANNOTATION_SCRIPT_DELIVERY: Final = PREFIX + "script-delivery"
 """`exec` on a pod whose script the daemon copies in once it runs (too big for an annotation)."""
 
+ANNOTATION_PAYLOAD_SECRET: Final = PREFIX + "payload-secret"
+"""On every pod: the name of its run's Secret (script and shared environment)."""
+
 ANNOTATION_OUTPUT: Final = PREFIX + "output"
 """`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
 

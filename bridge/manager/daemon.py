@@ -54,6 +54,9 @@ OPEN_FILES_WANTED = 1_048_576
 """The soft limit of open files asked for when the hard one is unlimited."""
 SECRET_SWEEP_S = 300.0
 """How often the leader looks for payload Secrets that no run needs."""
+SECRET_SWEEP_FIRST_S = 60.0
+"""The first look, after acting starts (a daemon restarted more often than SECRET_SWEEP_S still
+sweeps)."""
 
 
 def make_slurm_client(cfg: BridgeConfig) -> SlurmClient:
@@ -118,15 +121,18 @@ async def sweep_payload_secrets(reconciler: Reconciler, selector: str,
                                 interval_s: float = SECRET_SWEEP_S) -> None:
     """While acting: now and then, delete the payload Secrets that no run needs any more (left by
     a daemon that stopped between a run's end and its Secret's deletion)."""
+    await asyncio.sleep(min(SECRET_SWEEP_FIRST_S, interval_s))
     while True:
-        await asyncio.sleep(interval_s)
         try:
             removed = await reconciler.sweep_payload_secrets(selector)
-        except BridgeError as error:  # the API server is away: next time
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the API server is away, or a bug: never the end of sweeping
             log.warning("secret.sweep_failed", error=repr(error))
-            continue
-        if removed:
-            log.info("secret.sweep_done", removed=removed)
+        else:
+            if removed:
+                log.info("secret.sweep_done", removed=removed)
+        await asyncio.sleep(interval_s)
 
 
 def raise_open_files_limit() -> tuple[int, int]:

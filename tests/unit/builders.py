@@ -68,7 +68,7 @@ class SecretStore:
         store[name] = {**manifest, "metadata": meta}
         return True
 
-    async def delete_secret(self, name: str) -> bool:
+    async def delete_secret(self, name: str, *, uid: str | None = None) -> bool:
         self.__dict__.setdefault("secrets_deleted", []).append(name)
         return self.__dict__.setdefault("secrets", {}).pop(name, None) is not None
 

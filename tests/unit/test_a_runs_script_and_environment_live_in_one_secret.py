@@ -16,17 +16,14 @@ from .test_reconcile_acts_on_both_views import _attach, _pod, _see
 from .test_reconcile_acts_on_both_views import world as world
 
 
-def _order(kube: Any) -> list[str]:
-    return list(kube.secrets)
-
-
 async def test_the_secret_comes_before_the_pods_and_goes_with_them(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
     created_before: list[bool] = []
     create_pod = kube.create_pod
 
     async def recording_create_pod(manifest: dict[str, Any]) -> bool:
-        created_before.append("slurm-42" in kube.__dict__.get("secrets", {}))
+        secret = manifest["metadata"]["annotations"]["slurm-k8s-bridge/payload-secret"]
+        created_before.append(secret in kube.__dict__.get("secrets", {}))
         return await create_pod(manifest)
 
     kube.create_pod = recording_create_pod
@@ -37,13 +34,15 @@ async def test_the_secret_comes_before_the_pods_and_goes_with_them(world: Any) -
     for manifest in kube.created:
         cache.apply("ADDED", _pod(manifest, phase="Running"))
 
+    (secret,) = kube.secrets
+    assert secret.startswith("slurm-42-")
     _see(reconciler, replace(allocation(), state="COMPLETED"))
     await reconciler.reconcile(42)
-    assert "slurm-42" not in kube.secrets, "the run is over and its pods are going: the Secret goes"
+    assert kube.secrets == {}, "the run is over and its pods are going: the Secret goes"
     for manifest in kube.created:
         cache.apply("DELETED", _pod(manifest))
     await reconciler.reconcile(42)
-    assert kube.secrets_deleted == ["slurm-42"], "deleted once"
+    assert kube.secrets_deleted == [secret], "deleted once"
 
 
 async def test_a_requeued_run_gets_a_secret_of_its_own(world: Any) -> None:
@@ -51,6 +50,7 @@ async def test_a_requeued_run_gets_a_secret_of_its_own(world: Any) -> None:
     _see(reconciler, allocation())
     _attach(reconciler)
     await reconciler.reconcile(42)
+    (first,) = kube.secrets
     for manifest in kube.created:
         cache.apply("ADDED", _pod(manifest, phase="Running"))
     _see(reconciler, replace(allocation(), run=1))  # requeued: run 0 is over, run 1 runs
@@ -60,8 +60,9 @@ async def test_a_requeued_run_gets_a_secret_of_its_own(world: Any) -> None:
     rerun = payload(environment={"HOME": "/home/alice", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"})
     reconciler.attach_session(42, rerun).payload = rerun
     await reconciler.reconcile(42)
-    assert _order(kube) == ["slurm-42-r1"]
-    assert kube.secrets_deleted == ["slurm-42"]
+    (second,) = kube.secrets
+    assert second.startswith("slurm-42-r1-")
+    assert kube.secrets_deleted == [first]
 
 
 async def test_a_secret_kubernetes_refuses_fails_the_job_with_the_reason(world: Any) -> None:
@@ -91,18 +92,23 @@ async def test_the_sweep_removes_old_secrets_no_run_needs_and_nothing_else(world
         cache.apply("ADDED", _pod(manifest, phase="Running"))
     old = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     young = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    labels = dict(kube.secrets["slurm-42"]["metadata"]["labels"])
-    kube.secrets["slurm-42"]["metadata"]["creationTimestamp"] = old
-    for name, job, stamp in (("slurm-7", "7", old), ("slurm-8", "8", young)):
+    (live,) = kube.secrets
+    labels = dict(kube.secrets[live]["metadata"]["labels"])
+    kube.secrets[live]["metadata"]["creationTimestamp"] = old
+    for name, job, stamp in (("slurm-7-a", "7", old), ("slurm-8-a", "8", young), ("slurm-9-a", "9", old)):
         kube.secrets[name] = {"metadata": {"name": name, "creationTimestamp": stamp,
                                            "labels": {**labels, "slurm-k8s-bridge/job-id": job}}}
+    # Job 9 is running in Slurm with no session and no pods yet (a waiter not attached again
+    # after a takeover): its Secret stays.
+    _see(reconciler, replace(allocation(), job_id=9))
 
     removed = await reconciler.sweep_payload_secrets("selector")
 
-    assert removed == 1 and sorted(kube.secrets) == ["slurm-42", "slurm-8"]
+    assert removed == 1 and sorted(kube.secrets) == sorted([live, "slurm-8-a", "slurm-9-a"])
     reconciler.sessions.end(reconciler.sessions.of_job(42)[0], {"type": "exit", "code": 0})
+    _see(reconciler, replace(allocation(), state="COMPLETED"))
     assert await reconciler.sweep_payload_secrets("selector") == 0, "its pods still need it"
     for manifest in kube.created:
         cache.apply("DELETED", _pod(manifest))
     assert await reconciler.sweep_payload_secrets("selector") == 1
-    assert sorted(kube.secrets) == ["slurm-8"]
+    assert sorted(kube.secrets) == ["slurm-8-a", "slurm-9-a"]

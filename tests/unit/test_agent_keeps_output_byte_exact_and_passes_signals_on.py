@@ -212,6 +212,14 @@ def test_the_script_reads_dev_null_not_the_agents_stdin(agent: Path, tmp_path: P
 # -- exit status ------------------------------------------------------------------------------
 
 
+def test_the_payload_secrets_script_key_is_not_the_scripts_variable(agent: Path, tmp_path: Path) -> None:
+    """The pod's env sets SLURM_K8S_BRIDGE_SCRIPT (the Secret's key for the script) to its path so
+    that envFrom never makes the script a variable; the job's own environment never had it."""
+    env = {**os.environ, "SLURM_K8S_BRIDGE_SCRIPT": "/slurm-k8s-bridge/slurm_script", "KEPT": "yes"}
+    result = run(agent, tmp_path, 'echo "[${SLURM_K8S_BRIDGE_SCRIPT-unset}] [$KEPT]"', env=env)
+    assert stream(result.stdout, "o") == b"[unset] [yes]\n"
+
+
 @pytest.mark.parametrize("code", [0, 1, 42, 255])
 def test_the_scripts_exit_code_is_the_agents(agent: Path, tmp_path: Path, code: int) -> None:
     result = run(agent, tmp_path, f"echo before; exit {code}")

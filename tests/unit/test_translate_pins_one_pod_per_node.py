@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -62,6 +63,8 @@ def test_a_requeued_run_gets_pod_names_and_a_label_of_its_own() -> None:
 
 def test_first_pod_manifest() -> None:
     pod = pods()[0]
+    secret = pod["metadata"]["annotations"]["slurm-k8s-bridge/payload-secret"]
+    assert re.fullmatch(r"slurm-42-[0-9a-f]{10}", secret)
     assert pod["apiVersion"] == "v1"
     assert pod["kind"] == "Pod"
     assert pod["metadata"]["labels"] == {
@@ -75,6 +78,7 @@ def test_first_pod_manifest() -> None:
         "slurm-k8s-bridge/node-count": "2",
         "slurm-k8s-bridge/slurm-node": "kube1",
         "slurm-k8s-bridge/user": "alice",
+        "slurm-k8s-bridge/payload-secret": secret,
     }
     spec = pod["spec"]
     assert {k: v for k, v in spec.items() if k not in ("containers", "volumes")} == {
@@ -97,7 +101,7 @@ def test_first_pod_manifest() -> None:
         {
             "name": "slurm-k8s-bridge-script",
             "secret": {
-                "secretName": "slurm-42",
+                "secretName": secret,
                 "defaultMode": 0o444,
                 "items": [{"key": "SLURM_K8S_BRIDGE_SCRIPT", "path": "slurm_script"}],
             },
@@ -110,7 +114,7 @@ def test_first_pod_manifest() -> None:
         "imagePullPolicy": "IfNotPresent",
         "command": ["/bin/bash", "/slurm-k8s-bridge/slurm_script"],
         "workingDir": "/home/alice/run",
-        "envFrom": [{"secretRef": {"name": "slurm-42"}}],
+        "envFrom": [{"secretRef": {"name": secret}}],
         "resources": {
             "requests": {"cpu": "2", "memory": "1024Mi"},
             "limits": {"cpu": "2", "memory": "1024Mi"},

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from bridge.core import wellknown
-from bridge.core.config import PartitionConfig
+from bridge.core.config import PartitionConfig, PodsConfig
 from bridge.core.directives import Directives
 from bridge.core.model import NodeAllocation
 from bridge.core.translate import (
+    SECRET_DATA_BYTES,
+    TranslateError,
     desired_objects,
     escape_for_kubelet,
     gpu_environment,
@@ -201,7 +203,9 @@ def test_the_secret_holds_the_script_and_shared_values_and_the_pods_only_their_o
     job = payload(environment={"TOKEN": "s3cret-value", "HOME": "/home/alice"})
     secret, pods = objects(payload=job)
     assert secret["kind"] == "Secret" and secret["immutable"] is True
-    assert secret["metadata"]["name"] == payload_secret_name(42) == "slurm-42"
+    name = secret["metadata"]["name"]
+    assert name.startswith("slurm-42-") and name == payload_secret_name(42, 0, name.rsplit("-", 1)[1])
+    assert all(pod["metadata"]["annotations"][wellknown.ANNOTATION_PAYLOAD_SECRET] == name for pod in pods)
     assert secret["metadata"]["labels"] == pods[0]["metadata"]["labels"]
     data = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
     assert data[wellknown.SECRET_SCRIPT_KEY] == job.script and data["TOKEN"] == "s3cret-value"
@@ -210,7 +214,7 @@ def test_the_secret_holds_the_script_and_shared_values_and_the_pods_only_their_o
         assert "s3cret-value" not in text and job.script not in text
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == wellknown.SCRIPT_VOLUME]
         script_item = {"key": wellknown.SECRET_SCRIPT_KEY, "path": wellknown.SCRIPT_FILE}
-        assert volume["secret"] == {"secretName": "slurm-42", "defaultMode": 0o444, "items": [script_item]}
+        assert volume["secret"] == {"secretName": name, "defaultMode": 0o444, "items": [script_item]}
     own = [{e["name"] for e in pod["spec"]["containers"][0]["env"]} for pod in pods]
     assert "SLURM_NODEID" in own[0] and "SLURM_JOB_ID" not in own[0], "shared values are not repeated"
     assert all(wellknown.SECRET_SCRIPT_KEY in names for names in own), "the script never becomes a variable"
@@ -218,8 +222,52 @@ def test_the_secret_holds_the_script_and_shared_values_and_the_pods_only_their_o
 
 def test_a_requeued_run_has_a_secret_of_its_own() -> None:
     secret, pods = objects(alloc=allocation(run=2))
-    assert secret["metadata"]["name"] == payload_secret_name(42, 2) == "slurm-42-r2"
-    assert pods[0]["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "slurm-42-r2"}}]
+    name = secret["metadata"]["name"]
+    assert name.startswith("slurm-42-r2-")
+    assert pods[0]["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": name}}]
+
+
+def test_the_same_payload_names_the_same_secret_and_another_job_of_that_id_another() -> None:
+    """A restarted daemon finds the Secret it made; a Secret left by an earlier job 42 (Slurm's ids
+    begin again after a state reset) is never taken for this one's: its script is another's."""
+    first, _ = objects()
+    again, _ = objects()
+    other, _ = objects(payload=payload(script="#!/bin/sh\n#K8S image=x\necho someone else\n"))
+    assert first == again
+    assert other["metadata"]["name"] != first["metadata"]["name"]
+
+
+def test_names_a_secret_cannot_hold_stay_in_the_pods_own_env() -> None:
+    secret, pods = objects(payload=payload(environment={"..x": "1", "V" * 300: "2", "ok": "3"}))
+    assert "ok" in secret["data"] and "..x" not in secret["data"] and "V" * 300 not in secret["data"]
+    own = {e["name"]: e["value"] for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert own["..x"] == "1" and own["V" * 300] == "2"
+
+
+def test_bytes_that_are_not_utf8_reach_the_pod_as_the_replacement_character() -> None:
+    """The waiter reads the environment with surrogateescape; the kubelet refuses invalid UTF-8
+    in a container's environment (the API server used to replace it in the pod's JSON)."""
+    secret, _ = objects(payload=payload(environment={"X": "caf\udce9!"}))
+    assert base64.b64decode(secret["data"]["X"]).decode("utf-8") == "caf\ufffd!"
+
+
+def test_an_environment_too_big_for_a_secret_fails_the_job_naming_its_largest_variables() -> None:
+    huge = {"BIG": "x" * (SECRET_DATA_BYTES + 1), "SMALL": "y"}
+    with pytest.raises(TranslateError, match="largest variables: BIG"):
+        objects(payload=payload(environment=huge))
+
+
+def test_a_script_and_environment_too_big_together_go_by_the_agent_or_fail_without_it() -> None:
+    big_env = {"BIG": "x" * (SECRET_DATA_BYTES - 100 * 1024)}
+    script = "#!/bin/sh\n#K8S image=x\n" + "# filler\n" * 20_000  # about 180 KB
+    with pytest.raises(TranslateError, match="without the bridge's in-pod agent"):
+        objects(payload=payload(environment=big_env, script=script))
+    with_agent = config(pods=PodsConfig(supplemental_groups_policy="", agent_image="agent:1"))
+    secret, pods = desired_objects(allocation(), payload(environment=big_env, script=script),
+                                   Directives(image="x"), PartitionConfig(), with_agent)
+    assert base64.b64decode(secret["data"][wellknown.SECRET_SCRIPT_KEY]) == b""
+    first = pods[0]["metadata"]["annotations"]
+    assert first[wellknown.ANNOTATION_SCRIPT_DELIVERY] == "exec"
 
 
 @pytest.mark.parametrize("value", ["plain", "$(HOME)/x", "a$$b", "cost: 5$", "$HOME"])

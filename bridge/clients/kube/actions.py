@@ -135,12 +135,16 @@ class KubeActions:
         response.release()
         return True
 
-    async def delete_secret(self, name: str) -> bool:
-        """Delete the Secret; True if deleted, False if already gone."""
+    async def delete_secret(self, name: str, *, uid: str | None = None) -> bool:
+        """Delete the Secret (with `uid`: only that incarnation); True if deleted, False if gone
+        (or, with `uid`, replaced)."""
         what = f"delete secrets in namespace {self.namespace}"
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
         try:
-            response = await request(self._api, "DELETE", f"{self._secrets}/{name}", what)
-        except KubeNotFound:
+            response = await request(self._api, "DELETE", f"{self._secrets}/{name}", what, body=options)
+        except (KubeNotFound, KubeConflict):
             return False
         response.release()
         return True
