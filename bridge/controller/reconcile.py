@@ -24,7 +24,7 @@ import hmac
 import json
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,6 @@ from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.translate import (
     TranslateError,
     desired_objects,
-    job_id_of,
     kubernetes_node_names,
     node_index_of,
     payload_secret_of,
@@ -83,9 +82,8 @@ LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
 LOG_ATTEMPTS_AFTER_END = 3
 LOG_NOT_FOUND_ATTEMPTS = 10
 """404s for the log of a pod the watch has, asked again before the relay gives up on it."""
-SECRET_SWEEP_MIN_AGE_S = 600.0
-"""A payload Secret with no pods and no session is deleted by the sweep only once this old: a run
-being created has its Secret before its pods (and its session all along)."""
+SECRET_SWEEP_MIN_AGE_S = 300.0
+"""A payload Secret that no pod or session names is deleted by the sweep only once this old."""
 
 
 class Reconciler:
@@ -118,6 +116,9 @@ class Reconciler:
         self.sessions = SessionRegistry()
         self.expectations = expectations if expectations is not None else CreateExpectations()
         cache.on_seen(self.expectations.observed)
+        self.payload_secrets: set[str] = set()
+        """Payload Secrets this daemon made or found: their next users need no request."""
+        self._secret_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self.groups = SupplementalGroups(cfg.pods.supplemental_groups)
         """The job user's supplementary groups, from Slurm's user name via NSS (cached)."""
         self.strict_groups = StrictGroupsNodes(lambda name: self.kube.get_node(name))
@@ -475,13 +476,13 @@ class Reconciler:
             return
         # First: the pods mount it and import its variables (the same every time: a restart that
         # creates the rest of the pods finds it there).
-        session.payload_secret = secret["metadata"]["name"]
+        secret_name = secret["metadata"]["name"]
+        session.payload_secret = secret_name
         try:
-            if await self.kube.create_secret(secret):
-                bound.info("secret.created", secret=secret["metadata"]["name"])
-        except PermanentError as error:  # too big (1 MiB), or refused by an admission policy
+            await self._ensure_payload_secret(secret, bound)
+        except PermanentError as error:  # refused by an admission policy, say
             await self._fail(session, alloc, f"Kubernetes refused the job's script and environment "
-                             f"(Secret {secret['metadata']['name']}): {error}", bound)
+                             f"(Secret {secret_name}): {error}", bound)
             return
         manifests = [m for m in manifests if m["metadata"]["name"] not in skip]
         names = [m["metadata"]["name"] for m in manifests]
@@ -509,9 +510,7 @@ class Reconciler:
         # The pods' own grace (termination_grace_s), as slurmstepd gives a step KillWait between
         # SIGTERM and SIGKILL: a script's TERM trap gets to clean up.
         grace = None
-        run = run_of(pods[0]) if pods else session.run if session else None
-        state = _describe(alloc, run)
-        deleting = False
+        state = _describe(alloc, run_of(pods[0]) if pods else session.run if session else None)
         for pod in pods:
             name = pod["metadata"]["name"]
             # No kubelet will ever confirm the end of a pod on a dead node: remove it at once.
@@ -521,12 +520,9 @@ class Reconciler:
                 continue  # the kubelet is stopping it
             # Once its containers have stopped, removing the object at once is safe: nothing
             # runs any more, and it saves the kubelet's volume clean-up from the waiter's wait.
-            deleting = True
             if await self.kube.delete_pod(name, 0 if stopped else grace):
                 self.metrics.inc("pods_deleted_total")
                 bound.info("pod.deleted", pod=name, slurm_state=state)
-        if deleting or (not pods and session is not None):
-            await self._delete_payload_secret(pods, session, bound)
         if session is not None and pods and all(_containers_stopped(p) for p in pods):
             # How the script ended (a TERM trap may exit 0): the batch step reports that, as
             # natively, once the pods are gone.
@@ -548,47 +544,64 @@ class Reconciler:
         else:
             session.finish(event)  # kept (and re-sent on re-attach) until Slurm shows the run over
 
-    async def _delete_payload_secret(
-        self, pods: list[dict[str, Any]], session: JobSession | None, bound: Any
-    ) -> None:
-        """The run is over and its pods are going: their containers have their environment and
-        script already, so its Secret goes too (once per session). Its name is on its pods, or
-        the session knows it; else (pods gone while no daemon ran) the sweep finds it."""
-        if session is not None and session.payload_secret_deleted:
+    async def _ensure_payload_secret(self, secret: dict[str, Any], bound: Any) -> None:
+        """The Secret exists once this returns: made now, or already there (the same content, by
+        its name). Once per Secret and daemon: an array's tasks share one."""
+        name = secret["metadata"]["name"]
+        if name in self.payload_secrets:
             return
-        names = {name for name in map(payload_secret_of, pods) if name}
-        if not names and session is not None and session.payload_secret:
-            names = {session.payload_secret}
-        for name in sorted(names):
-            if await self.kube.delete_secret(name):
-                bound.info("secret.deleted", secret=name)
-        if session is not None:
-            session.payload_secret_deleted = True
+        async with self._secret_lock(name):  # never while the sweep decides about it
+            if await self.kube.create_secret(secret):
+                bound.info("secret.created", secret=name)
+            self.payload_secrets.add(name)
+
+    @contextlib.asynccontextmanager
+    async def _secret_lock(self, name: str) -> AsyncIterator[None]:
+        """One Secret's lock, kept while anyone holds or waits for it."""
+        lock, users = self._secret_locks.get(name, (asyncio.Lock(), 0))
+        self._secret_locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._secret_locks[name]
+            if users == 1:
+                del self._secret_locks[name]
+            else:
+                self._secret_locks[name] = (lock, users - 1)
+
+    def _secrets_in_use(self) -> set[str]:
+        """Payload Secrets that a cached pod or a live session names."""
+        used = {s.payload_secret for s in self.sessions if s.payload_secret}
+        for job_id in self.cache.job_ids():
+            used.update(filter(None, map(payload_secret_of, self.cache.pods_of(job_id))))
+        return used
 
     async def sweep_payload_secrets(self, selector: str) -> int:
-        """Delete the payload Secrets no run needs: no pod of theirs in the watch cache, no session,
-        and older than SECRET_SWEEP_MIN_AGE_S (a daemon that stopped between a run's end and its
-        Secret's deletion leaves one). Returns how many went."""
+        """Delete the payload Secrets that no cached pod and no session names, made over
+        SECRET_SWEEP_MIN_AGE_S ago. A job that starts later with the same script and environment
+        (an array's next task) makes its Secret again. Returns how many went."""
         now = datetime.now(UTC)
         removed = 0
-        for meta in await self.kube.secrets_metadata(selector):
-            job_id, run = job_id_of({"metadata": meta}), run_of({"metadata": meta})
-            created = _timestamp(meta.get("creationTimestamp"))
-            if job_id is None or created is None:
+        listed = await self.kube.secrets_metadata(selector)
+        # Known to exist only what exists: one deleted by hand is made again by its next job.
+        self.payload_secrets &= {meta.get("name") for meta in listed}
+        used = self._secrets_in_use()
+        for meta in listed:
+            name, created = meta.get("name"), _timestamp(meta.get("creationTimestamp"))
+            if not isinstance(name, str) or created is None or name in used:
                 continue
             if (now - created).total_seconds() < SECRET_SWEEP_MIN_AGE_S:
                 continue
-            if self.sessions.get(job_id, run) is not None:
-                continue
-            if any(run_of(pod) == run for pod in self.cache.pods_of(job_id)):
-                continue
-            alloc = self.jobs.get(job_id).alloc if self.jobs.get(job_id) is not None else None
-            if alloc is not None and alloc.run == run and not _over(alloc):
-                continue  # Slurm runs it: its waiter will attach and its pods be made
-            # Only the Secret that was listed: one made again meanwhile (same name) stays.
-            if await self.kube.delete_secret(str(meta.get("name")), uid=meta.get("uid")):
-                removed += 1
-                log.info("secret.swept", job_id=job_id, run=run, secret=meta.get("name"))
+            async with self._secret_lock(name):
+                # Asked again under the lock: a job may have come for it since the list.
+                if any(s.payload_secret == name for s in self.sessions):
+                    continue
+                self.payload_secrets.discard(name)
+                # Only the listed incarnation: one made again meanwhile stays.
+                if await self.kube.delete_secret(name, uid=meta.get("uid")):
+                    removed += 1
+                    log.info("secret.swept", secret=name)
         return removed
 
     async def _fail(self, session: JobSession, alloc: JobAllocation, reason: str, bound: Any) -> None:

@@ -69,8 +69,6 @@ class JobSession:
     """A script too big for the payload Secret has been copied into the first pod."""
     payload_secret: str | None = None
     """The name of the run's payload Secret, once this daemon made (or found) it."""
-    payload_secret_deleted: bool = False
-    """The run's payload Secret has been deleted (its pods are gone or going)."""
     pending_signals: list[int] = field(default_factory=list)
     """Signals for the batch script that came before it ran (delivered once it does)."""
     tokens_issued: set[str] = field(default_factory=set)

@@ -124,13 +124,12 @@ def pod_name(job_id: int, index: int, run: int = 0) -> str:
     return f"slurm-{job_id}-{index}" if run == 0 else f"slurm-{job_id}-r{run}-{index}"
 
 
-def payload_secret_name(job_id: int, run: int, digest: str) -> str:
-    """Name of the Secret with run `run` of job `job_id`'s script and shared environment: its
-    pods' names without the node index, then a digest of its content (`slurm-<jobid>-<digest>`,
-    `slurm-<jobid>-r<run>-<digest>`). The same payload gives the same name (a restarted daemon
-    finds its Secret); a Secret left by another job of the same id (Slurm's ids begin again after
-    a state reset) has another name, so no job ever runs with another's script or variables."""
-    return f"slurm-{job_id}-{digest}" if run == 0 else f"slurm-{job_id}-r{run}-{digest}"
+def payload_secret_name(digest: str) -> str:
+    """Name of the Secret with a script and the environment its user exported: the digest of its
+    content (and of the uid and gid it is for). The tasks of an array, and the runs of a requeued
+    job, have the same script and exported environment: one Secret serves them all (one write, not
+    one per task). No job ever gets another's: a different content is a different name."""
+    return f"slurm-payload-{digest}"
 
 
 def payload_secret_of(pod: Mapping[str, Any]) -> str | None:
@@ -336,7 +335,7 @@ def desired_objects(
         envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
                 for index in range(len(alloc.nodes))]
         shared = _shared(envs)
-    secret = _payload_secret(alloc, cfg, shared, "" if delivered else payload.script)
+    secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script)
     secret_name = secret["metadata"]["name"]
     pods = [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
@@ -348,12 +347,21 @@ def desired_objects(
     return secret, pods
 
 
+# What Slurm or the bridge sets for each job or node: in each pod's own env, so that the Secret
+# holds only what the user brought, the same for every task of an array.
+PER_JOB_PREFIXES = ("SLURM",)
+PER_JOB_ENV = frozenset({
+    "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL", "NVIDIA_VISIBLE_DEVICES", wellknown.SECRET_SCRIPT_KEY,
+})
+
+
 def _shared(envs: list[dict[str, str]]) -> dict[str, str]:
-    """What every node has alike goes into the Secret once; each pod keeps only its own values
-    (and names Kubernetes does not take as a Secret key)."""
+    """The variables for the Secret: the user's own (not Slurm's, not the bridge's per-job and
+    per-node ones), alike on every node, and named as a Secret key may be."""
     return {name: value for name, value in envs[0].items()
-            if name != wellknown.SECRET_SCRIPT_KEY and _is_secret_key(name)
-            and all(env.get(name) == value for env in envs[1:])}
+            if not name.startswith(PER_JOB_PREFIXES) and name not in PER_JOB_ENV
+            and _is_secret_key(name) and all(env.get(name) == value for env in envs[1:])}
 
 
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
@@ -407,11 +415,12 @@ def _script_path(index: int, delivered: bool) -> str:
     return f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
 
 
-def _payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping[str, str],
-                    script: str) -> dict[str, Any]:
+def payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping[str, str],
+                   script: str) -> dict[str, Any]:
+    """The Secret with `script` and `shared_env`, named by its content and its user."""
     data = {name: _utf8(value) for name, value in shared_env.items()}
     data[wellknown.SECRET_SCRIPT_KEY] = _utf8(script)
-    content = hashlib.sha256()
+    content = hashlib.sha256(f"{cfg.cluster}\0{alloc.uid}\0{alloc.gid}\0".encode())
     for name in sorted(data):
         content.update(name.encode() + b"\0" + len(data[name]).to_bytes(8, "big") + data[name])
     return {
@@ -421,9 +430,10 @@ def _payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping
         # Never changes once made: kubelets then need no watch of it (one per pod at 10,000 jobs).
         "immutable": True,
         "metadata": {
-            "name": payload_secret_name(alloc.job_id, alloc.run, content.hexdigest()[:10]),
+            "name": payload_secret_name(content.hexdigest()[:32]),
             "namespace": cfg.namespace,
-            "labels": _labels(alloc, cfg),
+            # No job id: the Secret may serve many jobs (the sweep tells when none needs it).
+            "labels": {wellknown.LABEL_MANAGED_BY: wellknown.MANAGER, wellknown.LABEL_CLUSTER: cfg.cluster},
         },
         "data": {name: base64.b64encode(value).decode("ascii") for name, value in sorted(data.items())},
     }

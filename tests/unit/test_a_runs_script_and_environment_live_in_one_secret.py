@@ -1,7 +1,7 @@
-"""Issue 11: a run's script and shared environment live in one Secret, not in its pods. The Secret
-is made before the pods (they mount it), goes when the run's pods go, a requeued run has its own,
-one Kubernetes refuses fails the job with the reason, and the leader's sweep removes only the
-Secrets no run needs (a daemon stopped between a run's end and the deletion leaves one)."""
+"""Issue 11: a job's script and the environment its user exported live in one Secret, not in its
+pods, named by its content: the tasks of an array share one (one write for the array). It is made
+before the pods (they mount it), once per daemon; one Kubernetes refuses fails the job with the
+reason; and the leader's sweep removes those no pod and no session names any more."""
 
 from __future__ import annotations
 
@@ -13,16 +13,28 @@ from bridge.clients.kube.errors import KubeInvalid
 
 from .builders import allocation, payload
 from .test_reconcile_acts_on_both_views import _attach, _pod, _see
-from .test_reconcile_acts_on_both_views import world as world
+from .test_reconcile_acts_on_both_views import world as world  # the fixture
+
+ANNOTATION = "slurm-k8s-bridge/payload-secret"
 
 
-async def test_the_secret_comes_before_the_pods_and_goes_with_them(world: Any) -> None:
-    reconciler, kube, _slurm, cache, _ = world
+def _task(reconciler: Any, index: int) -> None:
+    """Task `index` of array 100 running, its waiter attached (same script, same exported
+    environment as every other task)."""
+    job_id = 100 + index
+    _see(reconciler, allocation(job_id=job_id, array_job_id=100, array_task_id=index))
+    task_payload = payload(environment={"HOME": "/home/alice", "SLURM_JOB_ID": str(job_id),
+                                        "SLURM_ARRAY_TASK_ID": str(index)})
+    reconciler.attach_session(job_id, task_payload).payload = task_payload
+
+
+async def test_the_secret_comes_before_the_pods(world: Any) -> None:
+    reconciler, kube, _slurm, _cache, _ = world
     created_before: list[bool] = []
     create_pod = kube.create_pod
 
     async def recording_create_pod(manifest: dict[str, Any]) -> bool:
-        secret = manifest["metadata"]["annotations"]["slurm-k8s-bridge/payload-secret"]
+        secret = manifest["metadata"]["annotations"][ANNOTATION]
         created_before.append(secret in kube.__dict__.get("secrets", {}))
         return await create_pod(manifest)
 
@@ -31,45 +43,31 @@ async def test_the_secret_comes_before_the_pods_and_goes_with_them(world: Any) -
     _attach(reconciler)
     await reconciler.reconcile(42)
     assert created_before == [True, True], "a pod was created before the Secret it mounts"
-    for manifest in kube.created:
-        cache.apply("ADDED", _pod(manifest, phase="Running"))
-
-    (secret,) = kube.secrets
-    assert secret.startswith("slurm-42-")
-    _see(reconciler, replace(allocation(), state="COMPLETED"))
-    await reconciler.reconcile(42)
-    assert kube.secrets == {}, "the run is over and its pods are going: the Secret goes"
-    for manifest in kube.created:
-        cache.apply("DELETED", _pod(manifest))
-    await reconciler.reconcile(42)
-    assert kube.secrets_deleted == [secret], "deleted once"
 
 
-async def test_a_requeued_run_gets_a_secret_of_its_own(world: Any) -> None:
-    reconciler, kube, _slurm, cache, _ = world
-    _see(reconciler, allocation())
-    _attach(reconciler)
-    await reconciler.reconcile(42)
-    (first,) = kube.secrets
-    for manifest in kube.created:
-        cache.apply("ADDED", _pod(manifest, phase="Running"))
-    _see(reconciler, replace(allocation(), run=1))  # requeued: run 0 is over, run 1 runs
-    await reconciler.reconcile(42)
-    for manifest in list(kube.created):
-        cache.apply("DELETED", _pod(manifest))
-    rerun = payload(environment={"HOME": "/home/alice", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"})
-    reconciler.attach_session(42, rerun).payload = rerun
-    await reconciler.reconcile(42)
-    (second,) = kube.secrets
-    assert second.startswith("slurm-42-r1-")
-    assert kube.secrets_deleted == [first]
+async def test_the_tasks_of_an_array_make_one_secret_with_one_request(world: Any) -> None:
+    reconciler, kube, *_ = world
+    requests: list[str] = []
+    create_secret = kube.create_secret
+
+    async def counting_create_secret(manifest: dict[str, Any]) -> bool:
+        requests.append(manifest["metadata"]["name"])
+        return await create_secret(manifest)
+
+    kube.create_secret = counting_create_secret
+    for index in range(5):
+        _task(reconciler, index)
+        await reconciler.reconcile(100 + index)
+
+    assert len(kube.created) == 10 and len(requests) == 1 and list(kube.secrets) == requests
+    assert {m["metadata"]["annotations"][ANNOTATION] for m in kube.created} == set(requests)
 
 
 async def test_a_secret_kubernetes_refuses_fails_the_job_with_the_reason(world: Any) -> None:
     reconciler, kube, slurm, _cache, _ = world
 
     async def refuse(manifest: dict[str, Any]) -> bool:
-        raise KubeInvalid("create secrets: HTTP 422: Secret \"slurm-42\" is invalid: data: Too long",
+        raise KubeInvalid("create secrets: HTTP 422: admission webhook denied the request: no tokens",
                           status=422, reason="Invalid", what="create secrets")
 
     kube.create_secret = refuse
@@ -80,35 +78,51 @@ async def test_a_secret_kubernetes_refuses_fails_the_job_with_the_reason(world: 
     assert kube.created == [], "no pod without its Secret"
     event = queue.get_nowait()
     assert event["type"] == "exit" and event["code"] != 0
-    assert "Too long" in event["reason"] and "Too long" in slurm.comments[42]
+    assert "no tokens" in event["reason"] and "no tokens" in slurm.comments[42]
 
 
-async def test_the_sweep_removes_old_secrets_no_run_needs_and_nothing_else(world: Any) -> None:
+def _stamp(delta: timedelta) -> str:
+    return (datetime.now(UTC) + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_the_sweep_removes_only_old_secrets_no_pod_or_session_names(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
     _see(reconciler, allocation())
     _attach(reconciler)
-    await reconciler.reconcile(42)  # job 42 run 0: a session and pods
+    await reconciler.reconcile(42)  # job 42: a session, and pods once the watch shows them
+    (live,) = kube.secrets
     for manifest in kube.created:
         cache.apply("ADDED", _pod(manifest, phase="Running"))
-    old = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    young = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    (live,) = kube.secrets
     labels = dict(kube.secrets[live]["metadata"]["labels"])
-    kube.secrets[live]["metadata"]["creationTimestamp"] = old
-    for name, job, stamp in (("slurm-7-a", "7", old), ("slurm-8-a", "8", young), ("slurm-9-a", "9", old)):
-        kube.secrets[name] = {"metadata": {"name": name, "creationTimestamp": stamp,
-                                           "labels": {**labels, "slurm-k8s-bridge/job-id": job}}}
-    # Job 9 is running in Slurm with no session and no pods yet (a waiter not attached again
-    # after a takeover): its Secret stays.
-    _see(reconciler, replace(allocation(), job_id=9))
+    kube.secrets[live]["metadata"]["creationTimestamp"] = _stamp(-timedelta(hours=1))
+    for name, age in (("slurm-payload-old", timedelta(hours=1)), ("slurm-payload-young", timedelta(0))):
+        kube.secrets[name] = {"metadata": {"name": name, "creationTimestamp": _stamp(-age), "labels": labels}}
 
-    removed = await reconciler.sweep_payload_secrets("selector")
+    assert await reconciler.sweep_payload_secrets("selector") == 1
+    assert sorted(kube.secrets) == sorted([live, "slurm-payload-young"])
 
-    assert removed == 1 and sorted(kube.secrets) == sorted([live, "slurm-8-a", "slurm-9-a"])
-    reconciler.sessions.end(reconciler.sessions.of_job(42)[0], {"type": "exit", "code": 0})
+    # The run ends: its pods go, then its session.
     _see(reconciler, replace(allocation(), state="COMPLETED"))
-    assert await reconciler.sweep_payload_secrets("selector") == 0, "its pods still need it"
+    await reconciler.reconcile(42)
+    assert await reconciler.sweep_payload_secrets("selector") == 0, "its pods still name it"
     for manifest in kube.created:
         cache.apply("DELETED", _pod(manifest))
+    await reconciler.reconcile(42)
+    assert reconciler.sessions.of_job(42) == []
     assert await reconciler.sweep_payload_secrets("selector") == 1
-    assert sorted(kube.secrets) == ["slurm-8-a", "slurm-9-a"]
+    assert sorted(kube.secrets) == ["slurm-payload-young"]
+
+
+async def test_a_job_after_the_sweep_makes_its_secret_again(world: Any) -> None:
+    reconciler, kube, *_ = world
+    _task(reconciler, 0)
+    await reconciler.reconcile(100)
+    (name,) = kube.secrets
+    kube.secrets[name]["metadata"]["creationTimestamp"] = _stamp(-timedelta(hours=1))
+    for session in list(reconciler.sessions):
+        reconciler.sessions.end(session, {"type": "exit", "code": 0})
+    assert await reconciler.sweep_payload_secrets("selector") == 1 and kube.secrets == {}
+
+    _task(reconciler, 1)  # the array's next task starts later
+    await reconciler.reconcile(101)
+    assert list(kube.secrets) == [name], "its pods would not start without it"

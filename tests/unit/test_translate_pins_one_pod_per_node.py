@@ -64,7 +64,7 @@ def test_a_requeued_run_gets_pod_names_and_a_label_of_its_own() -> None:
 def test_first_pod_manifest() -> None:
     pod = pods()[0]
     secret = pod["metadata"]["annotations"]["slurm-k8s-bridge/payload-secret"]
-    assert re.fullmatch(r"slurm-42-[0-9a-f]{10}", secret)
+    assert re.fullmatch(r"slurm-payload-[0-9a-f]{32}", secret)
     assert pod["apiVersion"] == "v1"
     assert pod["kind"] == "Pod"
     assert pod["metadata"]["labels"] == {

@@ -204,9 +204,10 @@ def test_the_secret_holds_the_script_and_shared_values_and_the_pods_only_their_o
     secret, pods = objects(payload=job)
     assert secret["kind"] == "Secret" and secret["immutable"] is True
     name = secret["metadata"]["name"]
-    assert name.startswith("slurm-42-") and name == payload_secret_name(42, 0, name.rsplit("-", 1)[1])
+    assert name == payload_secret_name(name.removeprefix("slurm-payload-"))
     assert all(pod["metadata"]["annotations"][wellknown.ANNOTATION_PAYLOAD_SECRET] == name for pod in pods)
-    assert secret["metadata"]["labels"] == pods[0]["metadata"]["labels"]
+    assert secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "slurm-k8s-bridge",
+                                            "slurm-k8s-bridge/cluster": "sandbox"}
     data = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
     assert data[wellknown.SECRET_SCRIPT_KEY] == job.script and data["TOKEN"] == "s3cret-value"
     for pod in pods:
@@ -216,25 +217,32 @@ def test_the_secret_holds_the_script_and_shared_values_and_the_pods_only_their_o
         script_item = {"key": wellknown.SECRET_SCRIPT_KEY, "path": wellknown.SCRIPT_FILE}
         assert volume["secret"] == {"secretName": name, "defaultMode": 0o444, "items": [script_item]}
     own = [{e["name"] for e in pod["spec"]["containers"][0]["env"]} for pod in pods]
-    assert "SLURM_NODEID" in own[0] and "SLURM_JOB_ID" not in own[0], "shared values are not repeated"
+    assert "TOKEN" not in own[0] and "HOME" not in own[0], "the user's values are not repeated"
+    # Slurm's and the bridge's per-job values are the pods' own: the Secret is the same for every
+    # task of an array.
+    assert {"SLURM_NODEID", "SLURM_JOB_ID", "MASTER_PORT"} <= own[0]
+    assert not any(key.startswith("SLURM_") and key != wellknown.SECRET_SCRIPT_KEY for key in data)
     assert all(wellknown.SECRET_SCRIPT_KEY in names for names in own), "the script never becomes a variable"
 
 
-def test_a_requeued_run_has_a_secret_of_its_own() -> None:
-    secret, pods = objects(alloc=allocation(run=2))
-    name = secret["metadata"]["name"]
-    assert name.startswith("slurm-42-r2-")
-    assert pods[0]["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": name}}]
+def test_the_tasks_of_an_array_share_one_secret_and_other_content_or_users_get_their_own() -> None:
+    """One write for a 10,000-task array, not 10,000; a restarted daemon finds the Secret it made.
+    A job with another script, another environment or another user never gets it."""
+    def task(index: int, uid: int = 1000) -> dict[str, Any]:
+        alloc = allocation(job_id=100 + index, array_job_id=100, array_task_id=index, uid=uid)
+        env = {"HOME": "/home/alice", "SLURM_JOB_ID": str(100 + index), "SLURM_ARRAY_TASK_ID": str(index)}
+        secret, pods = objects(alloc=alloc, payload=payload(environment=env, uid=uid))
+        secret_ref = {"secretRef": {"name": secret["metadata"]["name"]}}
+        assert pods[0]["spec"]["containers"][0]["envFrom"] == [secret_ref]
+        return secret
 
-
-def test_the_same_payload_names_the_same_secret_and_another_job_of_that_id_another() -> None:
-    """A restarted daemon finds the Secret it made; a Secret left by an earlier job 42 (Slurm's ids
-    begin again after a state reset) is never taken for this one's: its script is another's."""
-    first, _ = objects()
-    again, _ = objects()
-    other, _ = objects(payload=payload(script="#!/bin/sh\n#K8S image=x\necho someone else\n"))
-    assert first == again
-    assert other["metadata"]["name"] != first["metadata"]["name"]
+    first, second = task(0), task(1)
+    assert first == second
+    other_script, _ = objects(payload=payload(script="#!/bin/sh\n#K8S image=x\necho someone else\n"))
+    other_env, _ = objects(payload=payload(environment={"HOME": "/home/alice", "X": "1"}))
+    other_user = task(0, uid=1001)
+    names = {s["metadata"]["name"] for s in (first, other_script, other_env, other_user)}
+    assert len(names) == 4
 
 
 def test_names_a_secret_cannot_hold_stay_in_the_pods_own_env() -> None:
