@@ -359,6 +359,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 		_ = os.Chdir(cwd)
 	}
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_TASK_CWD")
+	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT") // the payload Secret's key (see run)
 	path := argv[0]
 	if filepath.Base(path) == path {
 		if found, err := lookPath(path); err == nil {

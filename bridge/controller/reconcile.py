@@ -34,7 +34,7 @@ import structlog
 from bridge.clients.identity import SupplementalGroups
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
-from bridge.clients.kube.errors import KubeNotFound
+from bridge.clients.kube.errors import KubeNotFound, KubeRejected
 from bridge.clients.kube.node_features import StrictGroupsNodes
 from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.slurm import SlurmClient
@@ -82,6 +82,8 @@ LOG_RESUME_DELAYS_S = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0)
 LOG_ATTEMPTS_AFTER_END = 3
 LOG_NOT_FOUND_ATTEMPTS = 10
 """404s for the log of a pod the watch has, asked again before the relay gives up on it."""
+SECRET_KNOWN_S = 30.0
+"""How long a payload Secret this daemon made or found is taken to exist without asking again."""
 SECRET_SWEEP_MIN_AGE_S = 300.0
 """A payload Secret that no pod or session names is deleted by the sweep only once this old."""
 
@@ -116,8 +118,8 @@ class Reconciler:
         self.sessions = SessionRegistry()
         self.expectations = expectations if expectations is not None else CreateExpectations()
         cache.on_seen(self.expectations.observed)
-        self.payload_secrets: set[str] = set()
-        """Payload Secrets this daemon made or found: their next users need no request."""
+        self.payload_secrets: dict[str, float] = {}
+        """Payload Secrets this daemon made or found, and when (monotonic)."""
         self._secret_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self.groups = SupplementalGroups(cfg.pods.supplemental_groups)
         """The job user's supplementary groups, from Slurm's user name via NSS (cached)."""
@@ -491,6 +493,10 @@ class Reconciler:
         for done, manifest in enumerate(manifests):
             try:
                 created = await self.kube.create_pod(manifest)
+            except KubeRejected as error:  # invalid or too big: asking again would not help
+                self.expectations.forget(names[done:])
+                await self._fail(session, alloc, f"Kubernetes refused the job's pod: {error}", bound)
+                return
             except BaseException:
                 self.expectations.forget(names[done:])
                 raise
@@ -548,12 +554,20 @@ class Reconciler:
         """The Secret exists once this returns: made now, or already there (the same content, by
         its name). Once per Secret and daemon: an array's tasks share one."""
         name = secret["metadata"]["name"]
-        if name in self.payload_secrets:
+        if self._known_secret(name):
             return
         async with self._secret_lock(name):  # never while the sweep decides about it
+            if self._known_secret(name):  # made by the job that held the lock before us
+                return
             if await self.kube.create_secret(secret):
                 bound.info("secret.created", secret=name)
-            self.payload_secrets.add(name)
+            self.payload_secrets[name] = time.monotonic()
+
+    def _known_secret(self, name: str) -> bool:
+        """Made or found a moment ago: an array's burst of tasks sends one request. Trusted only
+        for SECRET_KNOWN_S, so one deleted behind the daemon's back is made again soon."""
+        seen = self.payload_secrets.get(name)
+        return seen is not None and time.monotonic() - seen < SECRET_KNOWN_S
 
     @contextlib.asynccontextmanager
     async def _secret_lock(self, name: str) -> AsyncIterator[None]:
@@ -584,8 +598,9 @@ class Reconciler:
         now = datetime.now(UTC)
         removed = 0
         listed = await self.kube.secrets_metadata(selector)
-        # Known to exist only what exists: one deleted by hand is made again by its next job.
-        self.payload_secrets &= {meta.get("name") for meta in listed}
+        existing = {meta.get("name") for meta in listed}
+        self.payload_secrets = {name: seen for name, seen in self.payload_secrets.items()
+                                if name in existing and time.monotonic() - seen < SECRET_KNOWN_S}
         used = self._secrets_in_use()
         for meta in listed:
             name, created = meta.get("name"), _timestamp(meta.get("creationTimestamp"))
@@ -597,9 +612,14 @@ class Reconciler:
                 # Asked again under the lock: a job may have come for it since the list.
                 if any(s.payload_secret == name for s in self.sessions):
                     continue
-                self.payload_secrets.discard(name)
+                self.payload_secrets.pop(name, None)
                 # Only the listed incarnation: one made again meanwhile stays.
-                if await self.kube.delete_secret(name, uid=meta.get("uid")):
+                try:
+                    deleted = await self.kube.delete_secret(name, uid=meta.get("uid"))
+                except BridgeError as error:  # this one next time; the others now
+                    log.warning("secret.sweep_failed", secret=name, error=repr(error))
+                    continue
+                if deleted:
                     removed += 1
                     log.info("secret.swept", secret=name)
         return removed

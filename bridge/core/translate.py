@@ -337,6 +337,15 @@ def desired_objects(
         shared = _shared(envs)
     secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script)
     secret_name = secret["metadata"]["name"]
+    for env in envs:
+        own = {name: value for name, value in env.items() if name not in shared}
+        own_bytes = sum(len(name) + len(value.encode("utf-8", "surrogateescape"))
+                        for name, value in own.items())
+        if own_bytes > MAX_POD_ENV_BYTES:
+            largest = sorted(own, key=lambda name: len(own[name]), reverse=True)[:3]
+            raise TranslateError(
+                f"the job's per-job variables have {own_bytes} bytes; at most {MAX_POD_ENV_BYTES} fit "
+                f"into a pod; the largest: {', '.join(largest)}")
     pods = [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
              _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes),
@@ -347,21 +356,30 @@ def desired_objects(
     return secret, pods
 
 
-# What Slurm or the bridge sets for each job or node: in each pod's own env, so that the Secret
-# holds only what the user brought, the same for every task of an array.
-PER_JOB_PREFIXES = ("SLURM",)
+# What Slurm or the bridge sets for each job (or node): in each pod's own env, so that the Secret
+# holds what is the same for every task of an array. Any other variable, SLURM_* ones the user
+# exported (SLURM_JWT, say) included, goes into the Secret: the pod shows only these.
 PER_JOB_ENV = frozenset({
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_JOB_USER",
+    "SLURM_JOB_UID", "SLURM_JOB_GID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID",
+    "SLURM_CPUS_ON_NODE", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_GPUS",
+    "SLURM_GPUS_ON_NODE", "SLURM_SUBMIT_DIR", "SLURM_RESTART_COUNT", "SLURM_JOB_START_TIME",
+    "SLURM_JOB_END_TIME", "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_NTASKS",
+    "SLURM_NPROCS", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_JOB_RESERVATION",
     "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
     "GPU_DEVICE_ORDINAL", "NVIDIA_VISIBLE_DEVICES", wellknown.SECRET_SCRIPT_KEY,
 })
+MAX_POD_ENV_BYTES = 128 * 1024
+"""What one pod's own env may weigh (the per-job values and names a Secret cannot hold)."""
 
 
 def _shared(envs: list[dict[str, str]]) -> dict[str, str]:
-    """The variables for the Secret: the user's own (not Slurm's, not the bridge's per-job and
-    per-node ones), alike on every node, and named as a Secret key may be."""
+    """The variables for the Secret: all but Slurm's and the bridge's per-job ones, alike on every
+    node, and named as a Secret key may be."""
     return {name: value for name, value in envs[0].items()
-            if not name.startswith(PER_JOB_PREFIXES) and name not in PER_JOB_ENV
-            and _is_secret_key(name) and all(env.get(name) == value for env in envs[1:])}
+            if name not in PER_JOB_ENV and _is_secret_key(name)
+            and all(env.get(name) == value for env in envs[1:])}
 
 
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")

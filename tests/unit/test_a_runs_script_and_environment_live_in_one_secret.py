@@ -5,11 +5,15 @@ reason; and the leader's sweep removes those no pod and no session names any mor
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bridge.clients.kube.errors import KubeInvalid
+import pytest
+
+from bridge.clients.kube.errors import KubeInvalid, KubeRejected
+from bridge.controller import reconcile as reconcile_module
 
 from .builders import allocation, payload
 from .test_reconcile_acts_on_both_views import _attach, _pod, _see
@@ -126,3 +130,69 @@ async def test_a_job_after_the_sweep_makes_its_secret_again(world: Any) -> None:
     _task(reconciler, 1)  # the array's next task starts later
     await reconciler.reconcile(101)
     assert list(kube.secrets) == [name], "its pods would not start without it"
+
+
+async def test_tasks_that_start_together_send_one_request(world: Any) -> None:
+    """A burst: every task misses the 'made a moment ago' check at once; the first makes the
+    Secret, the others, queued on its lock, find it made and send nothing."""
+    reconciler, kube, *_ = world
+    requests: list[str] = []
+    create_secret = kube.create_secret
+
+    async def slow_create_secret(manifest: dict[str, Any]) -> bool:
+        requests.append(manifest["metadata"]["name"])
+        await asyncio.sleep(0.05)
+        return await create_secret(manifest)
+
+    kube.create_secret = slow_create_secret
+    for index in range(8):
+        _task(reconciler, index)
+    await asyncio.gather(*(reconciler.reconcile(100 + index) for index in range(8)))
+
+    assert len(requests) == 1 and len(kube.created) == 16
+
+
+async def test_a_secret_deleted_behind_the_daemons_back_is_made_again(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reconciler, kube, *_ = world
+    monkeypatch.setattr(reconcile_module, "SECRET_KNOWN_S", 0.0)
+    _task(reconciler, 0)
+    await reconciler.reconcile(100)
+    kube.secrets.clear()  # kubectl delete secret ...
+
+    _task(reconciler, 1)
+    await reconciler.reconcile(101)
+    assert len(kube.secrets) == 1, "the next task's pods would never start"
+
+
+async def test_cached_pods_alone_keep_their_secret(world: Any) -> None:
+    """A new leader: no sessions until the waiters attach again, but the watch has the pods."""
+    reconciler, kube, _slurm, cache, _ = world
+    _task(reconciler, 0)
+    await reconciler.reconcile(100)
+    (name,) = kube.secrets
+    kube.secrets[name]["metadata"]["creationTimestamp"] = _stamp(-timedelta(hours=1))
+    for manifest in kube.created:
+        cache.apply("ADDED", _pod(manifest, phase="Pending"))
+    for session in list(reconciler.sessions):
+        reconciler.sessions.end(session, {"type": "exit", "code": 0})
+
+    assert await reconciler.sweep_payload_secrets("selector") == 0 and name in kube.secrets
+
+
+async def test_a_pod_kubernetes_refuses_fails_the_job_with_the_reason(world: Any) -> None:
+    reconciler, kube, slurm, _cache, _ = world
+
+    async def refuse(manifest: dict[str, Any]) -> bool:
+        raise KubeRejected("create pods: HTTP 413: request entity too large", status=413,
+                           reason="RequestEntityTooLarge", what="create pods")
+
+    kube.create_pod = refuse
+    _see(reconciler, allocation())
+    queue = _attach(reconciler)
+    await reconciler.reconcile(42)
+
+    event = queue.get_nowait()
+    assert event["type"] == "exit" and event["code"] != 0 and "too large" in event["reason"]
+    assert "too large" in slurm.comments[42]

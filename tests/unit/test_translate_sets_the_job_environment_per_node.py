@@ -245,6 +245,18 @@ def test_the_tasks_of_an_array_share_one_secret_and_other_content_or_users_get_t
     assert len(names) == 4
 
 
+def test_slurm_variables_the_user_exported_are_in_the_secret_not_in_the_pod() -> None:
+    """A user's SLURM_JWT (a token) must not be readable by whoever may `get pods`."""
+    secret, pods = objects(payload=payload(environment={"SLURM_JWT": "eyJ.token", "SLURM_JOB_ID": "42"}))
+    assert base64.b64decode(secret["data"]["SLURM_JWT"]) == b"eyJ.token"
+    assert all("eyJ.token" not in json.dumps(pod) for pod in pods)
+
+
+def test_per_job_variables_too_big_for_a_pod_fail_the_job_naming_them() -> None:
+    with pytest.raises(TranslateError, match=r"the largest: \.\.big"):
+        objects(payload=payload(environment={"..big": "x" * (200 * 1024)}))
+
+
 def test_names_a_secret_cannot_hold_stay_in_the_pods_own_env() -> None:
     secret, pods = objects(payload=payload(environment={"..x": "1", "V" * 300: "2", "ok": "3"}))
     assert "ok" in secret["data"] and "..x" not in secret["data"] and "V" * 300 not in secret["data"]
