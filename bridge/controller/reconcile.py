@@ -34,7 +34,7 @@ import structlog
 from bridge.clients.identity import SupplementalGroups
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
-from bridge.clients.kube.errors import KubeNotFound, KubeRejected
+from bridge.clients.kube.errors import KubeConflict, KubeNotFound, KubeRejected
 from bridge.clients.kube.node_features import StrictGroupsNodes
 from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.slurm import SlurmClient
@@ -482,7 +482,9 @@ class Reconciler:
         session.payload_secret = secret_name
         try:
             await self._ensure_payload_secret(secret, bound)
-        except PermanentError as error:  # refused by an admission policy, say
+        except KubeRejected as error:
+            if not _refuses_the_job(error):
+                raise
             await self._fail(session, alloc, f"Kubernetes refused the job's script and environment "
                              f"(Secret {secret_name}): {error}", bound)
             return
@@ -493,8 +495,10 @@ class Reconciler:
         for done, manifest in enumerate(manifests):
             try:
                 created = await self.kube.create_pod(manifest)
-            except KubeRejected as error:  # invalid or too big: asking again would not help
+            except KubeRejected as error:
                 self.expectations.forget(names[done:])
+                if not _refuses_the_job(error):
+                    raise
                 await self._fail(session, alloc, f"Kubernetes refused the job's pod: {error}", bound)
                 return
             except BaseException:
@@ -785,6 +789,13 @@ def _with_output(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     others hold their node and print nothing), else every pod's; none of a simulated partition."""
     return [p for p in pods if _annotation(p, wellknown.ANNOTATION_OUTPUT) != wellknown.OUTPUT_NONE
             and (not _runs_agent(p) or (node_index_of(p) or 0) == 0)]
+
+
+def _refuses_the_job(error: KubeRejected) -> bool:
+    """A refusal of this job's object (invalid, too big, an admission policy or quota, 403): asking
+    again would not help, so the job ends with the reason. Not the bridge's credentials (401):
+    every job would fail while a token is renewed; those keep waiting, and the log says why."""
+    return error.status != 401 and not isinstance(error, KubeConflict)
 
 
 def _timestamp(value: object) -> datetime | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridge.clients.kube.errors import KubeInvalid, KubeRejected
+from bridge.clients.kube.errors import KubeForbidden, KubeInvalid, KubeRejected
 from bridge.controller import reconcile as reconcile_module
 
 from .builders import allocation, payload
@@ -196,3 +196,19 @@ async def test_a_pod_kubernetes_refuses_fails_the_job_with_the_reason(world: Any
     event = queue.get_nowait()
     assert event["type"] == "exit" and event["code"] != 0 and "too large" in event["reason"]
     assert "too large" in slurm.comments[42]
+
+
+async def test_the_bridges_own_credentials_refused_fail_no_job(world: Any) -> None:
+    """A 401 is the bridge's token (being renewed, say), not the job: the job waits, retried."""
+    reconciler, kube, *_ = world
+
+    async def unauthorized(manifest: dict[str, Any]) -> bool:
+        raise KubeForbidden("Kubernetes rejected the bridge's credentials", status=401,
+                            reason="Unauthorized", what="create pods")
+
+    kube.create_pod = unauthorized
+    _see(reconciler, allocation())
+    queue = _attach(reconciler)
+    with pytest.raises(KubeForbidden):
+        await reconciler.reconcile(42)
+    assert queue.empty(), "the job was ended for the bridge's own credentials"
