@@ -570,11 +570,17 @@ def munge_binary() -> str:
 
 
 def munge_credential(payload: str) -> str:
-    """A munge credential for this process's uid/gid, carrying `payload` (the daemon checks both)."""
-    result = subprocess.run(
-        [munge_binary()], input=payload.encode(), capture_output=True, check=False, timeout=10,
-        env=SAFE_ENVIRONMENT, cwd="/",
-    )
+    """A munge credential for this process's uid/gid, carrying `payload` (the daemon checks both).
+    Every failure is an OSError, which the callers take as an outage and retry."""
+    try:
+        result = subprocess.run(
+            [munge_binary()], input=payload.encode(), capture_output=True, check=False, timeout=10,
+            env=SAFE_ENVIRONMENT, cwd="/",
+        )
+    except subprocess.TimeoutExpired:
+        # A host so loaded that munge takes over 10 s (bench-scale, 1,000 nodes: load 146): the
+        # uncaught TimeoutExpired ended the waiter, and its job FAILED 1:0 without a word.
+        raise OSError("munge did not answer within 10 s") from None
     if result.returncode != 0:
         # munged down is an outage like the daemon's: the caller retries.
         raise OSError(f"munge failed: {result.stderr.decode(errors='replace').strip()}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -211,3 +212,28 @@ async def test_a_burst_of_credential_checks_waits_for_a_slot_instead_of_failing(
             answer.release()
 
     assert statuses == [403, 403, 403], "each was checked (and refused: no digest), none turned away"
+
+
+def test_a_munge_that_times_out_is_an_outage_the_waiter_waits_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench-scale on 1,000 nodes (load 146): munge took over 10 s once, the uncaught
+    TimeoutExpired ended the waiter and its job FAILED 1:0 without a word. Now it asks again."""
+    real_munge_credential = waiter.munge_credential
+    server = Server([b'{"type": "exit", "code": 4, "signal": null}'])
+    calls: list[int] = []
+
+    def slow_then_fine(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise subprocess.TimeoutExpired(argv, 10)
+        return subprocess.CompletedProcess(argv, 0, b"MUNGE:x\n", b"")
+
+    try:
+        waiting = _waiter_against(server, monkeypatch)
+        monkeypatch.setattr(waiter, "munge_credential", real_munge_credential)
+        monkeypatch.setattr(waiter, "munge_binary", lambda: "/usr/bin/munge")
+        monkeypatch.setattr(waiter.subprocess, "run", slow_then_fine)
+        code = waiting.run()
+    finally:
+        server.close()
+    assert (code, len(calls), server.requests) == (4, 2, 1)
+
