@@ -607,7 +607,7 @@ class Reconciler:
                                 if name in existing and time.monotonic() - seen < SECRET_KNOWN_S}
         used = self._secrets_in_use()
         for meta in listed:
-            name, created = meta.get("name"), _timestamp(meta.get("creationTimestamp"))
+            name, created = meta.get("name"), outcomes.parse_time(meta.get("creationTimestamp"))
             if not isinstance(name, str) or created is None or name in used:
                 continue
             if (now - created).total_seconds() < SECRET_SWEEP_MIN_AGE_S:
@@ -796,17 +796,6 @@ def _refuses_the_job(error: KubeRejected) -> bool:
     again would not help, so the job ends with the reason. Not the bridge's credentials (401):
     every job would fail while a token is renewed; those keep waiting, and the log says why."""
     return error.status != 401 and not isinstance(error, KubeConflict)
-
-
-def _timestamp(value: object) -> datetime | None:
-    """An API server timestamp ("2026-12-01T10:00:00Z"), or None."""
-    if not isinstance(value, str):
-        return None
-    try:
-        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
 def _annotation(pod: dict[str, Any], key: str) -> str | None:

@@ -4,10 +4,11 @@ The manifests are deterministic (same input, same dicts: no timestamps, sorted e
 planner can compare them with what exists and a restarted daemon rebuilds the same state.
 
 Decisions worth knowing (each explained where it is made):
-- the script and the environment that all nodes share live in one immutable Secret per job run
-  (desired_secret), not in the pods: pods stay small in etcd, in every watch event and relist,
-  and the job's variables (tokens, often) are readable only by who may read Secrets. The script
-  reaches the container through a secret volume, and runs with the interpreter of its shebang;
+- the script and the environment the user exported live in one immutable Secret named by its
+  content (payload_secret; an array's tasks share it), not in the pods: pods stay small in etcd,
+  in every watch event and relist, and the job's variables (tokens, often) are readable only by
+  who may read Secrets. The script reaches the container through a secret volume, and runs with
+  the interpreter of its shebang;
 - the job's environment is passed on minus what describes the slurmd host, then per-node Slurm
   variables are set in each pod's own env, where every `$` is escaped because the kubelet expands
   `$(VAR)` there (values from envFrom are never expanded);
@@ -286,7 +287,7 @@ def desired_objects(
     strict_groups_nodes: Collection[str] = (),
     home: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The run's payload Secret (create it first: the pods mount it), and one Pod manifest per
+    """The job's payload Secret (create it first: the pods mount it), and one Pod manifest per
     allocated node, in node order.
 
     `k8s_nodes` maps Slurm node names to Kubernetes node names; it is required when the partition
@@ -568,7 +569,7 @@ def _pod(
         # kubelet reports (oversubscription) must keep the kubelet from refusing the pod.
         requests["cpu"] = f"{max(1, round(node.cpus * 1000 * part.cpu_request_fraction))}m"
 
-    # The script arrives as a file: one key of the run's Secret, as a secret volume. Unlike an env
+    # The script arrives as a file: one key of the job's Secret, as a secret volume. Unlike an env
     # var it does not leak into every child process's environment or hit the 128 KiB limit of one
     # env string; unlike writing it out from a shell wrapper it needs no shell and no writable
     # directory in the image. The file is read by the shebang's interpreter, so it needs no

@@ -100,7 +100,7 @@ AGENT_SCRIPT: Final = AGENT_DIR + "/slurm_script"
 """Where a script too big for an annotation is copied (`agent receive-script`)."""
 
 SECRET_SCRIPT_KEY: Final = "SLURM_K8S_BRIDGE_SCRIPT"
-"""Key of the script in a run's payload Secret. The Secret is the pods' envFrom too, so the same name
+"""Key of the script in a job's payload Secret. The Secret is the pods' envFrom too, so the same name
 is set in every container's own env (which wins over envFrom) to the script's path: the script
 never becomes an environment variable (one is capped at 128 KiB, and every child would inherit it)."""
 
@@ -111,7 +111,7 @@ ANNOTATION_SCRIPT_DELIVERY: Final = PREFIX + "script-delivery"
 """`exec` on a pod whose script the daemon copies in once it runs (too big for an annotation)."""
 
 ANNOTATION_PAYLOAD_SECRET: Final = PREFIX + "payload-secret"
-"""On every pod: the name of its run's Secret (script and shared environment)."""
+"""On every pod: the name of its payload Secret (script and exported environment)."""
 
 ANNOTATION_OUTPUT: Final = PREFIX + "output"
 """`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
