@@ -66,6 +66,8 @@ LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
 SIGNAL_AFTER_START_S = 1.0
 """A signal for a script that is not running yet is delivered this long after it started (time
 for its first lines, its traps, to run: natively the script has run since the job started)."""
+SIGNAL_RETRY_MAX_S = 10.0
+"""The longest wait between two tries of a signal whose exec failed."""
 BLOCKING_EVENTS = frozenset({
     "FailedMount", "FailedAttachVolume", "FailedMapVolume", "FailedCreatePodSandBox",
     "FailedCreatePodContainer", "FailedScheduling", "Failed", "BackOff", "InspectFailed",
@@ -275,32 +277,36 @@ class Reconciler:
                 return str(pod["metadata"]["name"])
         return None
 
-    async def signal_pods(self, job_id: int, signum: int) -> int:
-        """Send `signum` to the batch script, in the first node's pod of the job's current run (as
-        Slurm signals the batch script: `scancel -s SIG --batch`, `--signal=B:SIG@TIME`); 1 if it
-        got it, 0 if it is kept for when the script runs. Slurm may signal a job whose pod is
-        still starting (natively the script would run already): the signal waits for it."""
-        sessions = self.sessions.of_job(job_id)
+    def take_batch_signal(self, session: JobSession, signum: int, seq: int | None = None) -> None:
+        """Keep `signum` for the run's batch script (`scancel -s SIG --batch`,
+        `--signal=B:SIG@TIME`); the job's next reconcile delivers it, in order, once the script
+        runs. A `seq` the session took already (the waiter sent it again, not knowing it was
+        taken) is dropped. Taken, a signal is never lost to a pod still starting or an exec that
+        failed: delivery is tried again until the run ends."""
+        if seq is not None:
+            if seq <= session.signals_taken:
+                return
+            session.signals_taken = seq
+        session.pending_signals.append(signum)
+        self.requeue(session.job_id)
+
+    async def _signal_batch_script(self, job_id: int, signum: int) -> str:
+        """One delivery of `signum` to the script in the first node's pod of the job's current
+        run: "sent", "later" (the script does not run yet) or "dropped" (no agent there to
+        signal it). Raises BridgeError when the exec fails."""
         pod = self._batch_pod(job_id)
         if pod is not None and not _runs_agent(pod):
             log.warning("signal.no_agent", job_id=job_id, pod=pod["metadata"]["name"], signal=signum)
-            return 0
+            return "dropped"
         if pod is None or _script_running_for_s(pod) < SIGNAL_AFTER_START_S:
-            if sessions:
-                sessions[-1].pending_signals.append(signum)
-                self.requeue_after(job_id, SIGNAL_AFTER_START_S)
-            log.info("signal.pending", job_id=job_id, signal=signum)
-            return 0
+            return "later"
         name = pod["metadata"]["name"]
         agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
         out = await self.kube.exec_in_pod(name, [agent, "signal", wellknown.AGENT_PIDFILE, str(signum)])
         if "has not started" in out:
-            if sessions:
-                sessions[-1].pending_signals.append(signum)
-                self.requeue_after(job_id, SIGNAL_AFTER_START_S)
-            return 0
+            return "later"
         log.info("signal.sent", job_id=job_id, pod=name, signal=signum)
-        return 1
+        return "sent"
 
     def _batch_pod(self, job_id: int) -> dict[str, Any] | None:
         view = self.jobs.get(job_id)
@@ -310,10 +316,24 @@ class Reconciler:
                 return pod
         return None
 
-    async def _deliver_pending_signals(self, session: JobSession) -> None:
-        pending, session.pending_signals = session.pending_signals, []
-        for signum in pending:
-            await self.signal_pods(session.job_id, signum)
+    async def _deliver_pending_signals(self, session: JobSession, bound: Any) -> None:
+        """Deliver the kept signals oldest first; each stays kept until it was sent (a failed
+        exec under load, the kubelet's 500 on a container that just started, is tried again)."""
+        while session.pending_signals:
+            signum = session.pending_signals[0]
+            try:
+                delivery = await self._signal_batch_script(session.job_id, signum)
+            except BridgeError as error:
+                session.signal_failures += 1
+                delay = min(SIGNAL_AFTER_START_S * 2 ** session.signal_failures, SIGNAL_RETRY_MAX_S)
+                bound.warning("signal.retry", signal=signum, error=str(error), retry_in_s=delay)
+                self.requeue_after(session.job_id, delay)
+                return
+            if delivery == "later":
+                self.requeue_after(session.job_id, SIGNAL_AFTER_START_S)
+                return
+            session.signal_failures = 0
+            session.pending_signals.pop(0)
 
     # -- the loop body ---------------------------------------------------------
     async def reconcile(self, job_id: int) -> None:
@@ -392,7 +412,7 @@ class Reconciler:
         if not session.script_delivered:
             await self._deliver_script(session, pods, bound)
         if session.pending_signals:
-            await self._deliver_pending_signals(session)
+            await self._deliver_pending_signals(session, bound)
         if isinstance(decision, outcomes.FailedBeforeStart) and decision.overdue:
             reason = await self._overdue_reason(decision, pods)
             if reason is None:

@@ -70,7 +70,11 @@ class JobSession:
     payload_secret: str | None = None
     """The name of the run's payload Secret, once this daemon made (or found) it."""
     pending_signals: list[int] = field(default_factory=list)
-    """Signals for the batch script that came before it ran (delivered once it does)."""
+    """Signals for the batch script not delivered yet, oldest first (kept until they are)."""
+    signals_taken: int = 0
+    """The waiter's sequence number of the last signal taken: a resent one is not taken twice."""
+    signal_failures: int = 0
+    """Failed deliveries of the oldest kept signal in a row (the retry backs off)."""
     tokens_issued: set[str] = field(default_factory=set)
     """Step keys already signed: a replayed request is never signed again."""
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)

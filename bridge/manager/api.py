@@ -254,6 +254,7 @@ class Api:
             uid = await self._identify(request, job_id, raw)
             body = json.loads(raw)
             payload = payload_from_json(body)
+            signals = _attach_signals(body.get("signals"))
         except web.HTTPException as error:
             self.metrics.inc("attach_rejected_total")
             bound.warning("attach.rejected", status=error.status, reason=error.text)
@@ -275,6 +276,8 @@ class Api:
         if body.get("cancel"):
             session.cancel_requested = True
         queue = session.attach({str(k): str(v) for k, v in (body.get("last_log") or {}).items()})
+        for seq, signum in signals:
+            self.reconciler.take_batch_signal(session, signum, seq)
         self.enqueue(job_id)
         bound.info("attach.accepted")
 
@@ -303,17 +306,18 @@ class Api:
         raw = await request.read()
         await self._identify(request, job_id, raw)
         try:
-            signum = json.loads(raw).get("signal")
+            body = json.loads(raw)
+            signum, seq = _batch_signal(body.get("signal"), body.get("seq"))
         except (ValueError, AttributeError):
-            signum = None
-        if not isinstance(signum, int) or isinstance(signum, bool) or signum not in FORWARDED_SIGNALS:
-            raise web.HTTPBadRequest(text=f"signal must be one of {sorted(FORWARDED_SIGNALS)}")
-        try:
-            told = await self.reconciler.signal_pods(job_id, signum)
-        except BridgeError as error:
-            raise web.HTTPServiceUnavailable(text=f"cannot signal the job's pods: {error}") from None
-        log.info("signal.forwarded", job_id=job_id, signal=signum, pods=told)
-        return web.json_response({"signalled": told})
+            raise web.HTTPBadRequest(text=f"signal must be one of {sorted(FORWARDED_SIGNALS)}, "
+                                          "seq a positive integer") from None
+        sessions = self.reconciler.sessions.of_job(job_id)
+        if not sessions:
+            # The waiter keeps it and sends it with its attach, which opens the session.
+            raise web.HTTPConflict(text=f"job {job_id}'s waiter has not attached yet")
+        self.reconciler.take_batch_signal(sessions[-1], signum, seq)
+        log.info("signal.taken", job_id=job_id, signal=signum, seq=seq)
+        return web.json_response({"taken": True})
 
     async def task(self, request: web.Request) -> web.StreamResponse:
         """One task of a step the script's srun asked for: a task proxy, started by Slurm's srun
@@ -640,3 +644,34 @@ def _count_down(counts: dict[int, int], key: int) -> None:
         counts[key] = left
     else:
         counts.pop(key, None)
+
+
+MAX_SIGNALS_PER_ATTACH = 64
+"""A waiter keeps the signals the daemon has not taken; more than this many is not a waiter's."""
+
+
+def _batch_signal(signum: object, seq: object) -> tuple[int, int | None]:
+    """A signal for the batch script and the waiter's sequence number for it (None from a waiter
+    older than sequence numbers); ValueError when either is not one."""
+    if not isinstance(signum, int) or isinstance(signum, bool) or signum not in FORWARDED_SIGNALS:
+        raise ValueError(f"not a forwarded signal: {signum!r}")
+    if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or seq < 1):
+        raise ValueError(f"not a sequence number: {seq!r}")
+    return signum, seq
+
+
+def _attach_signals(raw: object) -> list[tuple[int, int]]:
+    """The attach's signals the daemon has not taken yet: [[seq, signal], ...], oldest first."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_SIGNALS_PER_ATTACH:
+        raise ValueError(f"signals must be a list of at most {MAX_SIGNALS_PER_ATTACH} [seq, signal] pairs")
+    taken: list[tuple[int, int]] = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) != 2:
+            raise ValueError("each signal must be a [seq, signal] pair")
+        signum, seq = _batch_signal(item[1], item[0])
+        if seq is None:
+            raise ValueError("each kept signal needs its sequence number")
+        taken.append((seq, signum))
+    return sorted(taken)

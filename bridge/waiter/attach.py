@@ -64,6 +64,10 @@ FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, sign
 """Signals Slurm sends the batch script (scancel -s SIG --batch, --signal=B:SIG@TIME) that the
 waiter passes on to the script in the pods. SIGTERM and SIGINT stop the job (its pods are deleted
 and the kubelet signals the script); SIGKILL and SIGSTOP cannot be caught."""
+HELD_SIGNALS = frozenset((*FORWARDED, signal.SIGTERM, signal.SIGINT))
+"""Blocked by the step guard when it starts the waiter (slurm_spank_task_init): one of these that
+comes while Python starts waits, pending, until main() has handlers for it and unblocks them (its
+default action would end the waiter, and the job with it, before the script even started)."""
 RECONNECT_BASE_S, RECONNECT_CAP_S = 0.1, 5.0
 STREAM_READ_TIMEOUT_S = 45.0
 """The daemon sends a heartbeat every 10 s; silence this long means a half-open connection."""
@@ -317,7 +321,7 @@ def end_as_the_task(code: int) -> int:
     return code
 
 
-def run_task(api_url: str, ca_file: str | None, key: str) -> int:
+def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | None = None) -> int:
     """A task proxy (`waiter.py task KEY`), started by Slurm's srun as one task of a step: the
     daemon runs the task in the pod of this node; its output comes back here, and srun gathers it
     (--label and all) as it would a native task's. Exits with the task's exit code."""
@@ -341,6 +345,8 @@ def run_task(api_url: str, ca_file: str | None, key: str) -> int:
 
     for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, pass_on)
+    for signum in take_early_signals(early):
+        pass_on(signum, None)
     for attempt in range(60):
         started = False
         try:
@@ -650,6 +656,12 @@ class Waiter:
         self._merged = output_merged()
         self._active_steps = 0
         self._step_procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Signals for the script the daemon has not taken yet, by sequence number: kept until it
+        # does (its answer to /signal, or the next attach, which carries them), so none is lost
+        # to a waiter that has not attached yet or a daemon that answered 503 for a moment.
+        self._unsent_signals: dict[int, int] = {}
+        self._signal_seq = 0
+        self._sending_signals = False
         # How this waiter was started, less its batch script: the task proxies of a step are the
         # same command (the SPANK guard lets exactly that through as a step of a bridged job).
         self._own_command = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", __file__]))[:-1]
@@ -659,11 +671,37 @@ class Waiter:
         return post(self._url, path, self._job_id, body, timeout, self._ca_file)
 
     def forward_signal(self, signum: int) -> None:
-        """Pass a signal on to the script in the pods (the daemon runs the agent there)."""
+        """Pass a signal on to the script in the pods (the daemon runs the agent there). Runs in
+        a signal handler: one that interrupts a send only adds its signal, which the send in
+        progress takes along, so the daemon gets them in order."""
+        self._signal_seq += 1
+        self._unsent_signals[self._signal_seq] = int(signum)
+        self.send_signals()
+
+    def send_signals(self) -> None:
+        """Send the signals the daemon has not taken, oldest first; stop at the first that it
+        cannot take now (not attached yet: 409; an outage): the next attach or heartbeat tries
+        again. The sequence number lets the daemon drop one it took already."""
+        if self._sending_signals:
+            return
+        self._sending_signals = True
         try:
-            self._post("signal", {"signal": int(signum)}, timeout=10).close()
-        except OSError as error:
-            _stderr(f"could not pass signal {signum} on to the job's pods: {error}")
+            while self._unsent_signals:
+                seq = min(self._unsent_signals)
+                body = {"signal": self._unsent_signals[seq], "seq": seq}
+                try:
+                    self._post("signal", body, timeout=10).close()
+                except DaemonError as error:
+                    if 400 <= error.status < 500 and error.status != 409:
+                        _stderr(f"the bridge refused signal {body['signal']}: {error.text}")
+                        self._unsent_signals.pop(seq, None)
+                        continue
+                    return
+                except OSError:
+                    return
+                self._unsent_signals.pop(seq, None)
+        finally:
+            self._sending_signals = False
 
     def _start_step(self, data: str, token: str) -> None:
         """The script ran srun: run Slurm's srun for it here, a real step whose tasks are the
@@ -792,12 +830,17 @@ class Waiter:
             "output_merged": self._merged,
             "last_log": self._state.last_log,
             "cancel": self._state.cancel_requested,
+            "signals": sorted(self._unsent_signals.items()),
         }
         # A read timeout: the daemon sends heartbeats, so silence means a half-open connection.
         with self._post("attach", body, timeout=STREAM_READ_TIMEOUT_S) as stream:
+            for seq, _signum in body["signals"]:
+                self._unsent_signals.pop(seq, None)  # the session took them with the attach
             for raw in stream:
                 if not raw.endswith(b"\n"):
                     break  # cut off mid-line: the daemon went away
+                if self._unsent_signals:
+                    self.send_signals()  # one refused a moment ago (daemon busy or restarting)
                 event = json.loads(raw)
                 kind = event.get("type")
                 if kind == "out":
@@ -863,7 +906,28 @@ def _stderr(text: str) -> None:
     sys.stderr.flush()
 
 
+def hold_early_signals() -> list[int]:
+    """Keep, in order, the signals that come before the waiter can act on them, and unblock what
+    the step guard blocked for the waiter's start: every later process (munge, srun) starts
+    with none blocked."""
+    early: list[int] = []
+    for signum in HELD_SIGNALS:
+        signal.signal(signum, lambda number, _frame: early.append(number))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+    return early
+
+
+def take_early_signals(early: list[int] | None) -> list[int]:
+    """The kept signals, once the real handlers are set (the list is emptied)."""
+    if not early:
+        return []
+    taken = list(early)
+    del early[:len(taken)]
+    return taken
+
+
 def main(argv: list[str]) -> int:
+    early = hold_early_signals()
     # What the job runs with is taken first; then the waiter leaves the user's directory, so
     # nothing it does afterwards can resolve a path there.
     environment = job_environment(dict(os.environ))
@@ -876,7 +940,7 @@ def main(argv: list[str]) -> int:
             ca_file = argv[1]
         argv = argv[2:]
     if len(argv) == 2 and argv[0] == "task":
-        return run_task(api_url, ca_file, argv[1])
+        return run_task(api_url, ca_file, argv[1], early)
     if len(argv) != 1:
         _stderr("usage: waiter.py [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY")
         return 2
@@ -895,6 +959,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, on_terminate)
     for signum in FORWARDED:
         signal.signal(signum, lambda number, _frame: waiter.forward_signal(number))
+    for signum in take_early_signals(early):
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            on_terminate(signum, None)
+        else:
+            waiter.forward_signal(signum)
     return waiter.run()
 
 

@@ -16,6 +16,10 @@
  *     Programs named by an `allow=` argument (absolute paths, written by the site in
  *     plugstack.conf) may run as steps: the bridge's own step launcher, if any. srun (local
  *     context) checks the same first, only to print the reason early and clearly;
+ *   - starts the waiter (batch step or task proxy) with the signals Slurm sends a batch script
+ *     or a task blocked: one that comes while Python starts (scancel -s USR1 --batch the moment
+ *     the job runs) stays pending until the waiter has its handlers and unblocks them, where it
+ *     would otherwise end the waiter by its default action;
  *   - for the waiter's batch step, moves every variable but SLURM_* out of the way, under
  *     SLURM_K8S_BRIDGE_HELD_<name>: nothing the user exported (LD_PRELOAD, OPENSSL_CONF, LOCPATH,
  *     ...) can steer the dynamic loader, libcrypto or the shell that start the waiter. The
@@ -30,6 +34,7 @@
  */
 
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -518,4 +523,23 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	free(names);
 	free(values);
 	return rc;
+}
+
+/* The waiter's first act is to set its handlers and unblock these (bridge/waiter/attach.py,
+ * HELD_SIGNALS); the mask set here, in the task just before its exec, survives the exec. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	static const int held_signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGTERM};
+	sigset_t held;
+
+	(void) ac;
+	(void) av;
+	if (spank_remote(sp) != 1 || !batch_of_bridged_job)
+		return 0;
+	sigemptyset(&held);
+	for (size_t i = 0; i < sizeof(held_signals) / sizeof(held_signals[0]); i++)
+		sigaddset(&held, held_signals[i]);
+	if (sigprocmask(SIG_BLOCK, &held, NULL) != 0)
+		slurm_error("slurm-k8s-bridge: cannot hold signals for the waiter's start: %m");
+	return 0;
 }

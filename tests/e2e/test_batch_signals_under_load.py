@@ -1,0 +1,81 @@
+"""Signals for the batch script under load: `--signal=B:USR1@T` and `scancel -s USR1 --batch` on
+arrays of dozens of tasks at once. Every script traps USR1, writes a line and ends 0; one lost
+signal shows as a TIMEOUT or a task that ran into its time limit (CI once lost one: the exec into
+a container that had just started failed, and the signal went with it).
+
+Wall times are printed (run with -s), never asserted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.e2e.sandbox import Sandbox, wait_until, write_script
+from tests.e2e.test_every_exit_code_right_under_load import BUSYBOX, _all_final
+
+TASKS = 24
+TRAPPING_SCRIPT = (
+    "#!/bin/sh\n" + BUSYBOX + "trap 'echo checkpoint; exit 0' USR1\necho started\n"
+    "i=0; while [ $i -lt 200 ]; do sleep 1; i=$((i+1)); done\necho never\n"
+)
+
+
+def _outputs(directory: Path, array_id: int) -> dict[int, bytes]:
+    return {int(path.stem.rpartition("_")[2]): path.read_bytes()
+            for path in directory.glob(f"sig-{array_id}_*.out")}
+
+
+def _workdir(sandbox: Sandbox, name: str) -> Path:
+    directory = sandbox.home("alice") / f"{name}-{int(time.time())}"
+    sandbox.slurm("mkdir", str(directory), user="alice")
+    return directory
+
+
+def _assert_every_task_trapped(
+    rows: dict[int, tuple[str, str]], outputs: dict[int, bytes], what: str
+) -> None:
+    wrong = {task: row for task, row in rows.items() if row != ("COMPLETED", "0:0")}
+    assert not wrong, f"{what}: tasks whose USR1 did not reach the script: {wrong}"
+    assert len(rows) == TASKS
+    odd = {task: out for task, out in outputs.items() if out != b"started\ncheckpoint\n"}
+    assert not odd, f"{what}: output files {odd}"
+    assert len(outputs) == TASKS
+
+
+def test_signal_before_the_time_limit_reaches_every_task_of_an_array_like_native(bridge: Sandbox) -> None:
+    directory = _workdir(bridge, "batch-signal")
+    script = write_script(bridge, "alice", "trap-usr1.sh", TRAPPING_SCRIPT)
+    timings = {}
+    for partition in ("native", "k8s"):
+        started = time.monotonic()
+        array_id = bridge.sbatch("-p", partition, f"--array=0-{TASKS - 1}", "--mem=100M", "--time=1",
+                                 "--signal=B:USR1@50", "-o", f"{directory}/sig-%A_%a.out", str(script))
+        rows = wait_until(f"{TASKS} tasks in {partition}", lambda a=array_id: _all_final(bridge, [a], TASKS),
+                          timeout=600, interval=1)[array_id]
+        timings[partition] = time.monotonic() - started
+        _assert_every_task_trapped(rows, _outputs(directory, array_id), partition)
+    print(f"\n{TASKS}-task --signal=B:USR1@50 array: native {timings['native']:.1f}s, "
+          f"k8s {timings['k8s']:.1f}s")
+
+
+def test_scancel_batch_signal_the_moment_a_task_runs_is_not_lost(bridge: Sandbox) -> None:
+    """The signal comes while the waiter is starting, has not attached yet, or its pod is not
+    running: in each case the script gets it once it runs. (Natively a signal this early may beat
+    the script's own trap, so there is no native side to compare.)"""
+    directory = _workdir(bridge, "scancel-signal")
+    script = write_script(bridge, "alice", "trap-usr1-scancel.sh", TRAPPING_SCRIPT)
+    array_id = bridge.sbatch("-p", "k8s", f"--array=0-{TASKS - 1}", "--mem=100M", "--time=5",
+                             "-o", f"{directory}/sig-%A_%a.out", str(script))
+    signalled: set[str] = set()
+    deadline = time.monotonic() + 600
+    while len(signalled) < TASKS and time.monotonic() < deadline:
+        running = bridge.slurm("squeue", "-h", "-r", "-t", "RUNNING", "-j", str(array_id), "-o", "%i",
+                               check=False).stdout.split()
+        for task in sorted(set(running) - signalled):
+            bridge.slurm("scancel", "-s", "USR1", "--batch", task, user="alice", check=False)
+            signalled.add(task)
+        time.sleep(0.2)
+    assert len(signalled) == TASKS, f"only {len(signalled)} tasks were seen running"
+    rows = wait_until(f"{TASKS} signalled tasks", lambda: _all_final(bridge, [array_id], TASKS),
+                      timeout=600, interval=1)[array_id]
+    _assert_every_task_trapped(rows, _outputs(directory, array_id), "k8s, scancel --batch")

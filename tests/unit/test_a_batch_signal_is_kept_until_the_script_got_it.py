@@ -1,0 +1,313 @@
+"""`--signal=B:USR1@50` and `scancel -s USR1 --batch` signal the batch script; natively it gets
+the signal. A bridged script gets it through its waiter, the daemon and an exec of the pod's
+agent, and each hop can fail for a moment under load: the waiter may not have attached yet, the
+daemon may answer 503, the kubelet may refuse the exec into a container that just started (CI
+saw a bridged `trap ... USR1` script run into its time limit, its USR1 lost). A signal is kept at
+each hop until the next one has taken it, and taken once only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.core import wellknown
+from bridge.core.config import PartitionConfig
+from bridge.core.errors import KubeUnavailable
+from bridge.manager.api import Api
+from bridge.waiter import attach as waiter
+
+from .builders import SecretStore, allocation, config, payload
+
+USR1, USR2 = int(signal.SIGUSR1), int(signal.SIGUSR2)
+UNMUNGE_OK = (
+    "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"
+)
+
+
+class Slurm:
+    async def job(self, job_id: int) -> Any:
+        return allocation(job_id=job_id)
+
+    async def set_comment(self, job_id: int, comment: str) -> None:
+        pass
+
+
+class KubeWithAFlakyExec(SecretStore):
+    """Pods go into the cache as running agent pods; the first `failures` execs fail as the
+    kubelet's 500 did."""
+
+    def __init__(self, cache: PodCache, failures: int) -> None:
+        self.cache = cache
+        self.failures = failures
+        self.signalled: list[tuple[str, int]] = []
+
+    async def create_pod(self, manifest: dict[str, Any]) -> bool:
+        metadata = dict(manifest["metadata"])
+        metadata["annotations"] = {**(metadata.get("annotations") or {}),
+                                   wellknown.ANNOTATION_OUTPUT: wellknown.OUTPUT_FRAMED}
+        started = (datetime.now(UTC) - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.cache.apply("ADDED", {"metadata": metadata, "spec": manifest["spec"], "status": {
+            "phase": "Running",
+            "containerStatuses": [{"name": wellknown.CONTAINER_NAME,
+                                   "state": {"running": {"startedAt": started}}}]}})
+        return True
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        if self.failures:
+            self.failures -= 1
+            raise KubeUnavailable(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
+        self.signalled.append((pod, int(command[-1])))
+        return ""
+
+    async def stream_logs(self, pod_name: str, since_time: str | None = None) -> Any:
+        await asyncio.sleep(3600)
+        yield ("", "")  # pragma: no cover - never reached
+
+
+def _world(failures: int) -> tuple[Reconciler, KubeWithAFlakyExec, list[tuple[int, float]]]:
+    cache = PodCache()
+    kube = KubeWithAFlakyExec(cache, failures)
+    later: list[tuple[int, float]] = []
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
+    reconciler = Reconciler(cfg, Slurm(), kube, cache, Metrics(), lambda _job: None,  # type: ignore[arg-type]
+                            lambda job, delay: later.append((job, delay)))
+    reconciler.jobs.record(replace(allocation(), read_at=time.monotonic()))
+    return reconciler, kube, later
+
+
+def _attached(reconciler: Reconciler) -> Any:
+    session = reconciler.attach_session(42, payload())
+    session.payload = payload()
+    session.attach({})
+    return session
+
+
+async def test_a_signal_whose_exec_failed_is_sent_again_and_reaches_the_script() -> None:
+    reconciler, kube, later = _world(failures=2)
+    session = _attached(reconciler)
+    await reconciler.reconcile(42)  # creates the pods
+    reconciler.take_batch_signal(session, USR1, seq=1)
+
+    await reconciler.reconcile(42)
+    await reconciler.reconcile(42)
+    assert kube.signalled == []
+    assert session.pending_signals == [USR1], "a failed exec must not drop the signal"
+    assert later and later[-1][1] > 1.0, "the next try waits a little longer"
+
+    await reconciler.reconcile(42)
+    assert kube.signalled == [("slurm-42-0", USR1)]
+    assert session.pending_signals == []
+    await reconciler.reconcile(42)
+    assert kube.signalled == [("slurm-42-0", USR1)], "delivered once"
+
+
+async def test_signals_reach_the_script_in_the_order_slurm_sent_them() -> None:
+    reconciler, kube, _ = _world(failures=1)
+    session = _attached(reconciler)
+    await reconciler.reconcile(42)
+    reconciler.take_batch_signal(session, USR1, seq=1)
+    reconciler.take_batch_signal(session, USR2, seq=2)
+
+    for _ in range(3):
+        await reconciler.reconcile(42)
+
+    assert [signum for _, signum in kube.signalled] == [USR1, USR2]
+
+
+async def test_a_signal_the_waiter_sends_again_is_taken_once() -> None:
+    reconciler, _kube, _ = _world(failures=0)
+    session = _attached(reconciler)
+
+    reconciler.take_batch_signal(session, USR1, seq=1)
+    reconciler.take_batch_signal(session, USR1, seq=1)  # its answer was lost: the waiter resends
+    reconciler.take_batch_signal(session, USR1, seq=2)  # scancel -s USR1 a second time
+
+    assert session.pending_signals == [USR1, USR1]
+
+
+# -- the API: before the attach, and with it ---------------------------------------------------
+
+
+async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    raw = json.dumps(body).encode()
+    credential = waiter.request_digest("POST", path, 42, raw)
+    response = await client.post(path, data=raw, headers={"X-Munge-Credential": credential})
+    return response.status, await response.text()
+
+
+def _api(tmp_path: Path, reconciler: Reconciler) -> TestClient:
+    script = tmp_path / "unmunge.py"
+    script.write_text(UNMUNGE_OK)
+    api = Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(script)))
+    return TestClient(TestServer(api.app()))
+
+
+async def test_a_signal_before_the_attach_is_refused_so_the_waiter_keeps_it(tmp_path: Path) -> None:
+    reconciler, _kube, _ = _world(failures=0)
+    async with _api(tmp_path, reconciler) as client:
+        status, text = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
+
+    assert status == 409, text
+    assert "not attached" in text
+
+
+async def test_the_attach_hands_over_the_signals_the_waiter_kept(tmp_path: Path) -> None:
+    reconciler, _kube, _ = _world(failures=0)
+    body = {"script": "#!/bin/sh\ntrue\n", "environment": {"SLURM_JOB_ID": "42"}, "work_dir": "/tmp",
+            "uid": 1000, "gid": 100, "signals": [[1, USR1], [2, USR2]]}
+    async with _api(tmp_path, reconciler) as client:
+        raw = json.dumps(body).encode()
+        credential = waiter.request_digest("POST", "/v1/jobs/42/attach", 42, raw)
+        response = await client.post("/v1/jobs/42/attach", data=raw,
+                                      headers={"X-Munge-Credential": credential})
+        assert response.status == 200, await response.text()
+        again = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 2})
+        response.close()
+
+    assert again[0] == 200, again
+    assert reconciler.sessions.of_job(42)[0].pending_signals == [USR1, USR2]
+
+
+@pytest.mark.parametrize("signals", [[[0, USR1]], [[1, 9]], [[None, USR1]], "USR1", [[1, USR1]] * 65])
+async def test_an_attach_with_crafted_signals_is_refused(tmp_path: Path, signals: Any) -> None:
+    reconciler, _kube, _ = _world(failures=0)
+    body = {"script": "#!/bin/sh\ntrue\n", "environment": {"SLURM_JOB_ID": "42"}, "work_dir": "/tmp",
+            "uid": 1000, "gid": 100, "signals": signals}
+    async with _api(tmp_path, reconciler) as client:
+        status, _text = await _post(client, "/v1/jobs/42/attach", body)
+
+    assert status == 400
+    assert reconciler.sessions.of_job(42) == []
+
+
+# -- the waiter ----------------------------------------------------------------------------------
+
+
+class Daemon:
+    """The daemon's answers as the waiter sees them: each /signal and /attach call is recorded."""
+
+    def __init__(self, signal_answers: list[int]) -> None:
+        self.signal_answers = signal_answers
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def post(self, _url: Any, path: str, _job: int, body: dict[str, Any], *_args: Any) -> Any:
+        action = path.rsplit("/", 1)[1]
+        self.calls.append((action, json.loads(json.dumps(body))))
+        if action == "signal":
+            status = self.signal_answers.pop(0) if self.signal_answers else 200
+            if status != 200:
+                raise waiter.DaemonError(status, "not now")
+            return _Answer([])
+        return _Answer([b'{"type": "exit", "code": 0, "signal": null}\n'])
+
+
+class _Answer(list):  # type: ignore[type-arg]
+    def __enter__(self) -> _Answer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("refusal", [409, 503])
+def test_a_signal_the_daemon_did_not_take_goes_with_the_next_attach(monkeypatch: Any, refusal: int) -> None:
+    daemon = Daemon([refusal])
+    monkeypatch.setattr(waiter, "post", daemon.post)
+    monkeypatch.setattr(waiter, "output_merged", lambda: True)
+    job = waiter.Waiter("http://127.0.0.1:1", 42, "true\n", {"SLURM_JOB_ID": "42"}, "/tmp")
+
+    job.forward_signal(USR1)
+    code = job.run()
+
+    assert code == 0
+    assert [action for action, _ in daemon.calls] == ["signal", "attach"]
+    assert daemon.calls[0][1] == {"signal": USR1, "seq": 1}
+    assert daemon.calls[1][1]["signals"] == [[1, USR1]]
+
+
+def test_a_signal_the_daemon_took_is_not_sent_again(monkeypatch: Any) -> None:
+    daemon = Daemon([200, 503])
+    monkeypatch.setattr(waiter, "post", daemon.post)
+    monkeypatch.setattr(waiter, "output_merged", lambda: True)
+    job = waiter.Waiter("http://127.0.0.1:1", 42, "true\n", {"SLURM_JOB_ID": "42"}, "/tmp")
+
+    job.forward_signal(USR1)
+    job.forward_signal(USR2)
+    job.run()
+
+    assert [body.get("seq") for action, body in daemon.calls if action == "signal"] == [1, 2]
+    assert daemon.calls[-1][1]["signals"] == [[2, USR2]]
+
+
+def test_a_signal_during_a_send_is_sent_after_it_in_order(monkeypatch: Any) -> None:
+    daemon = Daemon([])
+    job = waiter.Waiter("http://127.0.0.1:1", 42, "true\n", {"SLURM_JOB_ID": "42"}, "/tmp")
+    nested: list[bool] = []
+
+    def post_interrupted_once(*args: Any) -> Any:
+        if not nested:
+            nested.append(True)
+            job.forward_signal(USR2)  # the handler runs in the middle of the first send
+        return daemon.post(*args)
+
+    monkeypatch.setattr(waiter, "post", post_interrupted_once)
+    job.forward_signal(USR1)
+
+    assert [(body["seq"], body["signal"]) for _, body in daemon.calls] == [(1, USR1), (2, USR2)]
+
+
+# -- a signal while the waiter starts ------------------------------------------------------------
+
+EARLY_SIGNAL_PROGRAM = """
+import os, signal, sys
+from bridge.waiter import attach
+
+# As the step guard starts the waiter: the signals blocked; Slurm's USR1 then comes at once.
+signal.pthread_sigmask(signal.SIG_BLOCK, attach.HELD_SIGNALS)
+os.kill(os.getpid(), signal.SIGUSR1)
+forwarded = []
+attach.Waiter.forward_signal = lambda self, signum: forwarded.append(int(signum))
+attach.Waiter.run = lambda self: print(forwarded, sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+sys.exit(attach.main([sys.argv[1]]))
+"""
+
+
+def test_a_signal_that_comes_while_the_waiter_starts_is_passed_on_not_its_death(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "batch.sh"
+    script.write_text(f"#!/bin/sh\nexec waiter\n{waiter.MARKER}\necho hello\n")
+    result = subprocess.run(
+        [sys.executable, "-c", EARLY_SIGNAL_PROGRAM, str(script)], capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parents[2], env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin"},
+        timeout=60, check=False,
+    )
+
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert result.stdout.strip() == f"[{USR1}] []", "passed on once, and nothing left blocked"
+
+
+def test_the_step_guard_blocks_exactly_the_signals_the_waiter_unblocks() -> None:
+    import re
+
+    guard = (Path(__file__).resolve().parents[2] / "deploy/slurm/spank/slurm_k8s_bridge_guard.c").read_text()
+    listed = re.search(r"held_signals\[\] = \{([^}]*)\}", guard)
+    assert listed is not None, "the guard lists the signals it holds"
+    held = {getattr(signal, name.strip()) for name in listed.group(1).split(",")}
+    assert held == set(waiter.HELD_SIGNALS)
