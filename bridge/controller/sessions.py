@@ -127,34 +127,42 @@ class SessionRegistry:
     """The sessions by (job id, run). The API opens them; the reconciler ends them."""
 
     def __init__(self) -> None:
-        self._sessions: dict[tuple[int, int], JobSession] = {}
+        # By job, then run: every reconcile asks for one job's sessions, which must not cost a
+        # walk over the whole cluster's (10,000 live jobs).
+        self._by_job: dict[int, dict[int, JobSession]] = {}
 
     def get(self, job_id: int, run: int) -> JobSession | None:
-        return self._sessions.get((job_id, run))
+        runs = self._by_job.get(job_id)
+        return None if runs is None else runs.get(run)
 
     def open(self, job_id: int, run: int) -> JobSession:
         """The session of this run, made if it is new."""
-        session = self._sessions.get((job_id, run))
+        runs = self._by_job.setdefault(job_id, {})
+        session = runs.get(run)
         if session is None:
-            session = self._sessions[(job_id, run)] = JobSession(job_id, run)
+            session = runs[run] = JobSession(job_id, run)
         return session
 
     def of_job(self, job_id: int) -> list[JobSession]:
         """Every session of the job, oldest run first."""
-        return sorted((s for (j, _), s in self._sessions.items() if j == job_id), key=lambda s: s.run)
+        runs = self._by_job.get(job_id)
+        return [] if not runs else [runs[run] for run in sorted(runs)]
 
     def end(self, session: JobSession, event: Event) -> None:
         """The run is over: tell its waiter `event` (unless its end was decided before), stop its
         log relays and forget it. A waiter still connected reads the event and leaves."""
         session.finish(event)
-        if self._sessions.get((session.job_id, session.run)) is session:
-            del self._sessions[(session.job_id, session.run)]
+        runs = self._by_job.get(session.job_id)
+        if runs is not None and runs.get(session.run) is session:
+            del runs[session.run]
+            if not runs:
+                del self._by_job[session.job_id]
         for task in session.log_tasks.values():
             task.cancel()
         session.log_tasks.clear()
 
     def __iter__(self) -> Iterator[JobSession]:
-        return iter(list(self._sessions.values()))
+        return iter([session for runs in self._by_job.values() for session in runs.values()])
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return sum(len(runs) for runs in self._by_job.values())
