@@ -287,7 +287,10 @@ class Reconciler:
             if seq <= session.signals_taken:
                 return
             session.signals_taken = seq
-        session.pending_signals.append(signum)
+        if signum not in session.pending_signals:
+            # As the kernel keeps a signal pending once, however often it comes while blocked:
+            # the kept list stays bounded by the forwarded signals, whatever a user sends.
+            session.pending_signals.append(signum)
         self.requeue(session.job_id)
 
     async def _signal_batch_script(self, job_id: int, signum: int) -> str:

@@ -674,8 +674,9 @@ class Waiter:
         """Pass a signal on to the script in the pods (the daemon runs the agent there). Runs in
         a signal handler: one that interrupts a send only adds its signal, which the send in
         progress takes along, so the daemon gets them in order."""
-        self._signal_seq += 1
-        self._unsent_signals[self._signal_seq] = int(signum)
+        if int(signum) not in self._unsent_signals.values():  # pending once, as in the kernel
+            self._signal_seq += 1
+            self._unsent_signals[self._signal_seq] = int(signum)
         self.send_signals()
 
     def send_signals(self) -> None:

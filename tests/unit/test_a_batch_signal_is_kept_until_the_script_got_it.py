@@ -133,9 +133,26 @@ async def test_a_signal_the_waiter_sends_again_is_taken_once() -> None:
 
     reconciler.take_batch_signal(session, USR1, seq=1)
     reconciler.take_batch_signal(session, USR1, seq=1)  # its answer was lost: the waiter resends
-    reconciler.take_batch_signal(session, USR1, seq=2)  # scancel -s USR1 a second time
+    reconciler.take_batch_signal(session, USR2, seq=2)
 
-    assert session.pending_signals == [USR1, USR1]
+    assert session.pending_signals == [USR1, USR2]
+
+
+async def test_a_signal_sent_again_before_the_first_was_delivered_is_kept_once() -> None:
+    """A blocked process has a standard signal pending once however often it comes; a user's
+    flood of scancel -s USR1 --batch keeps one USR1, not thousands."""
+    reconciler, kube, _ = _world(failures=0)
+    session = _attached(reconciler)
+    for seq in range(1, 1001):
+        reconciler.take_batch_signal(session, USR1, seq=seq)
+
+    assert session.pending_signals == [USR1]
+    await reconciler.reconcile(42)
+    await reconciler.reconcile(42)
+    assert kube.signalled == [("slurm-42-0", USR1)]
+    reconciler.take_batch_signal(session, USR1, seq=1001)  # once delivered, a new one is new
+    await reconciler.reconcile(42)
+    assert kube.signalled == [("slurm-42-0", USR1)] * 2
 
 
 # -- the API: before the attach, and with it ---------------------------------------------------
