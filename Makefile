@@ -4,7 +4,7 @@ SANDBOX := containers/sandbox/sandbox.sh
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit e2e contract pyslurm bench bench-scale image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-deploy bridge-down venv
+.PHONY: demo test unit e2e contract pyslurm bench bench-scale bench-hold image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-deploy bridge-down venv
 
 sandbox-up:      ## start real Slurm + real Kubernetes on this machine
 	@$(SANDBOX) up
@@ -61,6 +61,9 @@ bench: venv bridge-up  ## latency numbers on the sandbox (prints, asserts nothin
 
 bench-scale: venv bridge-up  ## an array of many short jobs, bridged and native (prints; last line JSON)
 	PYTHONPATH=. $(VENV)/bin/python bench/scale.py
+
+bench-hold: venv bridge-up  ## thousands of sim jobs queued, hundreds running: the bridge's footprint (prints; last line JSON)
+	PYTHONPATH=. $(VENV)/bin/python bench/hold.py
 
 image: sandbox-up  ## build the daemon's image (no Docker) and import it into the sandbox's real nodes
 	@containers/images/bridge-image.sh
