@@ -46,7 +46,7 @@ from bridge.core import outcome as outcomes
 from bridge.core import wellknown
 from bridge.core.config import BridgeConfig, ConfigError
 from bridge.core.directives import DirectiveError, parse_directives
-from bridge.core.errors import BridgeError, PermanentError, TemporaryError
+from bridge.core.errors import BridgeError, ExecOutcomeUnknown, PermanentError, TemporaryError
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.translate import (
     TranslateError,
@@ -277,6 +277,14 @@ class Reconciler:
                 return str(pod["metadata"]["name"])
         return None
 
+    def current_session(self, job_id: int) -> JobSession | None:
+        """The session of the job's current run (as the store last read it), if its waiter
+        attached: a signal for the batch script is for that run, not a requeued one's."""
+        view = self.jobs.get(job_id)
+        if view is None or view.alloc is None:
+            return None
+        return self.sessions.get(job_id, view.alloc.run)
+
     def take_batch_signal(self, session: JobSession, signum: int, seq: int | None = None) -> None:
         """Keep `signum` for the run's batch script (`scancel -s SIG --batch`,
         `--signal=B:SIG@TIME`); the job's next reconcile delivers it, in order, once the script
@@ -326,6 +334,11 @@ class Reconciler:
             signum = session.pending_signals[0]
             try:
                 delivery = await self._signal_batch_script(session.job_id, signum)
+            except (ExecOutcomeUnknown, PermanentError) as error:
+                # Perhaps sent already (a second USR1 may meet a script whose trap is gone), or
+                # never deliverable (the pod is gone, RBAC): not tried again.
+                bound.warning("signal.given_up", signal=signum, error=str(error))
+                delivery = "dropped"
             except BridgeError as error:
                 session.signal_failures += 1
                 delay = min(SIGNAL_AFTER_START_S * 2 ** session.signal_failures, SIGNAL_RETRY_MAX_S)

@@ -31,6 +31,11 @@ class KubeUnavailable(TemporaryError):
     """The Kubernetes API server did not answer."""
 
 
+class ExecOutcomeUnknown(KubeUnavailable):
+    """The exec did not answer in time: its command may have run (a signal sent), so running it
+    again may do it twice."""
+
+
 class ExecNotStarted(KubeUnavailable):
     """The exec was refused before its websocket opened (HTTP 500 from a kubelet that cannot
     reach the container yet, a 400 for a container not running, a dropped connection): its command

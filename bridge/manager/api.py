@@ -22,7 +22,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.sessions import JobSession
 from bridge.core import wellknown
-from bridge.core.errors import BridgeError, ExecNotStarted, TemporaryError
+from bridge.core.errors import BridgeError, ExecNotStarted, ExecOutcomeUnknown, PermanentError, TemporaryError
 from bridge.core.model import ModelError, payload_from_json
 from bridge.waiter.attach import (
     FORWARDED,
@@ -311,11 +311,13 @@ class Api:
         except (ValueError, AttributeError):
             raise web.HTTPBadRequest(text=f"signal must be one of {sorted(FORWARDED_SIGNALS)}, "
                                           "seq a positive integer") from None
-        sessions = self.reconciler.sessions.of_job(job_id)
-        if not sessions:
+        # The current run's session (identify just read the job): after a requeue the old run's
+        # may linger while its pods go, and must not take the new run's signals.
+        session = self.reconciler.current_session(job_id)
+        if session is None:
             # The waiter keeps it and sends it with its attach, which opens the session.
             raise web.HTTPConflict(text=f"job {job_id}'s waiter has not attached yet")
-        self.reconciler.take_batch_signal(sessions[-1], signum, seq)
+        self.reconciler.take_batch_signal(session, signum, seq)
         log.info("signal.taken", job_id=job_id, signal=signum, seq=seq)
         return web.json_response({"taken": True})
 
@@ -427,11 +429,26 @@ class Api:
         if pod is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {node}")
         try:
-            command = [AGENT, "signal", task_pidfile(key, procid), str(signum), "group"]
-            await self.reconciler.kube.exec_in_pod(pod, command)
+            await self._signal_task(pod, task_pidfile(key, procid), signum)
         except BridgeError as error:
             raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
         return web.json_response({"signalled": f"{key}.{procid}"})
+
+    async def _signal_task(self, pod: str, pidfile: str, signum: int) -> None:
+        """Signal a task's process group in its pod; an exec that failed before it could have run
+        (a kubelet's 500 under load) is tried again a few times, one that timed out is not (the
+        signal may have been sent)."""
+        command = [AGENT, "signal", pidfile, str(signum), "group"]
+        for attempt in range(TASK_SIGNAL_TRIES):
+            try:
+                await self.reconciler.kube.exec_in_pod(pod, command)
+                return
+            except (ExecOutcomeUnknown, PermanentError):
+                raise
+            except BridgeError:
+                if attempt == TASK_SIGNAL_TRIES - 1:
+                    raise
+            await asyncio.sleep(TASK_SIGNAL_RETRY_S * 2 ** attempt)
 
     def _keep_early_signal(self, task_id: TaskId, signum: int, uid: int) -> bool:
         now = time.monotonic()
@@ -463,7 +480,7 @@ class Api:
     async def _deliver_task_signals(self, pod: str, pidfile: str, signals: list[int], job_id: int) -> None:
         for signum in signals:
             try:
-                await self.reconciler.kube.exec_in_pod(pod, [AGENT, "signal", pidfile, str(signum), "group"])
+                await self._signal_task(pod, pidfile, signum)
             except BridgeError as error:
                 log.warning("task.signal_failed", job_id=job_id, pod=pod, signal=signum, error=str(error))
 
@@ -646,6 +663,8 @@ def _count_down(counts: dict[int, int], key: int) -> None:
         counts.pop(key, None)
 
 
+TASK_SIGNAL_TRIES, TASK_SIGNAL_RETRY_S = 4, 0.5
+"""A task's signal is tried this often, after 0.5, 1 and 2 s, when its exec failed to start."""
 MAX_SIGNALS_PER_ATTACH = 64
 """A waiter keeps the signals the daemon has not taken; more than this many is not a waiter's."""
 

@@ -64,11 +64,16 @@ FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, sign
 """Signals Slurm sends the batch script (scancel -s SIG --batch, --signal=B:SIG@TIME) that the
 waiter passes on to the script in the pods. SIGTERM and SIGINT stop the job (its pods are deleted
 and the kubelet signals the script); SIGKILL and SIGSTOP cannot be caught."""
-HELD_SIGNALS = frozenset((*FORWARDED, signal.SIGTERM, signal.SIGINT))
+HELD_SIGNALS = frozenset(FORWARDED)
 """Blocked by the step guard when it starts the waiter (slurm_spank_task_init): one of these that
 comes while Python starts waits, pending, until main() has handlers for it and unblocks them (its
-default action would end the waiter, and the job with it, before the script even started)."""
+default action would end the waiter, and the job with it, before the script even started).
+SIGTERM and SIGINT are not held: a site's TaskProlog runs with the guard's mask too, and an early
+TERM that ends the waiter ends the job as the cancel or time limit it stands for."""
+EARLY_KEPT = HELD_SIGNALS | {signal.SIGTERM, signal.SIGINT}
 RECONNECT_BASE_S, RECONNECT_CAP_S = 0.1, 5.0
+TASK_SIGNAL_ATTEMPTS = 5
+"""A task proxy asks this often (jittered backoff, a few seconds) to have a signal passed on."""
 STREAM_READ_TIMEOUT_S = 45.0
 """The daemon sends a heartbeat every 10 s; silence this long means a half-open connection."""
 
@@ -340,8 +345,19 @@ def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | Non
         # the task in the pod gets it; its output and exit still come through the stream.
         signal_body = {"key": key, "procid": environ.get("SLURM_PROCID", "0"), "node": body["node"],
                        "signal": int(signum)}
-        with contextlib.suppress(OSError):
-            post(url, f"/v1/jobs/{job_id}/task-signal", job_id, signal_body, 10, ca_file).close()
+        for attempt in range(TASK_SIGNAL_ATTEMPTS):
+            try:
+                post(url, f"/v1/jobs/{job_id}/task-signal", job_id, signal_body, 10, ca_file).close()
+                return
+            except DaemonError as error:
+                if error.status == 202:
+                    return  # kept by the daemon for the task's start
+                if 400 <= error.status < 500:
+                    _stderr(f"the bridge refused signal {signum} for this task: {error.text}")
+                    return
+            except OSError:
+                pass  # the daemon busy or restarting: ask again, briefly
+            time.sleep(reconnect_delay(attempt))
 
     for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, pass_on)
@@ -687,22 +703,29 @@ class Waiter:
             return
         self._sending_signals = True
         try:
-            while self._unsent_signals:
-                seq = min(self._unsent_signals)
-                body = {"signal": self._unsent_signals[seq], "seq": seq}
-                try:
-                    self._post("signal", body, timeout=10).close()
-                except DaemonError as error:
-                    if 400 <= error.status < 500 and error.status != 409:
-                        _stderr(f"the bridge refused signal {body['signal']}: {error.text}")
-                        self._unsent_signals.pop(seq, None)
-                        continue
-                    return
-                except OSError:
-                    return
-                self._unsent_signals.pop(seq, None)
+            taken_all = self._send_kept_signals()
         finally:
             self._sending_signals = False
+        if taken_all and self._unsent_signals:
+            self.send_signals()  # one came between the last send and the flag's reset
+
+    def _send_kept_signals(self) -> bool:
+        """True when the daemon took every kept signal, False at the first it could not take."""
+        while self._unsent_signals:
+            seq = min(self._unsent_signals)
+            body = {"signal": self._unsent_signals[seq], "seq": seq}
+            try:
+                self._post("signal", body, timeout=10).close()
+            except DaemonError as error:
+                if 400 <= error.status < 500 and error.status != 409:
+                    _stderr(f"the bridge refused signal {body['signal']}: {error.text}")
+                    self._unsent_signals.pop(seq, None)
+                    continue
+                return False
+            except OSError:
+                return False
+            self._unsent_signals.pop(seq, None)
+        return True
 
     def _start_step(self, data: str, token: str) -> None:
         """The script ran srun: run Slurm's srun for it here, a real step whose tasks are the
@@ -912,9 +935,9 @@ def hold_early_signals() -> list[int]:
     the step guard blocked for the waiter's start: every later process (munge, srun) starts
     with none blocked."""
     early: list[int] = []
-    for signum in HELD_SIGNALS:
+    for signum in EARLY_KEPT:
         signal.signal(signum, lambda number, _frame: early.append(number))
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, EARLY_KEPT)
     return early
 
 

@@ -21,11 +21,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.clients.kube.cache import PodCache
+from bridge.clients.kube.errors import KubeNotFound
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core import wellknown
 from bridge.core.config import PartitionConfig
-from bridge.core.errors import KubeUnavailable
+from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
 from bridge.manager.api import Api
 from bridge.waiter import attach as waiter
 
@@ -49,10 +50,12 @@ class KubeWithAFlakyExec(SecretStore):
     """Pods go into the cache as running agent pods; the first `failures` execs fail as the
     kubelet's 500 did."""
 
-    def __init__(self, cache: PodCache, failures: int) -> None:
+    def __init__(self, cache: PodCache, failures: int, error: Exception | None = None) -> None:
         self.cache = cache
         self.failures = failures
+        self.error = error
         self.signalled: list[tuple[str, int]] = []
+        self.execs = 0
 
     async def create_pod(self, manifest: dict[str, Any]) -> bool:
         metadata = dict(manifest["metadata"])
@@ -66,9 +69,11 @@ class KubeWithAFlakyExec(SecretStore):
         return True
 
     async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        self.execs += 1
         if self.failures:
             self.failures -= 1
-            raise KubeUnavailable(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
+            raise self.error or KubeUnavailable(
+                f"cannot exec in pod {pod}: 500, message='Invalid response status'")
         self.signalled.append((pod, int(command[-1])))
         return ""
 
@@ -77,9 +82,11 @@ class KubeWithAFlakyExec(SecretStore):
         yield ("", "")  # pragma: no cover - never reached
 
 
-def _world(failures: int) -> tuple[Reconciler, KubeWithAFlakyExec, list[tuple[int, float]]]:
+def _world(
+    failures: int, error: Exception | None = None
+) -> tuple[Reconciler, KubeWithAFlakyExec, list[tuple[int, float]]]:
     cache = PodCache()
-    kube = KubeWithAFlakyExec(cache, failures)
+    kube = KubeWithAFlakyExec(cache, failures, error)
     later: list[tuple[int, float]] = []
     cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
     reconciler = Reconciler(cfg, Slurm(), kube, cache, Metrics(), lambda _job: None,  # type: ignore[arg-type]
@@ -112,6 +119,45 @@ async def test_a_signal_whose_exec_failed_is_sent_again_and_reaches_the_script()
     assert session.pending_signals == []
     await reconciler.reconcile(42)
     assert kube.signalled == [("slurm-42-0", USR1)], "delivered once"
+
+
+GONE = KubeNotFound('pods "slurm-42-0" not found', status=404, reason="NotFound", what="exec")
+
+
+@pytest.mark.parametrize("error", [ExecOutcomeUnknown("exec in pod slurm-42-0 did not answer within 30 s"),
+                                   GONE])
+async def test_a_signal_that_may_have_been_sent_or_never_can_be_is_not_tried_again(error: Exception) -> None:
+    """A timed-out exec may have signalled the script already: a second USR1 could meet a script
+    whose trap is gone and kill it. A pod that is gone will not come back."""
+    reconciler, kube, _ = _world(failures=1, error=error)
+    session = _attached(reconciler)
+    await reconciler.reconcile(42)
+    reconciler.take_batch_signal(session, USR1, seq=1)
+
+    for _ in range(3):
+        await reconciler.reconcile(42)
+
+    assert kube.execs == 1
+    assert session.pending_signals == []
+
+
+async def test_after_a_requeue_the_signal_goes_to_the_new_run_not_the_old_runs_lingering_session(
+    tmp_path: Path,
+) -> None:
+    reconciler, _kube, _ = _world(failures=0)
+    old_run = reconciler.sessions.open(42, 0)  # its pods still going away
+    old_run.signals_taken = 5
+    reconciler.jobs.record(replace(allocation(), run=1, read_at=time.monotonic()))
+
+    async with _api(tmp_path, reconciler) as client:
+        before = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
+        new_run = reconciler.sessions.open(42, 1)  # the new run's waiter attached
+        after = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
+
+    assert before[0] == 409, "kept by the waiter until its own run's session exists"
+    assert after[0] == 200
+    assert new_run.pending_signals == [USR1]
+    assert old_run.pending_signals == []
 
 
 async def test_signals_reach_the_script_in_the_order_slurm_sent_them() -> None:
@@ -203,7 +249,7 @@ async def test_an_attach_with_crafted_signals_is_refused(tmp_path: Path, signals
     reconciler, _kube, _ = _world(failures=0)
     body = {"script": "#!/bin/sh\ntrue\n", "environment": {"SLURM_JOB_ID": "42"}, "work_dir": "/tmp",
             "uid": 1000, "gid": 100, "signals": signals}
-    async with _api(tmp_path, reconciler) as client:
+    async with _api(tmp_path, reconciler) as client, asyncio.timeout(10):  # an accepted attach streams
         status, _text = await _post(client, "/v1/jobs/42/attach", body)
 
     assert status == 400

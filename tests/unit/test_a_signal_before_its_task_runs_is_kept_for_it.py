@@ -13,10 +13,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.controller.metrics import Metrics
-from bridge.core.errors import BridgeError
+from bridge.core.errors import BridgeError, KubeUnavailable
 from bridge.core.model import JobAllocation
 from bridge.manager import api as api_module
 from bridge.manager.api import Api, task_pidfile
@@ -35,13 +36,17 @@ class AgentInPod:
     """The pod's agent as the daemon sees it through exec: `signal` fails for a task whose pid
     file does not exist yet (the real agent's answer), and a task runs until it is signalled."""
 
-    def __init__(self) -> None:
+    def __init__(self, failing_execs: int = 0) -> None:
         self.running: set[str] = set()
         self.signalled: list[tuple[str, int]] = []
         self.got_signal = asyncio.Event()
+        self.failing_execs = failing_execs
 
     async def exec_in_pod(self, pod: str, command: list[str]) -> str:
         pidfile, signum = command[2], int(command[3])
+        if self.failing_execs:
+            self.failing_execs -= 1  # the kubelet under load, before the command ran
+            raise KubeUnavailable(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
         if pidfile not in self.running:
             raise BridgeError(f"the script has not started: {pidfile}")
         self.signalled.append((pidfile, signum))
@@ -125,6 +130,29 @@ async def test_a_signal_to_a_running_task_goes_straight_to_it(tmp_path: Path) ->
 
     assert sent[0] == 200, sent
     assert status == 200
+    assert kube.signalled == [(task_pidfile("7", "0"), USR1)]
+
+
+@pytest.mark.parametrize("early", [True, False])
+async def test_a_task_signal_whose_exec_failed_before_it_ran_is_tried_again(
+    tmp_path: Path, monkeypatch: Any, early: bool
+) -> None:
+    monkeypatch.setattr(api_module, "TASK_SIGNAL_RETRY_S", 0.01)
+    kube = AgentInPod(failing_execs=2)
+    async with await _served(tmp_path, kube) as client:
+        if early:
+            await _post(client, "/v1/jobs/42/task-signal",
+                        {"key": "7", "procid": "0", "node": "kube1", "signal": USR1})
+        run = asyncio.ensure_future(_post(client, "/v1/jobs/42/task",
+                                          {"key": "7", "node": "kube1", "env": {"SLURM_PROCID": "0"}}))
+        while task_pidfile("7", "0") not in kube.running:
+            await asyncio.sleep(0.01)
+        sent = (None,) if early else await _post(
+            client, "/v1/jobs/42/task-signal", {"key": "7", "procid": "0", "node": "kube1", "signal": USR1})
+        status, _ = await run
+
+    assert status == 200
+    assert early or sent[0] == 200, sent
     assert kube.signalled == [(task_pidfile("7", "0"), USR1)]
 
 

@@ -32,7 +32,7 @@ from bridge.clients.kube.errors import (
 )
 from bridge.clients.kube.lines import ns_to_rfc3339, rfc3339_to_ns, split_log_line
 from bridge.core import wellknown
-from bridge.core.errors import ExecNotStarted, KubeUnavailable
+from bridge.core.errors import ExecNotStarted, ExecOutcomeUnknown, KubeUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -198,7 +198,10 @@ class KubeActions:
         except ApiException as error:
             what = f"exec in pod {pod_name}"
             raise error_for_status(error.status or 500, error.body or b"", what) from error
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+        except TimeoutError as error:
+            raise ExecOutcomeUnknown(f"exec in pod {pod_name} did not answer within "
+                                     f"{EXEC_TIMEOUT_S:.0f} s") from error
+        except (aiohttp.ClientError, OSError) as error:
             raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
         finally:
             await ws.close()

@@ -529,7 +529,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
  * HELD_SIGNALS); the mask set here, in the task just before its exec, survives the exec. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
-	static const int held_signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGTERM};
+	/* Not TERM or INT: the site's TaskProlog, which runs after this hook, inherits the mask. */
+	static const int held_signals[] = {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
 	sigset_t held;
 
 	(void) ac;
