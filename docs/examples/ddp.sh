@@ -12,13 +12,16 @@ import os, time
 rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 local, node = int(os.environ["SLURM_LOCALID"]), int(os.environ["SLURM_NODEID"])
 where = os.environ["RENDEZVOUS"]
-with open(f"{where}/rank-{rank}", "w") as out:
+# Written whole, then renamed: rank 0 must never read a file another rank has only created.
+with open(f"{where}/.rank-{rank}", "w") as out:
     out.write(str(rank * rank))
+os.rename(f"{where}/.rank-{rank}", f"{where}/rank-{rank}")
 print(f"rank {rank}/{world} local {local} node {node}", flush=True)
 if rank == 0:
-    while len(os.listdir(where)) < world:
+    ready = lambda: [name for name in os.listdir(where) if name.startswith("rank-")]
+    while len(ready()) < world:
         time.sleep(0.1)
-    total = sum(int(open(f"{where}/{name}").read()) for name in os.listdir(where))
+    total = sum(int(open(f"{where}/{name}").read()) for name in ready())
     print(f"all-reduce: sum of squares of ranks = {total}", flush=True)
 '
 echo "srun exit $?"

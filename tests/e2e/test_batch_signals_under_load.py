@@ -66,18 +66,28 @@ def test_scancel_batch_signal_the_moment_a_task_runs_is_not_lost(bridge: Sandbox
     script = write_script(bridge, "alice", "trap-usr1-scancel.sh", TRAPPING_SCRIPT)
     array_id = bridge.sbatch("-p", "k8s", f"--array=0-{TASKS - 1}", "--mem=100M", "--time=5",
                              "-o", f"{directory}/sig-%A_%a.out", str(script))
-    signalled: set[str] = set()
+    tried: set[str] = set()
+    taken: set[str] = set()
+    refusals: list[str] = []
     deadline = time.monotonic() + 600
-    while len(signalled) < TASKS and time.monotonic() < deadline:
-        running = bridge.slurm("squeue", "-h", "-r", "-t", "RUNNING", "-j", str(array_id), "-o", "%i",
-                               check=False).stdout.split()
-        for task in sorted(set(running) - signalled):
-            # Only a signal Slurm took counts: a refused scancel must not pass for a lost signal.
-            if bridge.slurm("scancel", "-s", "USR1", "--batch", task, user="alice",
-                            check=False).returncode == 0:
-                signalled.add(task)
+    while time.monotonic() < deadline:
+        running = set(bridge.slurm("squeue", "-h", "-r", "-t", "RUNNING", "-j", str(array_id), "-o", "%i",
+                                   check=False).stdout.split())
+        if len(tried) == TASKS and not running - taken:
+            break
+        for task in sorted(running - taken):
+            tried.add(task)
+            # A scancel Slurm refused is sent again while the task runs: a signal Slurm never
+            # sent must not pass for one the bridge lost.
+            answer = bridge.slurm("scancel", "-s", "USR1", "--batch", task, user="alice", check=False)
+            if answer.returncode == 0:
+                taken.add(task)
+            else:
+                refusals.append(f"{task}: {answer.stderr.strip()}")
         time.sleep(0.2)
-    assert len(signalled) == TASKS, f"only {len(signalled)} tasks were seen running"
+    assert len(tried) == TASKS, f"only {len(tried)} tasks were seen running"
+    if refusals:
+        print(f"\nscancel refused {len(refusals)} times: {refusals[:5]}")
     rows = wait_until(f"{TASKS} signalled tasks", lambda: _all_final(bridge, [array_id], TASKS),
                       timeout=600, interval=1)[array_id]
     _assert_every_task_trapped(rows, _outputs(directory, array_id), "k8s, scancel --batch")
