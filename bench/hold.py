@@ -22,17 +22,9 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 
-from bench.scale import cpu_seconds, daemon_pid, pss_kb, slurmds_in_cpu_group
+from bench.scale import cpu_seconds, daemon_pid, pss_kb, slurmds_in_cpu_group, status_mb
 from tests.e2e.sandbox import JOB_NAMESPACE, Sandbox, sandbox_env, write_script
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def states(sandbox: Sandbox, array_ids: list[int]) -> tuple[int, int]:
@@ -79,7 +71,7 @@ def main() -> None:
                 cpu_before, at = cpu_now, now
                 pending, running = states(sandbox, array_ids)
                 pods = pods_running(sandbox)
-                rss = rss_mb(pid)
+                rss = status_mb(pid, "VmRSS")
                 windows.append(cores)
                 peak = {"pending": max(peak["pending"], pending), "running": max(peak["running"], running),
                         "pods": max(peak["pods"], pods), "rss_mb": max(peak["rss_mb"], rss),

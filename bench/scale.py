@@ -327,11 +327,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def peak_rss_mb(pid: int) -> float:
+def status_mb(pid: int, field: str) -> float:
+    """A memory line of /proc/PID/status (VmRSS, VmHWM...) in MB; 0 when it is absent."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def peak_rss_mb(pid: int) -> float:
+    return status_mb(pid, "VmHWM")
 
 
 def slurmd_launches(since: float) -> dict[int, float]:

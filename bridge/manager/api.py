@@ -53,6 +53,10 @@ EARLY_SIGNAL_TASKS_PER_JOB = 256
 EARLY_SIGNAL_TASKS_PER_USER = 2048
 EARLY_SIGNAL_TTL_S = 120.0
 """A task that never asks to run (its proxy died) has its kept signals dropped after this."""
+TASK_SIGNAL_TRIES, TASK_SIGNAL_RETRY_S = 4, 0.5
+"""A task's signal is tried this often, after 0.5, 1 and 2 s, when its exec failed to start."""
+MAX_SIGNALS_PER_ATTACH = 64
+"""A waiter keeps the signals the daemon has not taken; more than this many is not a waiter's."""
 
 STEP_OUTPUT_FEED_FRAMES = 8
 """Frames (each at most MAX_OUTPUT_FRAME) waiting for the pod, per step: a slow reader there holds
@@ -662,11 +666,6 @@ def _count_down(counts: dict[int, int], key: int) -> None:
     else:
         counts.pop(key, None)
 
-
-TASK_SIGNAL_TRIES, TASK_SIGNAL_RETRY_S = 4, 0.5
-"""A task's signal is tried this often, after 0.5, 1 and 2 s, when its exec failed to start."""
-MAX_SIGNALS_PER_ATTACH = 64
-"""A waiter keeps the signals the daemon has not taken; more than this many is not a waiter's."""
 
 
 def _batch_signal(signum: object, seq: object) -> tuple[int, int | None]:
