@@ -46,7 +46,13 @@ from bridge.core import outcome as outcomes
 from bridge.core import wellknown
 from bridge.core.config import BridgeConfig, ConfigError
 from bridge.core.directives import DirectiveError, parse_directives
-from bridge.core.errors import BridgeError, ExecOutcomeUnknown, PermanentError, TemporaryError
+from bridge.core.errors import (
+    BridgeError,
+    ExecCommandFailed,
+    ExecOutcomeUnknown,
+    PermanentError,
+    TemporaryError,
+)
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.translate import (
     TranslateError,
@@ -313,9 +319,16 @@ class Reconciler:
             return "later"
         name = pod["metadata"]["name"]
         agent = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
-        out = await self.kube.exec_in_pod(name, [agent, "signal", wellknown.AGENT_PIDFILE, str(signum)])
-        if "has not started" in out:
-            return "later"
+        try:
+            await self.kube.exec_in_pod(name, [agent, "signal", wellknown.AGENT_PIDFILE, str(signum)])
+        except ExecCommandFailed as error:
+            if "has not started" in error.output:
+                return "later"
+            if "no such process" in error.output:
+                # The script has ended: as a signal to a batch step whose shell just exited.
+                log.info("signal.script_gone", job_id=job_id, pod=name, signal=signum)
+                return "dropped"
+            raise  # not sent (the runtime failed the exec, a torn pid file): tried again
         log.info("signal.sent", job_id=job_id, pod=name, signal=signum)
         return "sent"
 

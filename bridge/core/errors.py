@@ -40,3 +40,13 @@ class ExecNotStarted(KubeUnavailable):
     """The exec was refused before its websocket opened (HTTP 500 from a kubelet that cannot
     reach the container yet, a 400 for a container not running, a dropped connection): its command
     never ran, so running it again is safe."""
+
+
+class ExecCommandFailed(TemporaryError):
+    """The exec ran its command and the command exited non-zero (the agent could not signal,
+    the script had not started): `output` is what it printed, for the caller to tell why."""
+
+    def __init__(self, message: str, code: int, output: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.output = output

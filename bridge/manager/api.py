@@ -22,7 +22,14 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.sessions import JobSession
 from bridge.core import wellknown
-from bridge.core.errors import BridgeError, ExecNotStarted, ExecOutcomeUnknown, PermanentError, TemporaryError
+from bridge.core.errors import (
+    BridgeError,
+    ExecCommandFailed,
+    ExecNotStarted,
+    ExecOutcomeUnknown,
+    PermanentError,
+    TemporaryError,
+)
 from bridge.core.model import ModelError, payload_from_json
 from bridge.waiter.attach import (
     FORWARDED,
@@ -370,8 +377,7 @@ class Api:
         except (asyncio.CancelledError, ConnectionResetError):
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
             # stream does not stop its process, so the task is killed in the pod.
-            kill = [AGENT, "signal", pidfile, "9", "group"]
-            self._in_background(self.reconciler.kube.exec_in_pod(pod, kill))
+            self._in_background(self._deliver_task_signals(pod, pidfile, [int(signal.SIGKILL)], job_id))
             raise
         except BridgeError as error:
             message = f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode()
@@ -446,6 +452,12 @@ class Api:
         for attempt in range(TASK_SIGNAL_TRIES):
             try:
                 await self.reconciler.kube.exec_in_pod(pod, command)
+                return
+            except ExecCommandFailed as error:
+                # The agent ran and said why: the task has ended (no such process, as a native
+                # kill of a task that just exited), or never wrote its pid. Again cannot help.
+                log.info("task.signal_not_delivered", pod=pod, signal=signum,
+                         why=error.output.strip()[:200])
                 return
             except (ExecOutcomeUnknown, PermanentError):
                 raise

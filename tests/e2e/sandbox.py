@@ -131,6 +131,27 @@ class Sandbox:
 
 
 BRIDGE_UP = REPO / "containers" / "bridge" / "up.sh"
+SANDBOX_LOGS = Path("/var/lib/slurm-k8s-sandbox/log")
+
+
+def job_trail(job_id: int, lines_per_log: int = 30) -> str:
+    """What the daemon, slurmctld and the slurmds logged about one job: put in a failing test's
+    output, it tells a CI failure's cause without the machine (which CI tears down)."""
+    patterns = (f'"job_id": {job_id},', f"JobId={job_id} ", f"StepId={job_id}.", f"job {job_id} ",
+                f"JobId={job_id}\n", f"slurm-{job_id}-")
+    parts = []
+    for log in sorted(SANDBOX_LOGS.glob("*.log")):
+        if not (log.name.startswith(("bridge", "slurmctld", "slurmd", "kubelet"))):
+            continue
+        try:
+            with log.open(errors="replace") as lines:
+                hits = [line.rstrip("\n")[:400] for line in lines if any(p in line for p in patterns)]
+        except OSError:
+            continue
+        if hits:
+            parts.append(f"--- {log.name} ({len(hits)} lines, last {lines_per_log})")
+            parts.extend(hits[-lines_per_log:])
+    return "\n".join(parts) or f"(no log lines about job {job_id})"
 JOB_NAMESPACE = "slurm-jobs"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.sandbox import Sandbox, wait_until, write_script
+from tests.e2e.sandbox import Sandbox, job_trail, wait_until, write_script
 
 pytestmark = pytest.mark.e2e
 
@@ -180,12 +180,13 @@ Outcome = tuple[list[tuple[str, str, str]] | None, dict[str, bytes]]
 """A case's sacct rows and its output files (by task and suffix), normalised."""
 
 
-def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...], workdir: Path
-               ) -> dict[tuple[str, str], Outcome]:
+def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...], workdir: Path,
+               jobs: dict[tuple[str, str], int] | None = None) -> dict[tuple[str, str], Outcome]:
     """Submit every case in every partition at once, act on the ones that say so, and collect
-    their outcomes once all have ended."""
-    jobs = {(case.name, part): _submit(sandbox, case, part, workdir)
-            for case in cases for part in partitions}
+    their outcomes once all have ended (`jobs`, if given, gets each one's job id)."""
+    jobs = {} if jobs is None else jobs
+    jobs.update({(case.name, part): _submit(sandbox, case, part, workdir)
+                 for case in cases for part in partitions})
     for case in cases:
         if not case.action:
             continue
@@ -242,7 +243,8 @@ def test_every_script_writes_the_same_bytes_and_sacct_rows_in_native_and_k8s(bri
     user = pwd.getpwnam("alice")
     os.chown(workdir, user.pw_uid, user.pw_gid)
 
-    outcomes = _run_cases(bridge, CASES, ("native", "k8s"), workdir)
+    jobs: dict[tuple[str, str], int] = {}
+    outcomes = _run_cases(bridge, CASES, ("native", "k8s"), workdir, jobs)
     differing = {case.name: _differences(case.name, outcomes[(case.name, "native")],
                                          outcomes[(case.name, "k8s")]) for case in CASES}
     differing = {name: found for name, found in differing.items() if found}
@@ -254,4 +256,7 @@ def test_every_script_writes_the_same_bytes_and_sacct_rows_in_native_and_k8s(bri
             if again[(name, "native")] == outcomes[(name, "k8s")]:
                 print(f"{name}: native Slurm itself also gave the bridged outcome; first: {differing[name]}")
                 del differing[name]
+    for name in differing:
+        print(f"=== {name}: what was logged about its bridged job {jobs[(name, 'k8s')]}")
+        print(job_trail(jobs[(name, "k8s")]))
     assert not differing, "\n".join(line for found in differing.values() for line in found)

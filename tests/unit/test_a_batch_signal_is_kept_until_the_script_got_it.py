@@ -26,7 +26,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core import wellknown
 from bridge.core.config import PartitionConfig
-from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
+from bridge.core.errors import ExecCommandFailed, ExecOutcomeUnknown, KubeUnavailable
 from bridge.manager.api import Api
 from bridge.waiter import attach as waiter
 
@@ -119,6 +119,43 @@ async def test_a_signal_whose_exec_failed_is_sent_again_and_reaches_the_script()
     assert session.pending_signals == []
     await reconciler.reconcile(42)
     assert kube.signalled == [("slurm-42-0", USR1)], "delivered once"
+
+
+def _agent_failed(output: str) -> ExecCommandFailed:
+    return ExecCommandFailed(f"exited 2: {output}", 2, f"slurm-k8s-bridge-agent: {output}\n")
+
+
+async def test_a_signal_the_agent_could_not_send_is_sent_again() -> None:
+    """The agent ran and failed (a pid file read while it was written, a runtime that failed the
+    exec): the script did not get the signal, so it is tried again, not taken for sent."""
+    torn = _agent_failed("bad pid file /slurm-k8s-bridge-bin/script.pid")
+    reconciler, kube, _ = _world(failures=1, error=torn)
+    session = _attached(reconciler)
+    await reconciler.reconcile(42)
+    reconciler.take_batch_signal(session, USR1, seq=1)
+
+    await reconciler.reconcile(42)
+    assert session.pending_signals == [USR1]
+    await reconciler.reconcile(42)
+    assert kube.signalled == [("slurm-42-0", USR1)]
+    assert session.pending_signals == []
+
+
+@pytest.mark.parametrize(("output", "kept"), [("the script has not started: no such file", True),
+                                              ("cannot signal 7: no such process", False)])
+async def test_a_script_not_started_keeps_the_signal_and_one_that_ended_drops_it(
+    output: str, kept: bool
+) -> None:
+    reconciler, kube, _ = _world(failures=1, error=_agent_failed(output))
+    session = _attached(reconciler)
+    await reconciler.reconcile(42)
+    reconciler.take_batch_signal(session, USR1, seq=1)
+
+    await reconciler.reconcile(42)
+
+    assert kube.execs == 1
+    assert session.pending_signals == ([USR1] if kept else [])
+    assert session.signal_failures == 0, "neither is a failed exec to back off from"
 
 
 GONE = KubeNotFound('pods "slurm-42-0" not found', status=404, reason="NotFound", what="exec")

@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.controller.metrics import Metrics
-from bridge.core.errors import BridgeError, KubeUnavailable
+from bridge.core.errors import ExecCommandFailed, KubeUnavailable
 from bridge.core.model import JobAllocation
 from bridge.manager import api as api_module
 from bridge.manager.api import Api, task_pidfile
@@ -48,7 +48,8 @@ class AgentInPod:
             self.failing_execs -= 1  # the kubelet under load, before the command ran
             raise KubeUnavailable(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
         if pidfile not in self.running:
-            raise BridgeError(f"the script has not started: {pidfile}")
+            output = f"slurm-k8s-bridge-agent: the script has not started: {pidfile}\n"
+            raise ExecCommandFailed(f"exited 2: {output}", 2, output)
         self.signalled.append((pidfile, signum))
         self.got_signal.set()
         return ""

@@ -445,6 +445,25 @@ async def test_resuming_logs_skips_lines_up_to_the_last_one_seen(api: ApiClient,
 
 
 @pytest.mark.asyncio
+async def test_the_kubelets_error_written_into_a_begun_log_body_is_never_relayed_as_output(
+    api: ApiClient, fake: FakeApi
+) -> None:
+    # The kubelet answers 200 and then, the container gone (a cancelled job's pod), appends its
+    # error to the body: the parity suite found it at the end of a job's -o file.
+    fake.logs = [[
+        b"2024-05-01T12:00:00.1Z cleaned-up\n",
+        b"unable to retrieve container logs for containerd://2eb762025ec5c17b8e1ead0e9483\n",
+    ]]
+    seen: list[str] = []
+
+    with pytest.raises(KubeUnavailable, match="unable to retrieve container logs"):
+        async for _, text in KubeActions(api, NS).stream_logs("p"):
+            seen.append(text)
+
+    assert seen == ["cleaned-up"]
+
+
+@pytest.mark.asyncio
 async def test_logs_of_a_container_not_started_yet_are_a_temporary_error(
     api: ApiClient, fake: FakeApi
 ) -> None:

@@ -32,7 +32,7 @@ from bridge.clients.kube.errors import (
 )
 from bridge.clients.kube.lines import ns_to_rfc3339, rfc3339_to_ns, split_log_line
 from bridge.core import wellknown
-from bridge.core.errors import ExecNotStarted, ExecOutcomeUnknown, KubeUnavailable
+from bridge.core.errors import ExecCommandFailed, ExecNotStarted, ExecOutcomeUnknown, KubeUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -186,15 +186,28 @@ class KubeActions:
         self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
     ) -> str:
         """Run `command` in a container of the pod (the exec subresource, over a websocket) and
-        return what it printed. Used only with the bridge's own agent (`agent signal`)."""
+        return what it printed. Used only with the bridge's own agent (`agent signal`).
+
+        Raises ExecCommandFailed when the command exited non-zero, or the runtime could not run
+        it (the status channel says so; stdout and stderr alone would look like a success)."""
         ws = self._exec_client()
+        output: list[str] = []
+        status = b""
         try:
             # Bounded: the command is the agent's (signal, step-done), which ends at once; a user
             # who replaced it in their pod must not hold the daemon.
-            answer = await asyncio.wait_for(CoreV1Api(api_client=ws).connect_get_namespaced_pod_exec(
-                pod_name, self.namespace, command=command, container=container,
-                stdout=True, stderr=True, stdin=False, tty=False,
-            ), timeout=EXEC_TIMEOUT_S)
+            async with asyncio.timeout(EXEC_TIMEOUT_S):
+                connection = await CoreV1Api(api_client=ws).connect_get_namespaced_pod_exec(
+                    pod_name, self.namespace, command=command, container=container,
+                    stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
+                )
+                async with connection as socket:
+                    async for message in socket:
+                        data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
+                        if data[:1] in (b"\x01", b"\x02"):
+                            output.append(data[1:].decode("utf-8", errors="replace"))
+                        elif data[:1] == b"\x03" and len(data) > 1:
+                            status = data[1:]
         except ApiException as error:
             what = f"exec in pod {pod_name}"
             raise error_for_status(error.status or 500, error.body or b"", what) from error
@@ -205,7 +218,16 @@ class KubeActions:
             raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
         finally:
             await ws.close()
-        return answer if isinstance(answer, str) else str(answer)
+        printed = "".join(output)
+        if not status:
+            # Closed without the status the kubelet sends last: the command may or may not have run.
+            raise ExecOutcomeUnknown(f"exec in pod {pod_name} ended without an exit status")
+        code = int(_exit_code_of(status))  # 1 for a Failure without a code: it could not start
+        if code != 0:
+            detail = printed.strip() or _status_message(status)
+            raise ExecCommandFailed(f"{command[-2:]} in pod {pod_name} exited {code}: {detail[:300]}",
+                                    code, printed)
+        return printed
 
     async def exec_stream(
         self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
@@ -407,10 +429,15 @@ class KubeActions:
         async with contextlib.aclosing(iter_lines(response, what)) as lines:
             async for line in lines:
                 stamp, text = split_log_line(line)
-                if after_ns is not None:
-                    stamp_ns = _ns_or_none(stamp) if stamp else None
-                    if stamp_ns is not None and stamp_ns <= after_ns:
-                        continue
+                stamp_ns = _ns_or_none(stamp) if stamp else None
+                if stamp_ns is None:
+                    # With timestamps=true every line of the container's log carries one. A line
+                    # without is the kubelet's own error, written into a body it had begun with a
+                    # 200 ("unable to retrieve container logs for containerd://..." once the
+                    # container is gone): never the job's output.
+                    raise KubeUnavailable(f"cannot {what}: the log stream ended with {text[:200]!r}")
+                if after_ns is not None and stamp_ns <= after_ns:
+                    continue
                 yield stamp, text
 
     async def latest_pod_event(
@@ -467,6 +494,14 @@ def _exit_code_of(status: bytes) -> bytes:
         if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
             return str(cause["message"]).encode()
     return b"1"
+
+
+def _status_message(status: bytes) -> str:
+    """The message of an exec status (why the runtime could not run the command)."""
+    try:
+        return str(json.loads(status).get("message") or "")
+    except (ValueError, AttributeError):
+        return status.decode("utf-8", errors="replace")
 
 
 def _ns_or_none(stamp: str) -> int | None:
