@@ -167,6 +167,14 @@ def _normalised(text: bytes, sort_lines: bool = False) -> bytes:
     text = re.sub(stamped, rb"error: *** \3 \4 \5***", text, flags=re.M)
     # Which of its two nodes a one-node job gets is Slurm's pick in each partition.
     text = re.sub(rb"\b(native|kreal)[0-9]\b", rb"NODE", text)
+    # A step's cancel line is slurmstepd's, written straight into the file as the step ends;
+    # the script's srun wrote its own lines just before, which in a bridged job travel through
+    # the pod first. The two writers are not ordered (natively only by luck of timing): the
+    # line must be there, in its place among slurmstepd's own, not among srun's.
+    lines = text.split(b"\n")
+    step_lines = [line for line in lines if line.startswith(b"error: *** STEP ")]
+    if step_lines:
+        text = b"\n".join([line for line in lines if not line.startswith(b"error: *** STEP ")] + step_lines)
     if sort_lines:
         text = b"\n".join(sorted(text.split(b"\n")))
     return text
