@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import urllib.request
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +29,29 @@ def bridge(sandbox: Sandbox) -> Sandbox:
         subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True)
         subprocess.run([str(BRIDGE_UP)], check=True)
     return sandbox
+
+
+# Fixtures that run the daemon their own way (in a Deployment, on pyslurm) for a whole module:
+# their tests must not get the host daemon back in between.
+OWN_DAEMON_FIXTURES = frozenset({"deployed", "deployed_with_pyslurm", "pyslurm_bridge"})
+DAEMON_LOG = Path("/var/lib/slurm-k8s-sandbox/log/bridge.log")
+
+
+@pytest.fixture(autouse=True)
+def bridge_still_up(request: pytest.FixtureRequest) -> None:
+    """Before each test on the bridge, the daemon must still act. In production systemd restarts
+    it (Restart=always): one that exited (a Lease lost to a VM paused for longer than the lease,
+    seen on these machines) is started again here, loudly, instead of failing every later test."""
+    names = set(request.fixturenames)
+    if "bridge" not in names or names & OWN_DAEMON_FIXTURES:
+        return
+    deadline = time.monotonic() + 30  # a replica re-taking its Lease is ready again within it
+    while not bridge_ready():
+        if time.monotonic() > deadline:
+            tail = DAEMON_LOG.read_text(errors="replace").splitlines()[-15:] if DAEMON_LOG.exists() else []
+            warnings.warn("the bridge daemon no longer acted before " + request.node.nodeid
+                          + ": started again; its log ended with:\n" + "\n".join(tail), stacklevel=1)
+            subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True)
+            subprocess.run([str(BRIDGE_UP)], check=True)
+            return
+        time.sleep(1)
