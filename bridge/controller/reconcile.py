@@ -299,8 +299,13 @@ class Reconciler:
         failed: delivery is tried again until the run ends."""
         if seq is not None:
             if seq <= session.signals_taken:
+                if session.pending_signal_seqs.get(signum, 0) < seq:
+                    # Delivered already, and the waiter missed the word (its stream broke):
+                    # tell it again, or it would keep the signal for ever.
+                    _signal_done(session, signum, seq)
                 return
             session.signals_taken = seq
+            session.pending_signal_seqs[signum] = seq
         if signum not in session.pending_signals:
             # As the kernel keeps a signal pending once, however often it comes while blocked:
             # the kept list stays bounded by the forwarded signals, whatever a user sends.
@@ -363,6 +368,8 @@ class Reconciler:
                 return
             session.signal_failures = 0
             session.pending_signals.pop(0)
+            if (seq := session.pending_signal_seqs.pop(signum, None)) is not None:
+                _signal_done(session, signum, seq)
 
     # -- the loop body ---------------------------------------------------------
     async def reconcile(self, job_id: int) -> None:
@@ -888,6 +895,12 @@ def _container_finished_at(pods: list[dict[str, Any]]) -> datetime | None:
             if isinstance(terminated, dict):
                 return outcomes.parse_time(terminated.get("finishedAt"))
     return None
+
+
+def _signal_done(session: JobSession, signum: int, seq: int) -> None:
+    """Tell the waiter the batch script's `signum` (taken as `seq`, and the older ones of its
+    kind) needs keeping no longer: delivered, or never deliverable."""
+    session.publish({"type": "signal-done", "signal": signum, "seq": seq})
 
 
 def _script_running_for_s(pod: dict[str, Any]) -> float:

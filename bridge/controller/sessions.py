@@ -71,6 +71,9 @@ class JobSession:
     """The name of the run's payload Secret, once this daemon made (or found) it."""
     pending_signals: list[int] = field(default_factory=list)
     """Signals for the batch script not delivered yet, oldest first (kept until they are)."""
+    pending_signal_seqs: dict[int, int] = field(default_factory=dict)
+    """By kept signal, the newest sequence number it stands for: the waiter keeps that signal
+    (for a daemon that restarts before delivering it) until told it was delivered."""
     signals_taken: int = 0
     """The waiter's sequence number of the last signal taken: a resent one is not taken twice."""
     signal_failures: int = 0

@@ -676,6 +676,11 @@ class Waiter:
         # does (its answer to /signal, or the next attach, which carries them), so none is lost
         # to a waiter that has not attached yet or a daemon that answered 503 for a moment.
         self._unsent_signals: dict[int, int] = {}
+        # ... and, by signal, the newest sequence number it took but has not reported delivered
+        # ("signal-done"): a daemon that restarts (or fails over) before it delivered one gets
+        # it again with the next attach. One per kind: the daemon keeps a signal pending once,
+        # so the newest stands for the older ones of its kind.
+        self._undelivered_signals: dict[int, int] = {}
         self._signal_seq = 0
         self._sending_signals = False
         # How this waiter was started, less its batch script: the task proxies of a step are the
@@ -724,8 +729,26 @@ class Waiter:
                 return False
             except OSError:
                 return False
-            self._unsent_signals.pop(seq, None)
+            self._taken(seq, self._unsent_signals.pop(seq))
         return True
+
+    def _taken(self, seq: int, signum: int) -> None:
+        self._undelivered_signals[signum] = max(seq, self._undelivered_signals.get(signum, 0))
+
+    def _kept_for_attach(self) -> list[tuple[int, int]]:
+        """The signals an attach carries, as [seq, signal]: every one not taken yet, and the
+        newest of each kind taken but not reported delivered."""
+        kept = {seq: signum for signum, seq in self._undelivered_signals.items()}
+        kept.update(self._unsent_signals)
+        return sorted(kept.items())
+
+    def _signals_delivered(self, signum: object, seq: object) -> None:
+        """The daemon delivered (or could never deliver) `signum` taken as `seq`: that one and
+        the older ones of its kind, which it stood for, are done."""
+        if not isinstance(signum, int) or not isinstance(seq, int):
+            return
+        if self._undelivered_signals.get(signum, seq + 1) <= seq:
+            del self._undelivered_signals[signum]
 
     def _start_step(self, data: str, token: str) -> None:
         """The script ran srun: run Slurm's srun for it here, a real step whose tasks are the
@@ -854,12 +877,14 @@ class Waiter:
             "output_merged": self._merged,
             "last_log": self._state.last_log,
             "cancel": self._state.cancel_requested,
-            "signals": sorted(self._unsent_signals.items()),
+            "signals": self._kept_for_attach(),
         }
         # A read timeout: the daemon sends heartbeats, so silence means a half-open connection.
         with self._post("attach", body, timeout=STREAM_READ_TIMEOUT_S) as stream:
-            for seq, _signum in body["signals"]:
-                self._unsent_signals.pop(seq, None)  # the session took them with the attach
+            for seq, signum in body["signals"]:
+                # The session took them with the attach; they are done once it says so.
+                self._unsent_signals.pop(seq, None)
+                self._taken(seq, signum)
             for raw in stream:
                 if not raw.endswith(b"\n"):
                     break  # cut off mid-line: the daemon went away
@@ -881,6 +906,8 @@ class Waiter:
                 elif kind == "step-signal":
                     self._signal_step(str(event.get("key")), event.get("signal"))
                     self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "signal-done":
+                    self._signals_delivered(event.get("signal"), event.get("seq"))
                 elif kind == "message":
                     _stderr(event["text"])
                 elif kind == "exit":

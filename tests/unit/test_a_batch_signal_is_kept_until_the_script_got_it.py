@@ -341,7 +341,9 @@ def test_a_signal_the_daemon_did_not_take_goes_with_the_next_attach(monkeypatch:
     assert daemon.calls[1][1]["signals"] == [[1, USR1]]
 
 
-def test_a_signal_the_daemon_took_is_not_sent_again(monkeypatch: Any) -> None:
+def test_a_signal_the_daemon_took_is_not_posted_again_and_the_attach_offers_it_until_delivered(
+    monkeypatch: Any
+) -> None:
     daemon = Daemon([200, 503])
     monkeypatch.setattr(waiter, "post", daemon.post)
     monkeypatch.setattr(waiter, "output_merged", lambda: True)
@@ -352,7 +354,8 @@ def test_a_signal_the_daemon_took_is_not_sent_again(monkeypatch: Any) -> None:
     job.run()
 
     assert [body.get("seq") for action, body in daemon.calls if action == "signal"] == [1, 2]
-    assert daemon.calls[-1][1]["signals"] == [[2, USR2]]
+    # USR1 was taken (seq 1: the daemon drops it if it still has it), USR2 not (the 503).
+    assert daemon.calls[-1][1]["signals"] == [[1, USR1], [2, USR2]]
 
 
 def test_a_signal_during_a_send_is_sent_after_it_in_order(monkeypatch: Any) -> None:
