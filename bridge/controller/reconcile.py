@@ -69,6 +69,8 @@ log = structlog.get_logger(__name__)
 EXIT_CODE_NOT_STARTED = 1
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+STEP_DONE_TRIES = 4
+"""Tries to tell the script's srun that a step the daemon refused has ended."""
 SIGNAL_AFTER_START_S = 1.0
 """A signal for a script that is not running yet is delivered this long after it started (time
 for its first lines, its traps, to run: natively the script has run since the job started)."""
@@ -219,7 +221,7 @@ class Reconciler:
             bound.warning("step.refused", key=key, reason=refusal)
             event.clear()
             event.update(type="message", text=f"srun: error: {refusal}")
-            self._spawn(self.finish_step(session.job_id, key, 1))
+            self._spawn(self._finish_refused_step(session.job_id, key, bound))
             return
         session.steps[key] = {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env}
         session.tokens_issued.add(key)
@@ -227,6 +229,22 @@ class Reconciler:
         assert self.step_key is not None
         event["token"] = step_token(self.step_key, session.job_id, session.run, key)
         bound.info("step.requested", key=key)
+
+    async def _finish_refused_step(self, job_id: int, key: str, bound: Any) -> None:
+        """Tell the script's srun its refused step ended (1), trying a few times: else it waits
+        for ever. Nobody awaits this, so its failure is logged here."""
+        for attempt in range(STEP_DONE_TRIES):
+            try:
+                await self.finish_step(job_id, key, 1)
+                return
+            except (ExecOutcomeUnknown, PermanentError) as error:
+                bound.warning("step.done_not_told", key=key, error=str(error))
+                return
+            except BridgeError as error:
+                if attempt == STEP_DONE_TRIES - 1:
+                    bound.warning("step.done_not_told", key=key, error=str(error))
+                    return
+            await asyncio.sleep(2 ** attempt)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.ensure_future(work)
@@ -291,17 +309,21 @@ class Reconciler:
             return None
         return self.sessions.get(job_id, view.alloc.run)
 
-    def take_batch_signal(self, session: JobSession, signum: int, seq: int | None = None) -> None:
+    def take_batch_signal(
+        self, session: JobSession, signum: int, seq: int | None = None, offered: bool = False
+    ) -> None:
         """Keep `signum` for the run's batch script (`scancel -s SIG --batch`,
         `--signal=B:SIG@TIME`); the job's next reconcile delivers it, in order, once the script
         runs. A `seq` the session took already (the waiter sent it again, not knowing it was
         taken) is dropped. Taken, a signal is never lost to a pod still starting or an exec that
-        failed: delivery is tried again until the run ends."""
+        failed: delivery is tried again until the run ends. `offered`: it came with an attach,
+        from a waiter that still keeps it."""
         if seq is not None:
             if seq <= session.signals_taken:
-                if session.pending_signal_seqs.get(signum, 0) < seq:
+                if offered and session.pending_signal_seqs.get(signum, 0) < seq:
                     # Delivered already, and the waiter missed the word (its stream broke):
-                    # tell it again, or it would keep the signal for ever.
+                    # tell it again, or it would keep the signal for ever. Only to an attach,
+                    # whose new stream takes at most one per kind.
                     _signal_done(session, signum, seq)
                 return
             session.signals_taken = seq
@@ -350,6 +372,7 @@ class Reconciler:
         exec under load, the kubelet's 500 on a container that just started, is tried again)."""
         while session.pending_signals:
             signum = session.pending_signals[0]
+            sending = session.pending_signal_seqs.get(signum)
             try:
                 delivery = await self._signal_batch_script(session.job_id, signum)
             except (ExecOutcomeUnknown, PermanentError) as error:
@@ -368,8 +391,14 @@ class Reconciler:
                 return
             session.signal_failures = 0
             session.pending_signals.pop(0)
-            if (seq := session.pending_signal_seqs.pop(signum, None)) is not None:
-                _signal_done(session, signum, seq)
+            newest = session.pending_signal_seqs.pop(signum, None)
+            if newest is not None and sending is not None and newest > sending:
+                # Another came while this one was being sent: it may have missed the delivery,
+                # so it is sent again, after the others kept meanwhile.
+                session.pending_signals.append(signum)
+                session.pending_signal_seqs[signum] = newest
+            if sending is not None:
+                _signal_done(session, signum, sending)
 
     # -- the loop body ---------------------------------------------------------
     async def reconcile(self, job_id: int) -> None:

@@ -43,10 +43,12 @@ class ExecNotStarted(KubeUnavailable):
 
 
 class ExecCommandFailed(TemporaryError):
-    """The exec ran its command and the command exited non-zero (the agent could not signal,
-    the script had not started): `output` is what it printed, for the caller to tell why."""
+    """The exec's command exited non-zero (`ran`: the agent could not signal, the script had not
+    started; `output` is what it printed, for the caller to tell why), or the runtime could not
+    start it (not `ran`: nothing happened, so trying again is safe)."""
 
-    def __init__(self, message: str, code: int, output: str) -> None:
+    def __init__(self, message: str, code: int, output: str, ran: bool = True) -> None:
         super().__init__(message)
         self.code = code
         self.output = output
+        self.ran = ran

@@ -288,7 +288,7 @@ class Api:
             session.cancel_requested = True
         queue = session.attach({str(k): str(v) for k, v in (body.get("last_log") or {}).items()})
         for seq, signum in signals:
-            self.reconciler.take_batch_signal(session, signum, seq)
+            self.reconciler.take_batch_signal(session, signum, seq, offered=True)
         self.enqueue(job_id)
         bound.info("attach.accepted")
 
@@ -440,6 +440,10 @@ class Api:
             raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {node}")
         try:
             await self._signal_task(pod, task_pidfile(key, procid), signum)
+        except ExecOutcomeUnknown as error:
+            # It may have been sent: the proxy must not ask again (a 503 would make it).
+            log.warning("task.signal_unknown", job_id=job_id, pod=pod, signal=signum, error=str(error))
+            return web.json_response({"unknown": f"{key}.{procid}"})
         except BridgeError as error:
             raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
         return web.json_response({"signalled": f"{key}.{procid}"})
@@ -454,11 +458,15 @@ class Api:
                 await self.reconciler.kube.exec_in_pod(pod, command)
                 return
             except ExecCommandFailed as error:
-                # The agent ran and said why: the task has ended (no such process, as a native
-                # kill of a task that just exited), or never wrote its pid. Again cannot help.
-                log.info("task.signal_not_delivered", pod=pod, signal=signum,
-                         why=error.output.strip()[:200])
-                return
+                if error.ran:
+                    # The agent ran and said why: the task has ended (no such process, as a
+                    # native kill of a task that just exited), or never wrote its pid. Again
+                    # cannot help.
+                    log.info("task.signal_not_delivered", pod=pod, signal=signum,
+                             why=error.output.strip()[:200])
+                    return
+                if attempt == TASK_SIGNAL_TRIES - 1:  # the runtime could not start it: again
+                    raise
             except (ExecOutcomeUnknown, PermanentError):
                 raise
             except BridgeError:

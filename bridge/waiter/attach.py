@@ -738,7 +738,7 @@ class Waiter:
     def _kept_for_attach(self) -> list[tuple[int, int]]:
         """The signals an attach carries, as [seq, signal]: every one not taken yet, and the
         newest of each kind taken but not reported delivered."""
-        kept = {seq: signum for signum, seq in self._undelivered_signals.items()}
+        kept = {seq: signum for signum, seq in list(self._undelivered_signals.items())}
         kept.update(self._unsent_signals)
         return sorted(kept.items())
 
@@ -749,6 +749,9 @@ class Waiter:
             return
         if self._undelivered_signals.get(signum, seq + 1) <= seq:
             del self._undelivered_signals[signum]
+        for kept, kind in list(self._unsent_signals.items()):
+            if kind == signum and kept <= seq:
+                del self._unsent_signals[kept]  # its /signal went through, its answer did not
 
     def _start_step(self, data: str, token: str) -> None:
         """The script ran srun: run Slurm's srun for it here, a real step whose tasks are the

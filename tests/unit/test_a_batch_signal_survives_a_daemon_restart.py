@@ -118,8 +118,48 @@ async def test_an_offered_signal_already_delivered_is_reported_again_not_sent_tw
     _events(session)
 
     # The waiter's stream broke before it read the report: its next attach offers seq 1 again.
-    reconciler.take_batch_signal(session, USR1, seq=1)
+    reconciler.take_batch_signal(session, USR1, seq=1, offered=True)
     await reconciler.reconcile(42)
 
     assert kube.signalled == [("slurm-42-0", USR1)]
     assert _events(session) == [{"type": "signal-done", "signal": USR1, "seq": 1}]
+
+
+async def test_a_replayed_signal_request_queues_nothing_for_a_waiter_that_does_not_read() -> None:
+    """A user may stop their own waiter (SIGSTOP) and replay /signal with old sequence numbers:
+    only an attach, whose new stream replaces the old, is told again."""
+    reconciler, _kube, _ = _world(failures=0)
+    session = _attached(reconciler)
+    await reconciler.reconcile(42)
+    reconciler.take_batch_signal(session, USR1, seq=1)
+    await reconciler.reconcile(42)
+    _events(session)
+
+    for _ in range(1000):
+        reconciler.take_batch_signal(session, USR1, seq=1)
+
+    assert session.listener.qsize() == 0
+
+
+async def test_a_signal_that_comes_while_its_kind_is_being_sent_is_sent_again() -> None:
+    """The first USR1's exec may already have signalled the script when the second is taken:
+    merged into it, the second would be lost (natively the script gets both, if it handled the
+    first in between)."""
+    reconciler, kube, _ = _world(failures=0)
+    session = _attached(reconciler)
+    await reconciler.reconcile(42)
+    sent = kube.exec_in_pod
+
+    async def exec_during_which_another_comes(pod: str, command: list[str]) -> str:
+        answer = await sent(pod, command)
+        if len(kube.signalled) == 1:
+            reconciler.take_batch_signal(session, USR1, seq=2)
+        return answer
+
+    kube.exec_in_pod = exec_during_which_another_comes  # type: ignore[method-assign]
+    reconciler.take_batch_signal(session, USR1, seq=1)
+    await reconciler.reconcile(42)
+
+    assert kube.signalled == [("slurm-42-0", USR1), ("slurm-42-0", USR1)]
+    assert _events(session) == [{"type": "signal-done", "signal": USR1, "seq": 1},
+                                {"type": "signal-done", "signal": USR1, "seq": 2}]

@@ -36,17 +36,19 @@ class AgentInPod:
     """The pod's agent as the daemon sees it through exec: `signal` fails for a task whose pid
     file does not exist yet (the real agent's answer), and a task runs until it is signalled."""
 
-    def __init__(self, failing_execs: int = 0) -> None:
+    def __init__(self, failing_execs: int = 0, failure: Exception | None = None) -> None:
         self.running: set[str] = set()
         self.signalled: list[tuple[str, int]] = []
         self.got_signal = asyncio.Event()
         self.failing_execs = failing_execs
+        self.failure = failure
 
     async def exec_in_pod(self, pod: str, command: list[str]) -> str:
         pidfile, signum = command[2], int(command[3])
         if self.failing_execs:
-            self.failing_execs -= 1  # the kubelet under load, before the command ran
-            raise KubeUnavailable(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
+            self.failing_execs -= 1  # the kubelet (or the runtime) under load, before the command ran
+            raise self.failure or KubeUnavailable(
+                f"cannot exec in pod {pod}: 500, message='Invalid response status'")
         if pidfile not in self.running:
             output = f"slurm-k8s-bridge-agent: the script has not started: {pidfile}\n"
             raise ExecCommandFailed(f"exited 2: {output}", 2, output)
@@ -134,12 +136,16 @@ async def test_a_signal_to_a_running_task_goes_straight_to_it(tmp_path: Path) ->
     assert kube.signalled == [(task_pidfile("7", "0"), USR1)]
 
 
+RUNTIME_FAILED = ExecCommandFailed("exited 1: OCI runtime exec failed", 1, "", ran=False)
+
+
+@pytest.mark.parametrize("failure", [None, RUNTIME_FAILED], ids=["kubelet-500", "runtime-failed"])
 @pytest.mark.parametrize("early", [True, False])
 async def test_a_task_signal_whose_exec_failed_before_it_ran_is_tried_again(
-    tmp_path: Path, monkeypatch: Any, early: bool
+    tmp_path: Path, monkeypatch: Any, early: bool, failure: Exception | None
 ) -> None:
     monkeypatch.setattr(api_module, "TASK_SIGNAL_RETRY_S", 0.01)
-    kube = AgentInPod(failing_execs=2)
+    kube = AgentInPod(failing_execs=2, failure=failure)
     async with await _served(tmp_path, kube) as client:
         if early:
             await _post(client, "/v1/jobs/42/task-signal",

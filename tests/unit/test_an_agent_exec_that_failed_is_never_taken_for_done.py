@@ -62,7 +62,7 @@ async def test_an_agent_that_exited_non_zero_raises_with_its_code_and_output() -
     outcome = await _exec([b"\x02" + printed, b"\x03" + EXIT_2])
 
     assert isinstance(outcome, ExecCommandFailed)
-    assert outcome.code == 2
+    assert outcome.code == 2 and outcome.ran
     assert "bad pid file" in outcome.output and "bad pid file" in str(outcome)
 
 
@@ -71,7 +71,7 @@ async def test_a_command_the_runtime_could_not_start_raises_with_the_runtimes_me
     outcome = await _exec([b"\x03" + RUNTIME_FAILED])
 
     assert isinstance(outcome, ExecCommandFailed)
-    assert outcome.code == 1 and outcome.output == ""
+    assert outcome.code == 1 and outcome.output == "" and not outcome.ran
     assert "OCI runtime exec failed" in str(outcome)
 
 
@@ -80,3 +80,11 @@ async def test_an_exec_closed_without_a_status_is_of_unknown_outcome() -> None:
     outcome = await _exec([b"\x01half"])
 
     assert isinstance(outcome, ExecOutcomeUnknown)
+
+
+@pytest.mark.asyncio
+async def test_what_a_replaced_agent_prints_is_kept_only_up_to_a_limit() -> None:
+    flood = [b"\x01" + b"y" * 60000] * 10
+    outcome = await _exec([*flood, b"\x03" + SUCCESS])
+
+    assert isinstance(outcome, str) and len(outcome) <= 2 * 65536

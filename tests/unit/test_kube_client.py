@@ -29,6 +29,7 @@ from bridge.clients.kube import (
     PodWatcher,
     make_api_client,
 )
+from bridge.clients.kube.lines import MAX_LINE
 from bridge.core import wellknown
 from bridge.core.errors import KubeUnavailable
 
@@ -461,6 +462,23 @@ async def test_the_kubelets_error_written_into_a_begun_log_body_is_never_relayed
             seen.append(text)
 
     assert seen == ["cleaned-up"]
+
+
+@pytest.mark.asyncio
+async def test_a_line_longer_than_a_piece_comes_whole_in_pieces_and_the_next_lines_follow(
+    api: ApiClient, fake: FakeApi
+) -> None:
+    # The kubelet joins a long line's partial entries: one stamp, then megabytes (a progress bar
+    # redrawn with \r, a JSON dump); the client hands it out in MAX_LINE pieces.
+    long_text = "x" * (MAX_LINE * 2 + 5)
+    body = f"2024-05-01T12:00:00.1Z {long_text}\n2024-05-01T12:00:00.2Z after\n".encode()
+    fake.logs = [[body[i:i + 65536] for i in range(0, len(body), 65536)]]
+
+    lines = [line async for line in KubeActions(api, NS).stream_logs("p")]
+
+    assert "".join(text for stamp, text in lines[:-1]) == long_text
+    assert {stamp for stamp, _ in lines[:-1]} == {"2024-05-01T12:00:00.1Z"}
+    assert lines[-1] == ("2024-05-01T12:00:00.2Z", "after")
 
 
 @pytest.mark.asyncio

@@ -39,6 +39,7 @@ from bridge.controller.reconcile import (
 from bridge.controller.sessions import JobSession
 from bridge.core import wellknown
 from bridge.core.config import ConfigError, PartitionConfig, WaiterConfig
+from bridge.core.errors import KubeUnavailable
 from bridge.waiter import attach
 from bridge.waiter.attach import (
     SAFE_ENVIRONMENT,
@@ -513,6 +514,35 @@ async def test_without_a_step_key_every_step_is_refused_and_ended(tmp_path: Path
     assert session.tokens_issued == {"3"}  # answered once: a replay is not answered again
     await _settle(reconciler)
     assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "3", "1"])]
+
+
+async def test_a_refused_step_whose_end_could_not_be_told_at_first_is_told_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else the script's srun waits for ever for a step that never ran."""
+    monkeypatch.setattr(asyncio, "sleep", _no_wait)
+    reconciler, kube = _reconciler(None)
+    told = kube.exec_in_pod
+    failures = [KubeUnavailable("cannot exec in pod slurm-42-0: 500")]
+
+    async def flaky(pod: str, command: list[str]) -> int:
+        if failures:
+            raise failures.pop()
+        return await told(pod, command)
+
+    kube.exec_in_pod = flaky  # type: ignore[method-assign]
+    reconciler._register_step(reconciler.sessions.open(42, 0), _step_event(3), Log())
+    for task in list(reconciler._background):
+        await task
+
+    assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "3", "1"])]
+
+
+_real_sleep = asyncio.sleep
+
+
+async def _no_wait(_delay: float) -> None:
+    await _real_sleep(0)
 
 
 async def test_more_than_the_open_steps_allowed_are_refused(signing: Any) -> None:

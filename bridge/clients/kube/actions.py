@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
-from bridge.clients.kube.client import REQUESTS_SENT, iter_lines, request, request_json
+from bridge.clients.kube.client import REQUESTS_SENT, iter_pieces, request, request_json
 from bridge.clients.kube.errors import (
     KubeConflict,
     KubeForbidden,
@@ -38,6 +38,8 @@ log = structlog.get_logger(__name__)
 
 EXEC_TIMEOUT_S = 30.0
 """How long a short exec of the agent (signal, step-done) may take."""
+EXEC_OUTPUT_LIMIT = 65536
+"""What a short exec may print that is kept (the agent prints a line; a replaced one may not)."""
 LOG_READ_TIMEOUT_S = 60.0
 """A followed log silent this long is broken off: a half-open connection (a restarted API server or
 kubelet, a lost network path) would otherwise hang for ever. A job that computes quietly for hours
@@ -204,7 +206,7 @@ class KubeActions:
                 async with connection as socket:
                     async for message in socket:
                         data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
-                        if data[:1] in (b"\x01", b"\x02"):
+                        if data[:1] in (b"\x01", b"\x02") and sum(map(len, output)) < EXEC_OUTPUT_LIMIT:
                             output.append(data[1:].decode("utf-8", errors="replace"))
                         elif data[:1] == b"\x03" and len(data) > 1:
                             status = data[1:]
@@ -212,13 +214,14 @@ class KubeActions:
             what = f"exec in pod {pod_name}"
             raise error_for_status(error.status or 500, error.body or b"", what) from error
         except TimeoutError as error:
-            raise ExecOutcomeUnknown(f"exec in pod {pod_name} did not answer within "
-                                     f"{EXEC_TIMEOUT_S:.0f} s") from error
+            if not status:  # else it ended in time, only its socket's close did not
+                raise ExecOutcomeUnknown(f"exec in pod {pod_name} did not answer within "
+                                         f"{EXEC_TIMEOUT_S:.0f} s") from error
         except (aiohttp.ClientError, OSError) as error:
             raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
         finally:
             await ws.close()
-        printed = "".join(output)
+        printed = "".join(output)[:EXEC_OUTPUT_LIMIT]
         if not status:
             # Closed without the status the kubelet sends last: the command may or may not have run.
             raise ExecOutcomeUnknown(f"exec in pod {pod_name} ended without an exit status")
@@ -226,7 +229,7 @@ class KubeActions:
         if code != 0:
             detail = printed.strip() or _status_message(status)
             raise ExecCommandFailed(f"{command[-2:]} in pod {pod_name} exited {code}: {detail[:300]}",
-                                    code, printed)
+                                    code, printed, ran=b'"NonZeroExitCode"' in status)
         return printed
 
     async def exec_stream(
@@ -426,8 +429,16 @@ class KubeActions:
                 )
         except KubeInvalid as error:
             raise LogsNotReady(str(error)) from error
-        async with contextlib.aclosing(iter_lines(response, what)) as lines:
-            async for line in lines:
+        continues = ""  # the stamp of a line too long to hold, while its pieces come
+        async with contextlib.aclosing(iter_pieces(response, what)) as pieces:
+            async for line, ended in pieces:
+                if continues:
+                    # A piece of one long line: only its first carried the stamp.
+                    stamp = continues
+                    continues = "" if ended else continues
+                    if after_ns is None or rfc3339_to_ns(stamp) > after_ns:
+                        yield stamp, line.decode("utf-8", errors="replace")
+                    continue
                 stamp, text = split_log_line(line)
                 stamp_ns = _ns_or_none(stamp) if stamp else None
                 if stamp_ns is None:
@@ -436,6 +447,8 @@ class KubeActions:
                     # 200 ("unable to retrieve container logs for containerd://..." once the
                     # container is gone): never the job's output.
                     raise KubeUnavailable(f"cannot {what}: the log stream ended with {text[:200]!r}")
+                if not ended:
+                    continues = stamp
                 if after_ns is not None and stamp_ns <= after_ns:
                     continue
                 yield stamp, text

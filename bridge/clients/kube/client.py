@@ -9,6 +9,7 @@ are read chunk by chunk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
@@ -145,19 +146,27 @@ async def iter_lines(response: aiohttp.ClientResponse, what: str) -> AsyncIterat
     Transport errors while reading become KubeUnavailable. Ends when the server ends the stream.
     The response is released when the iteration ends, fails or is abandoned.
     """
+    async with contextlib.aclosing(iter_pieces(response, what)) as pieces:
+        async for line, _ in pieces:
+            yield line
+
+
+async def iter_pieces(response: aiohttp.ClientResponse, what: str) -> AsyncIterator[tuple[bytes, bool]]:
+    """As iter_lines, each with whether it ends its line (False: a piece of a line too long to
+    hold, whose rest follows)."""
     splitter = LineSplitter()
     finished = False
     try:
         try:
             async for chunk in response.content.iter_any():
-                for line in splitter.feed(chunk):
-                    yield line
+                for piece in splitter.feed_pieces(chunk):
+                    yield piece
         except _TRANSPORT_ERRORS as error:
             raise KubeUnavailable(f"cannot {what}: stream broke: {type(error).__name__}: {error}") from error
         finished = True
         last = splitter.flush()
         if last is not None:
-            yield last
+            yield last, True
     finally:
         # A fully read response may go back to the pool; an abandoned one must not.
         if finished:

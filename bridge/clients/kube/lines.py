@@ -11,6 +11,9 @@ from __future__ import annotations
 import calendar
 from datetime import UTC, datetime
 
+MAX_LINE = 1 << 20
+"""Longer lines are handed out in pieces of exactly this many bytes (the rest follows)."""
+
 
 class LineSplitter:
     """Accumulates chunks; hands out every line completed by `\\n` (without it).
@@ -19,19 +22,24 @@ class LineSplitter:
     buffered without bound (a program printing megabytes without a newline must not grow memory).
     """
 
-    def __init__(self, max_line: int = 1 << 20) -> None:
+    def __init__(self, max_line: int = MAX_LINE) -> None:
         self._buffer = bytearray()
         self._max_line = max_line
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Add `chunk`; return the lines it completed, in order."""
+        return [line for line, _ in self.feed_pieces(chunk)]
+
+    def feed_pieces(self, chunk: bytes) -> list[tuple[bytes, bool]]:
+        """As `feed`, each with whether it ends its line (False: a piece of a longer one, whose
+        rest comes next)."""
         self._buffer += chunk
         if b"\n" not in chunk and len(self._buffer) <= self._max_line:
             return []
         *complete, rest = self._buffer.split(b"\n")
-        lines = [bytes(line) for line in complete]
+        lines = [(bytes(line), True) for line in complete]
         while len(rest) > self._max_line:
-            lines.append(bytes(rest[: self._max_line]))
+            lines.append((bytes(rest[: self._max_line]), False))
             rest = rest[self._max_line :]
         self._buffer = bytearray(rest)
         return lines
