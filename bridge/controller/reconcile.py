@@ -237,10 +237,10 @@ class Reconciler:
             try:
                 await self.finish_step(job_id, key, 1)
                 return
-            except (ExecOutcomeUnknown, PermanentError) as error:
+            except PermanentError as error:
                 bound.warning("step.done_not_told", key=key, error=str(error))
                 return
-            except BridgeError as error:
+            except BridgeError as error:  # the agent's step-done is idempotent: again is safe
                 if attempt == STEP_DONE_TRIES - 1:
                     bound.warning("step.done_not_told", key=key, error=str(error))
                     return

@@ -44,8 +44,8 @@ class ExecNotStarted(KubeUnavailable):
 
 class ExecCommandFailed(TemporaryError):
     """The exec's command exited non-zero (`ran`: the agent could not signal, the script had not
-    started; `output` is what it printed, for the caller to tell why), or the runtime could not
-    start it (not `ran`: nothing happened, so trying again is safe)."""
+    started; `output` is what it printed, for the caller to tell why), or the runtime failed it
+    (not `ran`: most often it could not start the command, so trying again is taken as safe)."""
 
     def __init__(self, message: str, code: int, output: str, ran: bool = True) -> None:
         super().__init__(message)

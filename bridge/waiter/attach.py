@@ -74,6 +74,9 @@ EARLY_KEPT = HELD_SIGNALS | {signal.SIGTERM, signal.SIGINT}
 RECONNECT_BASE_S, RECONNECT_CAP_S = 0.1, 5.0
 TASK_SIGNAL_ATTEMPTS = 5
 """A task proxy asks this often (jittered backoff, a few seconds) to have a signal passed on."""
+TASK_SIGNAL_TIMEOUT_S = 150.0
+"""How long a proxy waits for the daemon's answer: longer than the daemon may take (4 execs of
+at most 30 s and their pauses), so a slow delivery is never asked for a second time."""
 STREAM_READ_TIMEOUT_S = 45.0
 """The daemon sends a heartbeat every 10 s; silence this long means a half-open connection."""
 
@@ -347,7 +350,8 @@ def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | Non
                        "signal": int(signum)}
         for attempt in range(TASK_SIGNAL_ATTEMPTS):
             try:
-                post(url, f"/v1/jobs/{job_id}/task-signal", job_id, signal_body, 10, ca_file).close()
+                post(url, f"/v1/jobs/{job_id}/task-signal", job_id, signal_body, TASK_SIGNAL_TIMEOUT_S,
+                     ca_file).close()
                 return
             except DaemonError as error:
                 if error.status == 202:
@@ -747,11 +751,16 @@ class Waiter:
         the older ones of its kind, which it stood for, are done."""
         if not isinstance(signum, int) or not isinstance(seq, int):
             return
-        if self._undelivered_signals.get(signum, seq + 1) <= seq:
-            del self._undelivered_signals[signum]
-        for kept, kind in list(self._unsent_signals.items()):
-            if kind == signum and kept <= seq:
-                del self._unsent_signals[kept]  # its /signal went through, its answer did not
+        # Held meanwhile: a handler that sends one (and changes these dicts) waits till after.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        try:
+            if self._undelivered_signals.get(signum, seq + 1) <= seq:
+                del self._undelivered_signals[signum]
+            for kept, kind in list(self._unsent_signals.items()):
+                if kind == signum and kept <= seq:
+                    self._unsent_signals.pop(kept, None)  # its /signal went through, its answer did not
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _start_step(self, data: str, token: str) -> None:
         """The script ran srun: run Slurm's srun for it here, a real step whose tasks are the

@@ -194,6 +194,7 @@ class KubeActions:
         it (the status channel says so; stdout and stderr alone would look like a success)."""
         ws = self._exec_client()
         output: list[str] = []
+        kept = 0
         status = b""
         try:
             # Bounded: the command is the agent's (signal, step-done), which ends at once; a user
@@ -206,8 +207,9 @@ class KubeActions:
                 async with connection as socket:
                     async for message in socket:
                         data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
-                        if data[:1] in (b"\x01", b"\x02") and sum(map(len, output)) < EXEC_OUTPUT_LIMIT:
+                        if data[:1] in (b"\x01", b"\x02") and kept < EXEC_OUTPUT_LIMIT:
                             output.append(data[1:].decode("utf-8", errors="replace"))
+                            kept += len(data) - 1
                         elif data[:1] == b"\x03" and len(data) > 1:
                             status = data[1:]
         except ApiException as error:
