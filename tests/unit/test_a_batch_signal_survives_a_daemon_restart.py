@@ -109,13 +109,19 @@ async def test_the_daemon_reports_a_delivered_signal_with_the_newest_seq_it_stoo
     assert _events(session) == [{"type": "signal-done", "signal": USR1, "seq": 2}]
 
 
-async def test_an_offered_signal_already_delivered_is_reported_again_not_sent_twice() -> None:
+async def _usr1_delivered() -> tuple[Any, Any, Any]:
+    """A reconciler whose attached session took USR1 as seq 1 and delivered it (its report read)."""
     reconciler, kube, _ = _world(failures=0)
     session = _attached(reconciler)
     await reconciler.reconcile(42)
     reconciler.take_batch_signal(session, USR1, seq=1)
     await reconciler.reconcile(42)
     _events(session)
+    return reconciler, kube, session
+
+
+async def test_an_offered_signal_already_delivered_is_reported_again_not_sent_twice() -> None:
+    reconciler, kube, session = await _usr1_delivered()
 
     # The waiter's stream broke before it read the report: its next attach offers seq 1 again.
     reconciler.take_batch_signal(session, USR1, seq=1, offered=True)
@@ -128,12 +134,7 @@ async def test_an_offered_signal_already_delivered_is_reported_again_not_sent_tw
 async def test_a_replayed_signal_request_queues_nothing_for_a_waiter_that_does_not_read() -> None:
     """A user may stop their own waiter (SIGSTOP) and replay /signal with old sequence numbers:
     only an attach, whose new stream replaces the old, is told again."""
-    reconciler, _kube, _ = _world(failures=0)
-    session = _attached(reconciler)
-    await reconciler.reconcile(42)
-    reconciler.take_batch_signal(session, USR1, seq=1)
-    await reconciler.reconcile(42)
-    _events(session)
+    reconciler, _kube, session = await _usr1_delivered()
 
     for _ in range(1000):
         reconciler.take_batch_signal(session, USR1, seq=1)
