@@ -57,12 +57,12 @@ CASES = [
          "trap 'echo got-usr1; exit 0' USR1\necho started\ni=0; while [ $i -lt 60 ]; do sleep 1; "
          "i=$((i+1)); done\necho never\n", action="usr1"),
     # slurmctld sends it at its first time-limit check (every 30 s) within @T+30 s of the end:
-    # here at once, in both partitions. Two minutes leave the bridged pod about 90 s to start
-    # before the limit ends the job (one minute left about 30: a slow start, or a VM pause, lost
-    # that race in the bridged partition only, whose script starts later than the native one).
+    # here 30 to 60 s in, in both partitions (not at once, when natively it may beat the batch
+    # step's start or its trap), leaving the bridged pod a minute to start before the limit
+    # (one minute @50 left about 30 s: a slow start, or a VM pause, lost that race).
     Case("usr1_before_time_limit",
          "trap 'echo checkpoint; exit 0' USR1\necho started\ni=0; while [ $i -lt 200 ]; do sleep 1; "
-         "i=$((i+1)); done\necho never\n", args=("--time=2", "--signal=B:USR1@110")),
+         "i=$((i+1)); done\necho never\n", args=("--time=2", "--signal=B:USR1@60")),
     # exec: natively (proctrack/linuxproc) the TERM reaches the sleep and the shell one by one;
     # under load the shell may see its child die first and go on to the next line.
     Case("time_limit", "echo started\nexec sleep 300\necho never\n", args=("--time=1",)),
