@@ -54,15 +54,8 @@ from bridge.core.errors import (
     TemporaryError,
 )
 from bridge.core.model import JobAllocation, JobPayload
-from bridge.core.translate import (
-    TranslateError,
-    desired_objects,
-    kubernetes_node_names,
-    node_index_of,
-    payload_secret_of,
-    pod_name,
-    run_of,
-)
+from bridge.core.pod_identity import node_index_of, payload_secret_of, pod_name, run_of
+from bridge.core.translate import TranslateError, desired_objects, kubernetes_node_names
 
 log = structlog.get_logger(__name__)
 

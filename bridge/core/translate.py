@@ -30,18 +30,17 @@ from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.directives import Directives, interpreter_of
 from bridge.core.errors import PermanentError
 from bridge.core.model import JobAllocation, JobPayload
+from bridge.core.pod_identity import payload_secret_name, pod_name
 
 MAX_SCRIPT_BYTES = 240 * 1024
 """Largest script kept in the payload Secret; larger ones are copied into the pod by the agent."""
 SECRET_DATA_BYTES = 1024 * 1024 - 4096
 """What the values of one Secret may weigh (Kubernetes: 1 MiB), less a margin."""
 MAX_DELIVERED_SCRIPT_BYTES = 4 * 1024 * 1024
-"""Slurm's own default max_script_size: larger scripts are copied into the pod by the agent."""
-"""Largest script accepted: Kubernetes caps all annotations of an object at 256 KiB together."""
+"""Largest script accepted: Slurm's own default max_script_size. Scripts over MAX_SCRIPT_BYTES are
+copied into the pod by the agent."""
 
 MASTER_PORT_BASE = 20000
-
-# Seconds past the Slurm time limit before Kubernetes' own deadline stops a pod.
 """MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
 
 DEFAULT_PULL_POLICY = "IfNotPresent"
@@ -116,42 +115,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 class TranslateError(PermanentError, ValueError):
     """The job cannot be expressed as pods (no image, root job, unknown node, ...)."""
-
-
-def pod_name(job_id: int, index: int, run: int = 0) -> str:
-    """Name of the pod for node `index` of run `run` of job `job_id` (array tasks have their own
-    job id): `slurm-<jobid>-<index>` for the first run (the name users and scripts know), and
-    `slurm-<jobid>-r<run>-<index>` once Slurm requeued the job, so no name is shared between runs."""
-    return f"slurm-{job_id}-{index}" if run == 0 else f"slurm-{job_id}-r{run}-{index}"
-
-
-def payload_secret_name(digest: str) -> str:
-    """Name of the Secret with a script and the environment its user exported: the digest of its
-    content (and of the uid and gid it is for). The tasks of an array, and the runs of a requeued
-    job, have the same script and exported environment: one Secret serves them all (one write, not
-    one per task). No job ever gets another's: a different content is a different name."""
-    return f"slurm-payload-{digest}"
-
-
-def payload_secret_of(pod: Mapping[str, Any]) -> str | None:
-    """The name of the payload Secret a pod manifest uses (annotation ANNOTATION_PAYLOAD_SECRET)."""
-    name = _metadata(pod, "annotations").get(wellknown.ANNOTATION_PAYLOAD_SECRET)
-    return name if isinstance(name, str) and name else None
-
-
-def run_of(pod: Mapping[str, Any]) -> int:
-    """The job run a pod manifest belongs to (label LABEL_RUN); 0 when unlabelled."""
-    return _int_or_none(_metadata(pod, "labels").get(wellknown.LABEL_RUN)) or 0
-
-
-def job_id_of(pod: Mapping[str, Any]) -> int | None:
-    """The Slurm job id a pod manifest belongs to, None if it is not a bridge pod."""
-    return _int_or_none(_metadata(pod, "labels").get(wellknown.LABEL_JOB_ID))
-
-
-def node_index_of(pod: Mapping[str, Any]) -> int | None:
-    """The node index a pod manifest stands for, None if unknown."""
-    return _int_or_none(_metadata(pod, "annotations").get(wellknown.ANNOTATION_NODE_INDEX))
 
 
 def resolve_image(directives: Directives, part: PartitionConfig) -> str:
@@ -729,15 +692,3 @@ def escape_for_kubelet(value: str) -> str:
     give back exactly the original string.
     """
     return value.replace("$", "$$")
-
-
-def _metadata(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    meta = pod.get("metadata")
-    value = meta.get(key) if isinstance(meta, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def _int_or_none(value: object) -> int | None:
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
-    return None

@@ -34,7 +34,7 @@ LABEL_RUN: Final = PREFIX + "run"
 """Run of the job the pod belongs to: Slurm's restart count (0, then +1 at each requeue). A
 requeued job keeps its id; its new run gets new pods and never adopts the old run's. Pod names
 carry it too: `slurm-<jobid>-<node index>` for run 0, `slurm-<jobid>-r<run>-<node index>` after
-(see translate.pod_name). A pod without the label is from run 0."""
+(see pod_identity.pod_name). A pod without the label is from run 0."""
 
 # --- pod annotations (state needed to rebuild after a restart, and context for humans) ---------
 

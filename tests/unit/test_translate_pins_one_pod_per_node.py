@@ -11,15 +11,12 @@ from bridge.core import wellknown
 from bridge.core.config import PartitionConfig, VolumeConfig
 from bridge.core.directives import Directives
 from bridge.core.model import NodeAllocation
+from bridge.core.pod_identity import job_id_of, node_index_of, pod_name, run_of
 from bridge.core.translate import (
     MAX_SCRIPT_BYTES,
     TranslateError,
     desired_pods,
-    job_id_of,
-    node_index_of,
-    pod_name,
     resolve_image,
-    run_of,
 )
 
 from .builders import allocation, config, payload

@@ -14,6 +14,7 @@ from bridge.core import wellknown
 from bridge.core.config import PartitionConfig, PodsConfig
 from bridge.core.directives import Directives
 from bridge.core.model import NodeAllocation
+from bridge.core.pod_identity import payload_secret_name
 from bridge.core.translate import (
     SECRET_DATA_BYTES,
     TranslateError,
@@ -22,7 +23,6 @@ from bridge.core.translate import (
     gpu_environment,
     job_environment,
     node_environment,
-    payload_secret_name,
 )
 
 from .builders import allocation, config, payload
