@@ -4,7 +4,7 @@ SANDBOX := containers/sandbox/sandbox.sh
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit e2e contract pyslurm bench bench-scale bench-hold image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-deploy bridge-down venv
+.PHONY: demo test typecheck unit e2e contract pyslurm bench bench-scale bench-hold image lint sandbox-up sandbox-down sandbox-status sandbox-env bridge-up bridge-deploy bridge-down venv
 
 sandbox-up:      ## start real Slurm + real Kubernetes on this machine
 	@$(SANDBOX) up
@@ -28,14 +28,18 @@ $(VENV)/.installed: pyproject.toml
 lint: venv
 	$(VENV)/bin/ruff check bridge tests
 
+typecheck: venv  ## mypy over bridge/ (settings in pyproject.toml)
+	$(VENV)/bin/mypy
+
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit
 
 e2e: venv sandbox-up
 	$(VENV)/bin/pytest -q -m e2e tests/e2e
 
-test: venv sandbox-up  ## lint, unit tests, then e2e tests on the sandbox
+test: venv sandbox-up  ## lint, type check, unit tests, then e2e tests on the sandbox
 	$(VENV)/bin/ruff check bridge tests
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q tests
 
 demo: venv sandbox-up
