@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     waiter_build = sub.add_parser(
         "waiter-build", help="write the waiter, one file (a zipapp) that attach_command runs on the slurmds"
     )
-    waiter_build.add_argument("dest", help="where to write it, e.g. /usr/libexec/slurm-k8s-bridge/waiter.pyz")
+    waiter_build.add_argument(
+        "dest", help="the file attach_command runs (default config: /usr/libexec/slurm-k8s-bridge/waiter.py)"
+    )
     waiter_build.add_argument(
         "--python", default=sys.executable,
         help="the Python the slurmds run it with, which compiles its bytecode (default: this one)",

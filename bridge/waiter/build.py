@@ -90,6 +90,7 @@ def build(dest: str | os.PathLike[str], python: str = sys.executable) -> Path:
     """Write the waiter's zipapp to `dest` (replaced at once: a slurmd never runs half of it), mode
     644, its bytecode compiled by `python`. Returns its path."""
     target = Path(dest)
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="waiter-build-") as tmp:
         stage = Path(tmp) / "waiter"
         files = [*sorted(set(modules()) | set(PACKAGE_ROOTS)), "__main__.py"]

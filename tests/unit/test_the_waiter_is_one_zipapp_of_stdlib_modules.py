@@ -6,15 +6,20 @@ start-up compiles nothing."""
 from __future__ import annotations
 
 import ast
+import json
+import socket
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from bridge.core.waiter_protocol import request_digest
 from bridge.manager import cli
 from bridge.waiter import build
+from bridge.waiter.attach import MARKER
 from bridge.waiter.main import USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,9 +112,75 @@ def test_its_modules_come_from_their_bytecode(waiter_pyz: Path) -> None:
     assert all(name.endswith(".pyc") for name in loaded), loaded
 
 
-def test_a_rebuild_replaces_the_file_whole(waiter_pyz: Path, tmp_path: Path) -> None:
+def test_it_is_built_into_a_new_directory_too(tmp_path: Path) -> None:
+    dest = tmp_path / "libexec" / "slurm-k8s-bridge" / "waiter.py"  # the default config's path
+    assert cli.main(["waiter-build", "--python", sys.executable, str(dest)]) == 0
+    assert _run(dest).returncode == 2, "a zipapp runs under any name"
+    assert dest.parent.stat().st_mode & 0o022 == 0
+
+
+def test_a_rebuild_replaces_the_file_whole(tmp_path: Path) -> None:
     dest = tmp_path / "waiter.pyz"
     dest.write_text("an older waiter\n")
     build.build(dest)
     assert zipfile.is_zipfile(dest)
     assert [p.name for p in tmp_path.iterdir()] == ["waiter.pyz"], "no partial file left beside it"
+
+
+def test_bytecode_of_another_python_falls_back_to_the_sources(waiter_pyz: Path, tmp_path: Path) -> None:
+    """Built by a Python whose bytecode the slurmds' cannot read: it still runs, from its sources."""
+    other = tmp_path / "waiter.pyz"
+    with zipfile.ZipFile(waiter_pyz) as source, zipfile.ZipFile(other, "w") as target:
+        for name in source.namelist():
+            data = source.read(name)
+            if name.endswith(".pyc"):
+                data = b"\x00\x00\r\n" + data[4:]  # no Python's magic number
+            target.writestr(name, data)
+    result = _run(other)
+    assert result.returncode == 2 and result.stderr == f"slurm-k8s-bridge: {USAGE}\n"
+
+
+def test_a_job_run_from_the_archive_ends_with_its_pods_code(waiter_pyz: Path, tmp_path: Path) -> None:
+    """The archive's modules together: attach, print the pods' log, exit with their code. munge is
+    the one stand-in (none on this host): it returns the digest it was asked to carry."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    requests: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                body += conn.recv(65536)
+            requests.append(head + b"\r\n\r\n" + body)
+            conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + b"".join(json.dumps(e).encode() + b"\n" for e in (
+                {"type": "log", "pod": 0, "ts": "t1", "line": "hello from the pod"},
+                {"type": "exit", "code": 3, "signal": None})))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    script = tmp_path / "slurm_script"
+    script.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n#!/bin/sh\necho hi\n")
+    api = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    program = (f"import sys; sys.path.insert(0, {str(waiter_pyz)!r})\n"
+               "from bridge.waiter import munge\n"
+               "munge.munge_credential = lambda payload: payload\n"
+               "from bridge.waiter.main import main\n"
+               f"sys.exit(main(['--api', {api!r}, {str(script)!r}]))\n")
+    try:
+        result = subprocess.run([sys.executable, "-I", "-S", "-c", program], capture_output=True, text=True,
+                                timeout=60, check=False, cwd=tmp_path, env={"SLURM_JOB_ID": "42"})
+    finally:
+        thread.join(timeout=10)
+        listener.close()
+
+    assert (result.returncode, result.stdout) == (3, "hello from the pod\n"), result.stderr
+    head, _, body = requests[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/jobs/42/attach HTTP/1.0\r\n")
+    assert json.loads(body)["script"] == "#!/bin/sh\necho hi\n"
+    credential = head.split(b"X-Munge-Credential: ")[1].split(b"\r\n")[0].decode()
+    assert credential == request_digest("POST", "/v1/jobs/42/attach", 42, body)
