@@ -94,6 +94,7 @@ class Waiter:
 
     @property
     def cancel_requested(self) -> bool:
+        """The pods' deletion was asked for (scancel, a time limit): every later attach says so."""
         return self._state.cancel_requested
 
     def run(self) -> int:

@@ -15,7 +15,11 @@ from bridge.waiter import munge
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import IO, Any, Protocol
+
+    PostAction = Callable[[str, dict[str, Any], float | None], IO[bytes]]
+    """A POST of one action of the waiter's job (`attach`, `signal`, `step-done`...): body, timeout."""
 
     class ByteReader(Protocol):
         """What an answer is read from: a buffered file of the socket, or an unbuffered one."""

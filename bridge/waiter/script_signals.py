@@ -14,10 +14,7 @@ from bridge.waiter.output import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import IO, Any
-
-    PostAction = Callable[[str, dict[str, Any], float | None], IO[bytes]]
+    from bridge.waiter.http_client import PostAction
 
 
 class ScriptSignals:

@@ -23,10 +23,9 @@ from bridge.waiter.relay import StepOutputRelay, run_relayed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-    from typing import IO, Any
+    from collections.abc import Mapping
 
-    PostAction = Callable[[str, dict[str, Any], float | None], IO[bytes]]
+    from bridge.waiter.http_client import PostAction
 
 STEP_SIGNALS = frozenset(int(s) for s in (
     signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
