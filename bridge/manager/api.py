@@ -31,13 +31,8 @@ from bridge.core.errors import (
     TemporaryError,
 )
 from bridge.core.model import ModelError, payload_from_json
-from bridge.waiter.attach import (
-    FORWARDED,
-    MAX_OUTPUT_FRAME,
-    request_digest,
-    sign_output_frame,
-    split_srun_args,
-)
+from bridge.core.srun_options import split_srun_args
+from bridge.core.waiter_protocol import FORWARDED, MAX_OUTPUT_FRAME, request_digest, sign_output_frame
 
 log = structlog.get_logger(__name__)
 

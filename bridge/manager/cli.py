@@ -1,4 +1,4 @@
-"""Command line: `slurm-k8s-bridge run|attach|job-submit-conf|version`."""
+"""Command line: `slurm-k8s-bridge run|attach|doctor|job-submit-conf|waiter-build|version`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--slurm-conf", help="slurm.conf of the cluster (default $SLURM_CONF or /etc/slurm)")
     conf = sub.add_parser("job-submit-conf", help="print job_submit_bridge.conf for job_submit.lua")
     conf.add_argument("-c", "--config", default=DEFAULT_CONFIG)
+    waiter_build = sub.add_parser(
+        "waiter-build", help="write the waiter, one file (a zipapp) that attach_command runs on the slurmds"
+    )
+    waiter_build.add_argument(
+        "dest", help="the file attach_command runs (default config: /usr/libexec/slurm-k8s-bridge/waiter.py)"
+    )
+    waiter_build.add_argument(
+        "--python", default=sys.executable,
+        help="the Python the slurmds run it with, which compiles its bytecode (default: this one)",
+    )
     return parser
 
 
@@ -45,9 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.command == "attach":
-        from bridge.waiter import attach as waiter  # stdlib only: keeps the job's start fast
+        from bridge.waiter import main as waiter  # stdlib only: keeps the job's start fast
 
         return waiter.main([*(["--api", args.api] if args.api else []), args.script])
+    if args.command == "waiter-build":
+        from bridge.waiter.build import build
+
+        print(build(args.dest, args.python))
+        return 0
     if args.command == "job-submit-conf":
         return _job_submit_conf(args.config)
     if args.command == "doctor":

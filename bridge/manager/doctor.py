@@ -233,7 +233,8 @@ class Doctor:
         if problems:
             raise CheckFailed(
                 f"waiter.attach_command {command!r}: " + "; ".join(problems) + ". Install it as root: "
-                "install -D -m 644 bridge/waiter/attach.py /usr/libexec/slurm-k8s-bridge/waiter.py"
+                "slurm-k8s-bridge waiter-build --python /usr/bin/python3 "
+                "/usr/libexec/slurm-k8s-bridge/waiter.py"
             )
         missing = [f for f in attach_command_files(command) if not Path(f).exists()]
         if missing:

@@ -6,10 +6,10 @@
 . "$(dirname "${BASH_SOURCE[0]}")/../kube/common.sh"   # kc, ADMIN_KUBECONFIG
 BRIDGE_STATE="$SBX_STATE/bridge"
 VENV="$SBX_REPO/.venv"
-# The waiter, as the slurmds run it: one stdlib-only file, by absolute path, in isolated mode
-# (-I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site, its start-up is job
-# start latency). Nothing of the user's PATH, cwd or environment decides what runs.
-WAITER_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter.py"
+# The waiter, as the slurmds run it: one stdlib-only file (a zipapp of bridge/waiter), by absolute
+# path, in isolated mode (-I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site,
+# its start-up is job start latency). Nothing of the user's PATH, cwd or environment decides what runs.
+WAITER_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter.pyz"
 WAITER_COMMAND="/usr/bin/python3 -I -S $WAITER_FILE"
 
 require_sandbox() {
@@ -23,9 +23,11 @@ install_waiter() {
   cp -r "$SBX_REPO/bridge" "$BRIDGE_STATE/lib.new/"
   rm -rf "$BRIDGE_STATE/lib" && mv "$BRIDGE_STATE/lib.new" "$BRIDGE_STATE/lib"
   chmod -R a+rX "$BRIDGE_STATE/lib"
-  # Root-owned, not writable by users: its directory is sys.path[0] when it runs.
+  # Root-owned, not writable by users: the archive is sys.path[0] when it runs. Built by the
+  # slurmds' own python3, which compiles its bytecode; replaced at once.
   install -d -m 755 "$(dirname "$WAITER_FILE")"
-  install -m 644 "$SBX_REPO/bridge/waiter/attach.py" "$WAITER_FILE.new" && mv "$WAITER_FILE.new" "$WAITER_FILE"
+  /usr/bin/python3 -I -c 'import sys; sys.path.insert(0, sys.argv[1]); from bridge.waiter.build import build
+build(sys.argv[2])' "$SBX_REPO" "$WAITER_FILE" >/dev/null
 }
 
 # mint_jwt FILE: a slurmrestd token for the daemon (SlurmUser may see and modify every job).

@@ -27,8 +27,11 @@ from bridge.controller.reconcile import Reconciler
 from bridge.core import wellknown
 from bridge.core.config import PartitionConfig
 from bridge.core.errors import ExecCommandFailed, ExecOutcomeUnknown, KubeUnavailable
+from bridge.core.waiter_protocol import request_digest
 from bridge.manager.api import Api
 from bridge.waiter import attach as waiter
+from bridge.waiter import early_signals
+from bridge.waiter.http_client import DaemonError
 
 from .builders import SecretStore, allocation, config, payload
 
@@ -243,7 +246,7 @@ async def test_a_signal_sent_again_before_the_first_was_delivered_is_kept_once()
 
 async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
     raw = json.dumps(body).encode()
-    credential = waiter.request_digest("POST", path, 42, raw)
+    credential = request_digest("POST", path, 42, raw)
     response = await client.post(path, data=raw, headers={"X-Munge-Credential": credential})
     return response.status, await response.text()
 
@@ -270,7 +273,7 @@ async def test_the_attach_hands_over_the_signals_the_waiter_kept(tmp_path: Path)
             "uid": 1000, "gid": 100, "signals": [[1, USR1], [2, USR2]]}
     async with _api(tmp_path, reconciler) as client:
         raw = json.dumps(body).encode()
-        credential = waiter.request_digest("POST", "/v1/jobs/42/attach", 42, raw)
+        credential = request_digest("POST", "/v1/jobs/42/attach", 42, raw)
         response = await client.post("/v1/jobs/42/attach", data=raw,
                                       headers={"X-Munge-Credential": credential})
         assert response.status == 200, await response.text()
@@ -309,7 +312,7 @@ class Daemon:
         if action == "signal":
             status = self.signal_answers.pop(0) if self.signal_answers else 200
             if status != 200:
-                raise waiter.DaemonError(status, "not now")
+                raise DaemonError(status, "not now")
             return _Answer([])
         return _Answer([b'{"type": "exit", "code": 0, "signal": null}\n'])
 
@@ -379,15 +382,15 @@ def test_a_signal_during_a_send_is_sent_after_it_in_order(monkeypatch: Any) -> N
 
 EARLY_SIGNAL_PROGRAM = """
 import os, signal, sys
-from bridge.waiter import attach
+from bridge.waiter import attach, early_signals, main
 
 # As the step guard starts the waiter: the signals blocked; Slurm's USR1 then comes at once.
-signal.pthread_sigmask(signal.SIG_BLOCK, attach.HELD_SIGNALS)
+signal.pthread_sigmask(signal.SIG_BLOCK, early_signals.HELD_SIGNALS)
 os.kill(os.getpid(), signal.SIGUSR1)
 forwarded = []
 attach.Waiter.forward_signal = lambda self, signum: forwarded.append(int(signum))
 attach.Waiter.run = lambda self: print(forwarded, sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
-sys.exit(attach.main([sys.argv[1]]))
+sys.exit(main.main([sys.argv[1]]))
 """
 
 
@@ -413,4 +416,4 @@ def test_the_step_guard_blocks_exactly_the_signals_the_waiter_unblocks() -> None
     listed = re.search(r"held_signals\[\] = \{([^}]*)\}", guard)
     assert listed is not None, "the guard lists the signals it holds"
     held = {getattr(signal, name.strip()) for name in listed.group(1).split(",")}
-    assert held == set(waiter.HELD_SIGNALS)
+    assert held == set(early_signals.HELD_SIGNALS)

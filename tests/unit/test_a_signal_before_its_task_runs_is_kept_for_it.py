@@ -19,9 +19,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from bridge.controller.metrics import Metrics
 from bridge.core.errors import ExecCommandFailed, KubeUnavailable
 from bridge.core.model import JobAllocation
+from bridge.core.waiter_protocol import request_digest
 from bridge.manager import api as api_module
 from bridge.manager.api import Api, task_pidfile
-from bridge.waiter import attach as waiter
 
 from .builders import allocation, config
 
@@ -92,7 +92,7 @@ class Reconciler:
 
 async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
     raw = json.dumps(body).encode()
-    credential = waiter.request_digest("POST", path, int(path.split("/")[3]), raw)
+    credential = request_digest("POST", path, int(path.split("/")[3]), raw)
     response = await client.post(path, data=raw, headers={"X-Munge-Credential": credential})
     return response.status, await response.text()
 
@@ -198,7 +198,7 @@ def test_a_proxy_waits_longer_for_its_answer_than_the_daemon_may_take_to_give_it
     """A proxy that gave up first would ask again while the first delivery still runs, and the
     task could get the signal twice."""
     from bridge.clients.kube.actions import EXEC_TIMEOUT_S
-    from bridge.waiter.attach import TASK_SIGNAL_TIMEOUT_S
+    from bridge.waiter.task import TASK_SIGNAL_TIMEOUT_S
 
     pauses = sum(api_module.TASK_SIGNAL_RETRY_S * 2 ** attempt
                  for attempt in range(api_module.TASK_SIGNAL_TRIES - 1))

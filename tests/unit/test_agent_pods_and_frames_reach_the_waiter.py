@@ -30,7 +30,7 @@ AGENT = "/slurm-k8s-bridge-bin/slurm-k8s-bridge-agent"
 PIDFILE = "/slurm-k8s-bridge-bin/script.pid"
 SCRIPT_PATH = "/slurm-k8s-bridge/slurm_script"
 AGENT_IMAGE = "reg.example/slurm-k8s-bridge-agent:1"
-ATTACH = Path(__file__).resolve().parents[2] / "bridge" / "waiter" / "attach.py"
+ROOT = Path(__file__).resolve().parents[2]
 THREE_NODES = (
     NodeAllocation("kube1", cpus=2, memory_mb=1024, gpu_indices=()),
     NodeAllocation("kube2", cpus=1, memory_mb=512, gpu_indices=()),
@@ -304,15 +304,15 @@ def test_a_failed_init_container_is_blamed_on_the_agent(
 # -- (d) the waiter writes what the pods wrote --------------------------------------------------
 
 LOAD = (
-    "import importlib.util, sys\n"
-    f"spec = importlib.util.spec_from_file_location('attach', {str(ATTACH)!r})\n"
-    "attach = importlib.util.module_from_spec(spec)\n"
-    "spec.loader.exec_module(attach)\n"
+    "import sys\n"
+    f"sys.path.insert(0, {str(ROOT)!r})\n"
+    "from bridge.waiter import output as attach\n"
 )
 
 
 def waiter_python(code: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-    """`code` after loading attach.py by path, in a fresh interpreter started as the waiter is."""
+    """`code` after importing the waiter's output module, in a fresh interpreter started as the
+    waiter is."""
     return subprocess.run([sys.executable, "-I", "-S", "-c", LOAD + code], timeout=60, check=False, **kwargs)
 
 

@@ -23,7 +23,7 @@ from bridge.core.model import JobAllocation
 from bridge.manager import cli
 from bridge.manager.api import Api
 from bridge.manager.daemon import server_ssl_context
-from bridge.waiter import attach as waiter
+from bridge.waiter import http_client, munge
 
 from .builders import allocation, config
 
@@ -161,14 +161,15 @@ async def tls_api(cert: tuple[Path, Path], tmp_path: Path) -> Any:
 def _attach(port: int, ca_file: str | None) -> list[dict[str, Any]]:
     body = {"script": "#!/bin/sh\necho hi\n", "environment": {"SLURM_JOB_ID": "42"}, "work_dir": "/tmp",
             "uid": 1000, "gid": 100, "last_log": {}, "cancel": False}
-    with waiter.post(("https", "127.0.0.1", port), "/v1/jobs/42/attach", 42, body, 10, ca_file) as stream:
+    url = ("https", "127.0.0.1", port)
+    with http_client.post(url, "/v1/jobs/42/attach", 42, body, 10, ca_file) as stream:
         return [json.loads(line) for line in stream]
 
 
 async def test_the_waiter_attaches_over_tls_and_the_answer_streams(
     tls_api: int, cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(waiter, "munge_credential", lambda payload: payload)
+    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
 
     events = await asyncio.to_thread(_attach, tls_api, str(cert[0]))
 
@@ -181,7 +182,7 @@ async def test_the_waiter_attaches_over_tls_and_the_answer_streams(
 async def test_without_the_ca_file_the_waiter_refuses_the_certificate(
     tls_api: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(waiter, "munge_credential", lambda payload: payload)
+    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
 
     with pytest.raises(ssl.SSLCertVerificationError, match=r"self[- ]signed"):
         await asyncio.to_thread(_attach, tls_api, None)
@@ -190,11 +191,11 @@ async def test_without_the_ca_file_the_waiter_refuses_the_certificate(
 async def test_plain_http_is_not_answered_by_the_tls_port(
     tls_api: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(waiter, "munge_credential", lambda payload: payload)
+    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
 
     def plain() -> None:
         body = {"script": "", "environment": {}, "work_dir": "/", "uid": 1000, "gid": 100}
-        waiter.post(("http", "127.0.0.1", tls_api), "/v1/jobs/42/attach", 42, body, 10).close()
+        http_client.post(("http", "127.0.0.1", tls_api), "/v1/jobs/42/attach", 42, body, 10).close()
 
     with pytest.raises(OSError):
         await asyncio.to_thread(plain)

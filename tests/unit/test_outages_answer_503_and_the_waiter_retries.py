@@ -21,9 +21,11 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core.errors import SlurmAuthError, SlurmUnavailable
 from bridge.core.model import JobAllocation
+from bridge.core.waiter_protocol import request_digest
 from bridge.manager import api as api_module
 from bridge.manager.api import Api
 from bridge.waiter import attach as waiter
+from bridge.waiter import http_client, munge
 
 from .builders import allocation, config
 
@@ -60,7 +62,7 @@ async def _post(tmp_path: Path, unmunge: str, slurm: Slurm, credential: str) -> 
         return response.status, await response.text()
 
 
-GOOD = waiter.request_digest("POST", PATH, 42, BODY)
+GOOD = request_digest("POST", PATH, 42, BODY)
 
 
 @pytest.mark.parametrize(
@@ -115,8 +117,8 @@ class Server:
 
 
 def _waiter_against(server: Server, monkeypatch: pytest.MonkeyPatch) -> waiter.Waiter:
-    monkeypatch.setattr(waiter, "munge_credential", lambda payload: "MUNGE:x")
-    monkeypatch.setattr(waiter, "RECONNECT_BASE_S", 0.01)
+    monkeypatch.setattr(munge, "munge_credential", lambda payload: "MUNGE:x")
+    monkeypatch.setattr(http_client, "RECONNECT_BASE_S", 0.01)
     monkeypatch.setattr(waiter, "STREAM_READ_TIMEOUT_S", 0.5)
     return waiter.Waiter(f"http://127.0.0.1:{server.port}", 42, "#!/bin/sh\n", {}, "/")
 
@@ -148,10 +150,10 @@ def test_a_silent_connection_is_dropped_and_re_attached(monkeypatch: pytest.Monk
 
 
 def test_backoff_is_jittered_and_capped() -> None:
-    delays = {waiter.reconnect_delay(3) for _ in range(50)}
+    delays = {http_client.reconnect_delay(3) for _ in range(50)}
     assert len(delays) > 10, "thousands of waiters must not retry in step"
     assert all(0.4 <= d <= 1.2 for d in delays)
-    assert max(waiter.reconnect_delay(30) for _ in range(50)) <= waiter.RECONNECT_CAP_S * 1.5
+    assert max(http_client.reconnect_delay(30) for _ in range(50)) <= http_client.RECONNECT_CAP_S * 1.5
 
 
 async def test_a_quiet_attach_stream_carries_heartbeats(
@@ -217,7 +219,7 @@ async def test_a_burst_of_credential_checks_waits_for_a_slot_instead_of_failing(
 def test_a_munge_that_times_out_is_an_outage_the_waiter_waits_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench-scale on 1,000 nodes (load 146): munge took over 10 s once, the uncaught
     TimeoutExpired ended the waiter and its job FAILED 1:0 without a word. Now it asks again."""
-    real_munge_credential = waiter.munge_credential
+    real_munge_credential = munge.munge_credential
     server = Server([b'{"type": "exit", "code": 4, "signal": null}'])
     calls: list[int] = []
 
@@ -229,9 +231,9 @@ def test_a_munge_that_times_out_is_an_outage_the_waiter_waits_out(monkeypatch: p
 
     try:
         waiting = _waiter_against(server, monkeypatch)
-        monkeypatch.setattr(waiter, "munge_credential", real_munge_credential)
-        monkeypatch.setattr(waiter, "munge_binary", lambda: "/usr/bin/munge")
-        monkeypatch.setattr(waiter.subprocess, "run", slow_then_fine)
+        monkeypatch.setattr(munge, "munge_credential", real_munge_credential)
+        monkeypatch.setattr(munge, "munge_binary", lambda: "/usr/bin/munge")
+        monkeypatch.setattr(munge.subprocess, "run", slow_then_fine)
         code = waiting.run()
     finally:
         server.close()

@@ -21,9 +21,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from bridge.controller.metrics import Metrics
 from bridge.core.errors import ExecNotStarted
 from bridge.core.model import JobAllocation
+from bridge.core.waiter_protocol import MAX_OUTPUT_FRAME, request_digest, sign_output_frame
 from bridge.manager import api as api_module
 from bridge.manager.api import AGENT, Api
-from bridge.waiter import attach as waiter
+from bridge.waiter import http_client, munge
+from bridge.waiter import relay as step_relay
+from bridge.waiter.relay import StepOutputRelay, run_relayed
 
 from .builders import allocation, config
 
@@ -96,7 +99,7 @@ class Reconciler:
 @pytest.fixture
 def credential_is_its_payload(monkeypatch: pytest.MonkeyPatch) -> None:
     # The stand-in unmunge prints the credential back as its payload.
-    monkeypatch.setattr(waiter, "munge_credential", lambda payload: payload)
+    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
 
 
 async def _serve(tmp_path: Path, reconciler: Reconciler) -> TestClient:
@@ -111,11 +114,11 @@ async def _serve(tmp_path: Path, reconciler: Reconciler) -> TestClient:
 
 async def _relay(
     client: TestClient, script: str, key: str = "7"
-) -> tuple[int, waiter.StepOutputRelay, float]:
+) -> tuple[int, StepOutputRelay, float]:
     url = ("http", "127.0.0.1", int(client.server.port or 0))
-    relay = waiter.StepOutputRelay(url, 42, key, None)
+    relay = StepOutputRelay(url, 42, key, None)
     started = time.monotonic()
-    code = await asyncio.to_thread(waiter.run_relayed, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"},
+    code = await asyncio.to_thread(run_relayed, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"},
                                    relay)
     return code, relay, time.monotonic() - started
 
@@ -146,7 +149,7 @@ async def test_srun_output_and_exit_code_reach_the_pod_in_order_per_stream(tmp_p
     assert streams[1] == b"one\ntwo\xff\n" + b"\0" * 3_000_000
     assert streams[2] == b"err\n"
     assert agent.frames[-1] == (0, b"3")
-    assert all(len(data) <= waiter.MAX_OUTPUT_FRAME for _, data in agent.frames)
+    assert all(len(data) <= MAX_OUTPUT_FRAME for _, data in agent.frames)
     assert reconciler.closed == ["7"]
 
 
@@ -239,9 +242,9 @@ async def test_a_frame_not_signed_with_the_credentials_key_is_refused(tmp_path: 
     key, other = b"k" * 32, b"x" * 32
     try:
         answers = await _raw_stream(
-            client, lambda header: waiter.request_digest("POST", PATH, 42, header) + " " + key.hex(),
-            waiter.sign_output_frame(key, 0, 1, b"fine\n")
-            + waiter.sign_output_frame(other, 1, 1, b"forged\n"))
+            client, lambda header: request_digest("POST", PATH, 42, header) + " " + key.hex(),
+            sign_output_frame(key, 0, 1, b"fine\n")
+            + sign_output_frame(other, 1, 1, b"forged\n"))
     finally:
         await client.close()
 
@@ -254,10 +257,10 @@ async def test_a_replayed_frame_out_of_sequence_is_refused(tmp_path: Path) -> No
     agent = PodAgent()
     client = await _serve(tmp_path, Reconciler(agent))
     key = b"k" * 32
-    frame = waiter.sign_output_frame(key, 0, 1, b"once\n")
+    frame = sign_output_frame(key, 0, 1, b"once\n")
     try:
         answers = await _raw_stream(
-            client, lambda header: waiter.request_digest("POST", PATH, 42, header) + " " + key.hex(),
+            client, lambda header: request_digest("POST", PATH, 42, header) + " " + key.hex(),
             frame + frame)
     finally:
         await client.close()
@@ -272,7 +275,7 @@ async def test_a_credential_without_a_stream_key_is_refused(tmp_path: Path) -> N
     header = b'{"key": "7"}\n'
     try:
         response = await client.post(PATH, data=header, headers={
-            "X-Munge-Credential": waiter.request_digest("POST", PATH, 42, header)})
+            "X-Munge-Credential": request_digest("POST", PATH, 42, header)})
         status, text = response.status, await response.text()
     finally:
         await client.close()
@@ -307,7 +310,7 @@ async def test_a_second_stream_for_a_step_that_streams_is_refused(tmp_path: Path
     header = b'{"key": "7"}\n'
     async with TestClient(TestServer(api.app())) as client:
         response = await client.post(PATH, data=header, headers={
-            "X-Munge-Credential": waiter.request_digest("POST", PATH, 42, header) + " " + "ab" * 32})
+            "X-Munge-Credential": request_digest("POST", PATH, 42, header) + " " + "ab" * 32})
         status, text = response.status, await response.text()
 
     assert status == 409 and "already streams" in text
@@ -319,12 +322,12 @@ def test_a_munge_that_hangs_leaves_the_output_to_the_job_files(
     def hung(_payload: str) -> str:
         raise subprocess.TimeoutExpired("munge", 10)
 
-    monkeypatch.setattr(waiter, "munge_credential", hung)
-    monkeypatch.setattr(waiter, "STREAM_OPEN_ATTEMPTS", 2)
-    monkeypatch.setattr(waiter, "reconnect_delay", lambda _attempt: 0.0)
-    relay = waiter.StepOutputRelay(("http", "127.0.0.1", 1), 42, "7", None)
+    monkeypatch.setattr(munge, "munge_credential", hung)
+    monkeypatch.setattr(step_relay, "STREAM_OPEN_ATTEMPTS", 2)
+    monkeypatch.setattr(step_relay, "reconnect_delay", lambda _attempt: 0.0)
+    relay = StepOutputRelay(("http", "127.0.0.1", 1), 42, "7", None)
 
-    code = waiter.run_relayed(["/bin/sh", "-c", "echo still-here; exit 6"], {"PATH": "/usr/bin:/bin"}, relay)
+    code = run_relayed(["/bin/sh", "-c", "echo still-here; exit 6"], {"PATH": "/usr/bin:/bin"}, relay)
 
     assert code == 6 and not relay.delivered
     assert "still-here\n" in capfd.readouterr().out
@@ -342,20 +345,20 @@ def test_an_early_answer_that_came_with_the_acceptance_is_seen() -> None:
             conn.recv(65536)
             lines = [b'{"accepted": true}\n', b'{"gone": "the script\'s srun is gone"}\n']
             conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         + b"".join(waiter._chunk(line) for line in lines))
+                         + b"".join(http_client.chunk(line) for line in lines))
             time.sleep(1)
 
     thread = threading.Thread(target=daemon)
     thread.start()
-    relay = waiter.StepOutputRelay(("http", "127.0.0.1", server.getsockname()[1]), 42, "7", None)
-    original = waiter.munge_credential
-    waiter.munge_credential = lambda payload: payload  # type: ignore[assignment]
+    relay = StepOutputRelay(("http", "127.0.0.1", server.getsockname()[1]), 42, "7", None)
+    original = munge.munge_credential
+    munge.munge_credential = lambda payload: payload  # type: ignore[assignment]
     try:
         relay.open()
         time.sleep(0.2)
         relay.check()
     finally:
-        waiter.munge_credential = original  # type: ignore[assignment]
+        munge.munge_credential = original  # type: ignore[assignment]
         thread.join()
         server.close()
 
@@ -378,12 +381,12 @@ async def test_a_relay_that_ends_with_frames_still_queued_does_not_hold_the_stre
     api = Api(Reconciler(agent), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
               (sys.executable, str(script)))
     key = b"k" * 32
-    frames = b"".join(waiter.sign_output_frame(key, i, 1, b"line\n") for i in range(7))
-    frames += waiter.sign_output_frame(key, 7, 0, b"0")
+    frames = b"".join(sign_output_frame(key, i, 1, b"line\n") for i in range(7))
+    frames += sign_output_frame(key, 7, 0, b"0")
     header = b'{"key": "7"}\n'
     async with TestClient(TestServer(api.app())) as client:
         response = await asyncio.wait_for(client.post(PATH, data=header + frames, headers={
-            "X-Munge-Credential": waiter.request_digest("POST", PATH, 42, header) + " " + key.hex()}), 10)
+            "X-Munge-Credential": request_digest("POST", PATH, 42, header) + " " + key.hex()}), 10)
         answers = [json.loads(line) for line in (await asyncio.wait_for(response.text(), 10)).splitlines()]
 
     assert "gone" in answers[-1]

@@ -40,14 +40,11 @@ from bridge.controller.sessions import JobSession
 from bridge.core import wellknown
 from bridge.core.config import ConfigError, PartitionConfig, WaiterConfig
 from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
-from bridge.waiter import attach
-from bridge.waiter.attach import (
-    SAFE_ENVIRONMENT,
-    SRUN_LAYOUT_VARIABLES,
-    Waiter,
-    split_srun_args,
-    srun_environment,
-)
+from bridge.core.srun_options import split_srun_args
+from bridge.waiter import steps
+from bridge.waiter.environment import SAFE_ENVIRONMENT
+from bridge.waiter.relay import StepOutputRelay
+from bridge.waiter.steps import SRUN_LAYOUT_VARIABLES, ScriptSteps, srun_environment
 
 from .builders import allocation, config
 
@@ -668,14 +665,16 @@ def test_a_bare_s_is_not_a_step_request() -> None:
     assert event["fd"] == 2
 
 
-# -- the waiter's srun for a step (Waiter._start_step, without running Slurm) ---------------------
+# -- the waiter's srun for a step (ScriptSteps.start, without running Slurm) ---------------------
 @pytest.fixture
-def waiter(monkeypatch: pytest.MonkeyPatch) -> tuple[Waiter, list[tuple[str, int]], list[dict[str, Any]]]:
+def waiter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[ScriptSteps, list[tuple[str, int]], list[dict[str, Any]]]:
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_TASK_PROLOG", "/home/alice/tp.sh")
     monkeypatch.setenv("LD_PRELOAD", "/home/alice/evil.so")
-    monkeypatch.setattr(attach, "srun_binary", lambda: "/usr/bin/srun")
+    monkeypatch.setattr(steps, "srun_binary", lambda: "/usr/bin/srun")
     calls: list[dict[str, Any]] = []
 
     class SlurmSrun:
@@ -691,20 +690,24 @@ def waiter(monkeypatch: pytest.MonkeyPatch) -> tuple[Waiter, list[tuple[str, int
         def wait(self) -> int:
             return 0
 
-    monkeypatch.setattr(attach.subprocess, "Popen", SlurmSrun)
+    monkeypatch.setattr(steps.subprocess, "Popen", SlurmSrun)
     # No daemon to stream srun's output to: it is written here (the relay has its own tests).
-    monkeypatch.setattr(attach.StepOutputRelay, "open", lambda _self: None)
+    monkeypatch.setattr(StepOutputRelay, "open", lambda _self: None)
     done: list[tuple[str, int]] = []
-    instance = Waiter("http://127.0.0.1:1", 42, "#!/bin/sh\n", {}, "/home/alice")
-    instance._own_command = ["/usr/bin/python3", "-I", "-S", "/opt/bridge/waiter.py", "--api", "http://d:1"]
-    monkeypatch.setattr(instance, "_step_done", lambda key, code: done.append((key, code)))
+    own_command = ["/usr/bin/python3", "-I", "-S", "/opt/bridge/waiter.py", "--api", "http://d:1"]
+    instance = ScriptSteps(("http", "127.0.0.1", 1), 42, None, own_command, _no_daemon)
+    monkeypatch.setattr(instance, "done", lambda key, code: done.append((key, code)))
     return instance, done, calls
 
 
-def _start_and_join(instance: Waiter, data: str, token: str) -> None:
-    """_start_step, then wait for the threads it started (its srun and its step-done)."""
+def _no_daemon(action: str, _body: dict[str, Any], _timeout: float | None) -> Any:
+    raise AssertionError(f"no daemon in these tests: {action} was posted")
+
+
+def _start_and_join(instance: ScriptSteps, data: str, token: str) -> None:
+    """start, then wait for the threads it started (its srun and its step-done)."""
     before = set(threading.enumerate())
-    instance._start_step(data, token)
+    instance.start(data, token)
     for thread in set(threading.enumerate()) - before:
         deadline = time.monotonic() + 10
         while True:
@@ -768,13 +771,13 @@ def test_a_step_whose_srun_cannot_start_still_ends(waiter: Any, monkeypatch: pyt
             raise ValueError("embedded null byte")  # what subprocess raises before any exec
         raise AssertionError("srun was started")
 
-    monkeypatch.setattr(attach.subprocess, "Popen", popen)
+    monkeypatch.setattr(steps.subprocess, "Popen", popen)
     monkeypatch.setattr(threading, "excepthook", lambda _args: None)
 
     _start_and_join(instance, _data({"key": 8, "argv": ["-J", "a\0b", "hostname"]}), "t" * 64)
 
     assert done == [("8", 1)]
-    assert instance._active_steps == 0
+    assert instance.active == 0
 
 
 
@@ -803,19 +806,19 @@ def test_only_the_first_pod_asks_for_step_signals() -> None:
 
 
 def test_the_daemon_and_the_waiter_agree_on_the_signals_for_srun() -> None:
-    assert attach.STEP_SIGNALS == reconcile_module.SIGNALS_FOR_SRUN
+    assert steps.STEP_SIGNALS == reconcile_module.SIGNALS_FOR_SRUN
 
 
 def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else(waiter: Any) -> None:
     instance, _done, _calls = waiter
     srun = REAL_POPEN(["sleep", "30"])  # the fixture stands in for subprocess.Popen
-    instance._step_procs["5"] = srun
+    instance.sruns["5"] = srun
     try:
-        instance._signal_step("5", 9)  # not one srun acts on: dropped
-        instance._signal_step("6", 15)  # no such step: dropped
+        instance.signal("5", 9)  # not one srun acts on: dropped
+        instance.signal("6", 15)  # no such step: dropped
         time.sleep(0.2)
         assert srun.poll() is None
-        instance._signal_step("5", 15)
+        instance.signal("5", 15)
         assert srun.wait(timeout=10) == -15
     finally:
         srun.kill()
@@ -828,7 +831,7 @@ def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else(waiter: An
 def test_a_task_proxy_ends_by_the_signal_that_ended_its_task(code: int, returncode: int) -> None:
     """--kill-on-bad-exit, scancel of a step: natively the other tasks die by a signal, and the
     step's exit code comes from the tasks that exited; the proxy must die the same way."""
-    program = f"import sys; from bridge.waiter.attach import end_as_the_task as end; sys.exit(end({code}))"
+    program = f"import sys; from bridge.waiter.task import end_as_the_task as end; sys.exit(end({code}))"
     proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, timeout=30, check=False)
     assert proc.returncode == returncode
 
@@ -836,7 +839,7 @@ def test_a_task_proxy_ends_by_the_signal_that_ended_its_task(code: int, returnco
 def test_a_task_that_claims_a_segfault_leaves_no_core_on_the_slurmd_host(tmp_path: Path) -> None:
     """The exit code is the user's to pick: 139 ends the proxy by SIGSEGV, without a core."""
     program = ("import resource, sys; resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)); "
-               "from bridge.waiter.attach import end_as_the_task as end; sys.exit(end(139))")
+               "from bridge.waiter.task import end_as_the_task as end; sys.exit(end(139))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env, timeout=30, check=False)
     assert proc.returncode == -11

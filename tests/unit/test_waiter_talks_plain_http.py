@@ -10,7 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from bridge.core import wellknown
+from bridge.core.waiter_protocol import request_digest
 from bridge.waiter import attach as waiter
+from bridge.waiter import http_client, munge
 
 
 def test_original_script_is_what_follows_the_marker() -> None:
@@ -32,10 +34,19 @@ def test_a_script_without_marker_is_refused() -> None:
         ("http://host", ("http", "host", 80)),
         ("https://bridge.example", ("https", "bridge.example", 443)),
         ("HTTPS://bridge.example:8443/", ("https", "bridge.example", 8443)),
+        # IPv6 literals, which the config accepts as api_url: with and without a port.
+        ("https://[fd00::1]", ("https", "fd00::1", 443)),
+        ("http://[fd00::1]/", ("http", "fd00::1", 80)),
+        ("https://[fd00::1]:8443", ("https", "fd00::1", 8443)),
     ],
 )
 def test_split_url(url: str, expected: tuple[str, int]) -> None:
-    assert waiter.split_url(url) == expected
+    assert http_client.split_url(url) == expected
+
+
+def test_the_host_header_writes_an_ipv6_address_in_brackets() -> None:
+    assert http_client.host_header("fd00::1", 8470) == "[fd00::1]:8470"
+    assert http_client.host_header("bridge.example", 443) == "bridge.example:443"
 
 
 @pytest.fixture
@@ -78,9 +89,9 @@ def test_post_streams_the_answer_line_by_line(
         payloads.append(payload)
         return "MUNGE:cred"
 
-    monkeypatch.setattr(waiter, "munge_credential", fake_munge)
+    monkeypatch.setattr(munge, "munge_credential", fake_munge)
 
-    with waiter.post(("http", "127.0.0.1", port), "/v1/jobs/7/attach", 7, {"x": 1}, timeout=5) as stream:
+    with http_client.post(("http", "127.0.0.1", port), "/v1/jobs/7/attach", 7, {"x": 1}, timeout=5) as stream:
         lines = [json.loads(line) for line in stream]
 
     assert [e["type"] for e in lines] == ["log", "exit"]
@@ -88,4 +99,4 @@ def test_post_streams_the_answer_line_by_line(
     assert b"X-Munge-Credential: MUNGE:cred" in seen["head"]
     assert json.loads(seen["body"]) == {"x": 1}
     # The credential carries the digest of exactly the request that was sent.
-    assert payloads == [waiter.request_digest("POST", "/v1/jobs/7/attach", 7, seen["body"])]
+    assert payloads == [request_digest("POST", "/v1/jobs/7/attach", 7, seen["body"])]

@@ -525,7 +525,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return rc;
 }
 
-/* The waiter's first act is to set its handlers and unblock these (bridge/waiter/attach.py,
+/* The waiter's first act is to set its handlers and unblock these (bridge/waiter/early_signals.py,
  * HELD_SIGNALS); the mask set here, in the task just before its exec, survives the exec. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {

@@ -1,0 +1,117 @@
+"""Builds the waiter's one installed file: a zipapp of this package and the pure core modules it
+imports (bridge/core/waiter_protocol.py, srun_options.py), nothing else, which the slurmds run as
+`/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.pyz ...`. Called by
+`slurm-k8s-bridge waiter-build DEST`, by `python3 -m bridge.waiter.build DEST` from a checkout, and
+by the sandbox's install_waiter (containers/bridge/common.sh). Not itself part of the archive.
+
+The archive holds each module's source and its bytecode, compiled by the Python the slurmds run
+(`python`): Python compiles a script it is given at every start, and a module of a zip archive
+without usable bytecode too, so bytecode the hosts' Python can read keeps the waiter's start-up
+short. Another Python version reads the sources instead. The package roots (bridge/__init__.py,
+bridge/core/__init__.py) are stand-ins that import nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipapp
+from pathlib import Path
+
+BRIDGE = Path(__file__).resolve().parents[1]
+ENTRY = "bridge/waiter/main.py"
+MAIN = '''"""The job-side waiter of slurm-k8s-bridge, built by bridge/waiter/build.py."""
+import sys
+
+from bridge.waiter.main import main
+
+sys.exit(main(sys.argv[1:]))
+'''
+PACKAGE_ROOTS = {
+    "bridge/__init__.py": '"""slurm-k8s-bridge: here only the job-side waiter and what it imports."""\n',
+    "bridge/core/__init__.py": '"""The pure core modules the waiter shares with the daemon."""\n',
+    "bridge/waiter/__init__.py": None,  # its own: a docstring only
+}
+COMPILE = (
+    "import py_compile, sys\n"
+    "for path, shown in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+    "    py_compile.compile(path, path + 'c', shown, doraise=True,\n"
+    "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
+)
+
+
+def modules() -> list[str]:
+    """The bridge modules the waiter runs, as paths under the repository root: main.py and every
+    bridge module it imports, directly or not."""
+    seen: set[str] = set()
+    todo = [ENTRY]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _bridge_imports(BRIDGE.parent / path):
+            todo.append(_module_path(name))
+    return sorted(seen)
+
+
+def _bridge_imports(path: Path) -> set[str]:
+    """Dotted names of the bridge modules `path` imports (absolute imports only: the waiter uses
+    no relative ones), each package in the name included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in found:
+            parts = name.split(".")
+            if parts[0] != "bridge":
+                continue
+            for end in range(2, len(parts) + 1):
+                dotted = ".".join(parts[:end])
+                if (BRIDGE.parent / _module_path(dotted)).exists():
+                    names.add(dotted)
+    return names
+
+
+def _module_path(dotted: str) -> str:
+    as_path = dotted.replace(".", "/")
+    return f"{as_path}/__init__.py" if (BRIDGE.parent / as_path).is_dir() else f"{as_path}.py"
+
+
+def build(dest: str | os.PathLike[str], python: str = sys.executable) -> Path:
+    """Write the waiter's zipapp to `dest` (replaced at once: a slurmd never runs half of it), mode
+    644, its bytecode compiled by `python`. Returns its path."""
+    target = Path(dest)
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="waiter-build-") as tmp:
+        stage = Path(tmp) / "waiter"
+        files = [*sorted(set(modules()) | set(PACKAGE_ROOTS)), "__main__.py"]
+        for relative in files:
+            staged = stage / relative
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            stand_in = MAIN if relative == "__main__.py" else PACKAGE_ROOTS.get(relative)
+            if stand_in is None:
+                shutil.copyfile(BRIDGE.parent / relative, staged)
+            else:
+                staged.write_text(stand_in)
+        pairs = [word for relative in files for word in (str(stage / relative), relative)]
+        subprocess.run([python, "-I", "-S", "-c", COMPILE, *pairs], check=True, timeout=120)
+        partial = target.with_name(f".{target.name}.new")
+        zipapp.create_archive(stage, partial)
+    os.chmod(partial, 0o644)
+    os.replace(partial, target)
+    return target
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python3 -m bridge.waiter.build DEST [PYTHON]")
+    print(build(sys.argv[1], *sys.argv[2:]))

@@ -1,0 +1,123 @@
+"""The task proxy (`waiter task KEY`): started by Slurm's srun as one task of a step of the script,
+it has the daemon run that task in the pod of this node, streams its output back here for srun to
+gather (--label and all) as it would a native task's, passes on the signals slurmstepd sends the
+task, and ends as the task ended. Started by main; the daemon's side is the task endpoints of
+bridge/manager/api.py."""
+
+from __future__ import annotations
+
+import binascii
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+
+from bridge.core.waiter_protocol import FORWARDED
+from bridge.waiter.early_signals import take_early_signals
+from bridge.waiter.http_client import DaemonError, post, reconnect_delay, split_url
+from bridge.waiter.output import say, write_all
+
+TASK_SIGNAL_ATTEMPTS = 5
+"""A task proxy asks this often (jittered backoff, a few seconds) to have a signal passed on."""
+TASK_SIGNAL_TIMEOUT_S = 150.0
+"""How long a proxy waits for the daemon's answer: longer than the daemon may take (4 execs of
+at most 30 s and their pauses), so a slow delivery is never asked for a second time."""
+
+# Signals whose default action ends a process: a task that exits 128+N with one of them was ended
+# by it (the pod's exec reports a death by signal N as 128+N, as a shell does).
+ENDING_SIGNALS = frozenset(int(s) for s in (
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT,
+    signal.SIGBUS, signal.SIGFPE, signal.SIGKILL, signal.SIGUSR1, signal.SIGSEGV, signal.SIGUSR2,
+    signal.SIGPIPE, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
+
+PR_SET_DUMPABLE = 4
+
+
+def end_as_the_task(code: int) -> int:
+    """End the proxy as its task in the pod ended: by signal N when that ended it, so that srun
+    and sacct see what they see natively ("task 0: Terminated", a step's exit code from the tasks
+    that exited). Returns the exit code otherwise."""
+    signum = code - 128
+    if signum in ENDING_SIGNALS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # The user picks the code: a SEGV or ABRT must not leave a core of this process on the
+        # slurmd host (nor reach a core-dump helper).
+        import resource
+
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        if signum != signal.SIGKILL:  # its action cannot be changed, nor need it be
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+    return code
+
+
+def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | None = None) -> int:
+    """Run task `key` of a step in the pod of this node; the task's exit code."""
+    environ = dict(os.environ)
+    job_id = int(environ["SLURM_JOB_ID"])
+    body = {
+        "key": key, "node": environ.get("SLURMD_NODENAME", ""),
+        "env": {k: v for k, v in environ.items()
+                if k.startswith("SLURM") and not k.startswith("SLURM_K8S_BRIDGE")},
+    }
+    os.chdir("/")
+    url = split_url(api_url)
+
+    def pass_on(signum: int, _frame: object) -> None:
+        # slurmstepd signals the step's tasks (scancel -s SIG, --signal=SIG@T, a step cancel):
+        # the task in the pod gets it; its output and exit still come through the stream.
+        signal_body = {"key": key, "procid": environ.get("SLURM_PROCID", "0"), "node": body["node"],
+                       "signal": int(signum)}
+        for attempt in range(TASK_SIGNAL_ATTEMPTS):
+            try:
+                post(url, f"/v1/jobs/{job_id}/task-signal", job_id, signal_body, TASK_SIGNAL_TIMEOUT_S,
+                     ca_file).close()
+                return
+            except DaemonError as error:
+                if error.status == 202:
+                    return  # kept by the daemon for the task's start
+                if 400 <= error.status < 500:
+                    say(f"the bridge refused signal {signum} for this task: {error.text}")
+                    return
+            except OSError:
+                pass  # the daemon busy or restarting: ask again, briefly
+            time.sleep(reconnect_delay(attempt))
+
+    for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, pass_on)
+    for early_signum in take_early_signals(early):
+        pass_on(early_signum, None)
+    for attempt in range(60):
+        started = False
+        try:
+            with post(url, f"/v1/jobs/{job_id}/task", job_id, body, None, ca_file) as stream:
+                started = True
+                for raw in stream:
+                    event = json.loads(raw)
+                    if "fd" in event:
+                        write_all(int(event["fd"]), binascii.a2b_base64(event["data"]))
+                    elif "exit" in event:
+                        return end_as_the_task(int(event["exit"]))
+            say("the bridge stopped streaming this task before it ended")
+            return 1
+        except DaemonError as error:
+            if 400 <= error.status < 500:
+                say(error.text)
+                return 1
+        except (OSError, ValueError) as error:
+            if started:
+                # The task runs (or ran) in the pod: asking again would run it twice.
+                say(f"lost the bridge while the task ran: {error}")
+                return 1
+        time.sleep(reconnect_delay(attempt))
+    say("could not reach the bridge to run this task")
+    return 1
