@@ -8,16 +8,13 @@ KeyProblem when the key at fault is not the one being validated (a cross-field c
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, Required, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
-from typing_extensions import is_typeddict
 
+from bridge.core.config_shape import is_table, literal_choices, table_fields, type_at
 from bridge.core.errors import PermanentError
 
 
@@ -34,7 +31,6 @@ class KeyProblem(ValueError):
         self.key = key
 
 
-_TOML_TYPES = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}
 _TYPE_ERRORS = {
     "string_type": "a string", "bool_type": "true or false", "int_type": "an integer",
     "float_type": "a number", "path_type": "a string",
@@ -47,8 +43,7 @@ _ARRAY_ERRORS = frozenset({"tuple_type", "list_type", "frozen_set_type", "set_ty
 
 def config_error(error: ValidationError, root: type, source: str) -> ConfigError:
     """One ConfigError for every problem pydantic found validating `root` from TOML."""
-    lines = [f"{source}: {line}" for line in map(lambda detail: _describe(detail, root), error.errors())]
-    return ConfigError("\n".join(lines))
+    return ConfigError("\n".join(f"{source}: {_describe(detail, root)}" for detail in error.errors()))
 
 
 def _describe(detail: ErrorDetails, root: type) -> str:
@@ -60,7 +55,7 @@ def _describe(detail: ErrorDetails, root: type) -> str:
         problem: KeyProblem = ctx["error"]
         return f"{_path(loc + tuple(problem.key.split('.') if problem.key else ()))}: {problem}"
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        known = ", ".join(sorted(table_keys(_type_at(root, loc[:-1]))))
+        known = ", ".join(sorted(table_fields(type_at(root, loc[:-1]))))
         return f"{_path(loc)}: unknown key (known here: {known or 'none'})"
     return f"{_path(loc)}: {_message(kind, ctx, value, detail['msg'], root, loc)}"
 
@@ -77,12 +72,12 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, fallback: str, ro
     if kind in _TABLE_ERRORS:
         return f"expected a table, {got}"
     if kind in _ARRAY_ERRORS:
-        items = _type_at(root, (*loc, 0))
-        return f"expected an array{' of tables' if table_keys(items) else ''}, {got}"
+        tables = is_table(type_at(root, (*loc, 0)))
+        return f"expected an array{' of tables' if tables else ''}, {got}"
     if kind == "string_too_short" or (kind == "literal_error" and value == ""):
         return "must not be empty"
     if kind == "literal_error":
-        choices = ", ".join(map(repr, literal_choices(_type_at(root, loc))))
+        choices = ", ".join(map(repr, literal_choices(type_at(root, loc))))
         return f"must be one of {choices}, got {value!r}"
     if kind == "greater_than":
         return f"must be greater than {ctx['gt']}"
@@ -98,51 +93,3 @@ def _path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "top level"
-
-
-def _unwrap(kind: Any) -> Any:
-    """The type inside `X | None` and Annotated[X, ...]."""
-    while True:
-        if get_origin(kind) in (typing.Annotated, NotRequired, Required):
-            kind = get_args(kind)[0]
-        elif get_origin(kind) in (Union, types.UnionType):
-            kind = next(arg for arg in get_args(kind) if arg is not type(None))
-        else:
-            return kind
-
-
-def _type_at(root: Any, loc: tuple[int | str, ...]) -> Any:
-    """The type that validates what is at `loc` below `root` (None where the path leaves the types)."""
-    kind = _unwrap(root)
-    for part in loc:
-        fields = table_fields(kind)
-        if fields:
-            kind = _unwrap(fields.get(str(part)))
-        elif get_origin(kind) in (Mapping, dict, typing.Mapping):
-            kind = _unwrap(get_args(kind)[1])
-        elif get_origin(kind) in (tuple, frozenset, list, set):
-            kind = _unwrap(get_args(kind)[0])
-        else:
-            return None
-    return kind
-
-
-def table_fields(kind: Any) -> dict[str, Any]:
-    """A TOML table's keys and their types, for a config dataclass or a TypedDict; {} otherwise."""
-    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
-        hints = get_type_hints(kind, include_extras=True)
-        infos = getattr(kind, "__pydantic_fields__", {})
-        return {(infos[f.name].alias if f.name in infos and infos[f.name].alias else f.name): hints[f.name]
-                for f in dataclasses.fields(kind)}
-    if is_typeddict(kind):
-        return dict(get_type_hints(kind, include_extras=True))
-    return {}
-
-
-def table_keys(kind: Any) -> list[str]:
-    return list(table_fields(kind))
-
-
-def literal_choices(kind: Any) -> tuple[Any, ...]:
-    """The values of a Literal type (() for any other)."""
-    return get_args(kind) if get_origin(kind) is Literal else ()

@@ -15,18 +15,17 @@ import argparse
 import dataclasses
 import inspect
 import sys
-import types
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin
 
 import annotated_types
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
-from typing_extensions import is_typeddict
 
 from bridge.core.config import BridgeConfig
+from bridge.core.config_shape import bare, is_mapping, is_table, item_type, table_fields
 
 REFERENCE = Path(__file__).parents[2] / "docs" / "configuration.md"
 
@@ -84,18 +83,18 @@ def tables(model: Any, path: str, about: str, *, array: bool) -> Iterator[Table]
     below: list[tuple[Any, str, bool]] = []
     named: list[tuple[Any, str, bool]] = []  # [x.NAME] tables: after the fixed ones, read less often
     for name, kind, info in _fields(model):
-        inner = _optional_inner(kind)
+        inner = bare(kind)
         key_path = f"{path}.{name}" if path else name
-        item = _item_of(inner)
-        if _is_table(inner):
+        item = item_type(inner)
+        if is_table(inner):
             below.append((inner, key_path, False))
             continue
-        if _is_table(item) and get_origin(inner) in (Mapping, dict):
+        if is_table(item) and is_mapping(inner):
             named.append((item, f"{key_path}.NAME", False))
             keys.append(Key(name, f"tables `[{key_path}.NAME]` (below)", _default_text(info),
                             info.description or ""))
             continue
-        if _is_table(item):
+        if is_table(item):
             below.append((item, key_path, True))
         keys.append(Key(name, _type_text(kind, info), _default_text(info), info.description or ""))
     header = "" if not path else f"[[{path}]]" if array else f"[{path}]"
@@ -106,16 +105,15 @@ def tables(model: Any, path: str, about: str, *, array: bool) -> Iterator[Table]
 
 def _fields(model: Any) -> Iterator[tuple[str, Any, FieldInfo]]:
     """(TOML key, type, field info) of a config dataclass's or a TypedDict's fields, in order."""
-    if is_typeddict(model):
-        # Every key of a TypedDict here may be left out; its description sits in its Annotated.
-        for name, hint in get_type_hints(model, include_extras=True).items():
-            kind = _strip(hint)
-            metadata = get_args(kind)[1:] if _annotated(kind) else ()
+    if not dataclasses.is_dataclass(model):
+        # A TypedDict: every key may be left out; its description sits in its Annotated.
+        for name, hint in table_fields(model).items():
+            kind = get_args(hint)[0] if get_origin(hint) in (typing.NotRequired, typing.Required) else hint
+            metadata = get_args(kind)[1:] if get_origin(kind) is typing.Annotated else ()
             description = next((m.description for m in metadata if isinstance(m, FieldInfo)), None)
-            info = FieldInfo.from_field(None, description=description)
-            yield name, get_args(kind)[0] if metadata else kind, info
+            yield name, bare(kind), FieldInfo.from_field(None, description=description)
         return
-    infos: dict[str, FieldInfo] = model.__pydantic_fields__
+    infos: dict[str, FieldInfo] = vars(model)["__pydantic_fields__"]
     for field in dataclasses.fields(model):
         info = infos[field.name]
         yield info.alias or field.name, info.annotation, info
@@ -125,8 +123,7 @@ def _type_text(kind: Any, info: FieldInfo) -> str:
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     if "toml_type" in extra:
         return str(extra["toml_type"])
-    inner = _optional_inner(kind)
-    text = _plain_type(inner)
+    text = _plain_type(kind)
     bounds = [f"> {m.gt}" for m in info.metadata if isinstance(m, annotated_types.Gt)]
     bounds += [f">= {m.ge}" for m in info.metadata if isinstance(m, annotated_types.Ge)]
     bounds += [f"<= {m.le}" for m in info.metadata if isinstance(m, annotated_types.Le)]
@@ -134,18 +131,16 @@ def _type_text(kind: Any, info: FieldInfo) -> str:
 
 
 def _plain_type(kind: Any) -> str:
-    kind = _strip(kind)
-    if _annotated(kind):
-        return _plain_type(get_args(kind)[0])
+    kind = bare(kind)
     if get_origin(kind) is Literal:
         return "one of " + ", ".join(f'`"{value}"`' for value in get_args(kind))
     if kind in _SCALARS:
         return _SCALARS[kind]
-    item = _item_of(kind)
-    if get_origin(kind) in (Mapping, dict):
+    item = item_type(kind)
+    if is_mapping(kind):
         return f"table of {_plain_type(item)}s"
     if item is not None:
-        return "array of tables (below)" if _is_table(item) else f"array of {_plain_type(item)}s"
+        return "array of tables (below)" if is_table(item) else f"array of {_plain_type(item)}s"
     return str(kind)
 
 
@@ -180,36 +175,6 @@ def _about(model: Any) -> str:
     lead, sep, rest = text.partition(": ")
     text = rest if sep and lead.startswith("[") else text
     return text[:1].upper() + text[1:]
-
-
-def _strip(kind: Any) -> Any:
-    while get_origin(kind) in (typing.NotRequired, typing.Required):
-        kind = get_args(kind)[0]
-    return kind
-
-
-def _annotated(kind: Any) -> bool:
-    return get_origin(kind) is typing.Annotated
-
-
-def _optional_inner(kind: Any) -> Any:
-    if get_origin(kind) in (Union, types.UnionType):
-        return next(arg for arg in get_args(kind) if arg is not type(None))
-    return kind
-
-
-def _item_of(kind: Any) -> Any:
-    """The item type of an array or the value type of a table of values; None for others."""
-    origin, args = get_origin(kind), get_args(kind)
-    if origin in (tuple, frozenset, list, set) and args:
-        return _strip(args[0])
-    if origin in (Mapping, dict) and len(args) == 2:
-        return args[1]
-    return None
-
-
-def _is_table(kind: Any) -> bool:
-    return (isinstance(kind, type) and dataclasses.is_dataclass(kind)) or is_typeddict(kind)
 
 
 def _cell(text: str) -> str:
