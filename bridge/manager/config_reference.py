@@ -36,11 +36,14 @@ _HEADER = """\
 bridge/core/config.py and bridge/core/config_sections.py: edit their descriptions, not this file.
 tests/unit/test_the_configuration_reference_is_generated.py fails when it is stale. -->
 
-The daemon reads one TOML file (`slurm-k8s-bridge run --config FILE`; `slurm-k8s-bridge doctor`
-checks it). [bridge.example.toml](bridge.example.toml) is a commented example. Unknown keys are
-errors, not warnings, and every error names the file and the key (`partitions.k8s.gpu_mode`).
-Values are never converted: `true` is no number and `1` no string. Unset means the key is left
-out (TOML has no null).
+The daemon reads one TOML file, /etc/slurm-k8s-bridge/config.toml unless `--config` names
+another (`slurm-k8s-bridge run`, `doctor` and `job-submit-conf` all take it).
+[bridge.example.toml](bridge.example.toml) is a commented example. Unknown keys are errors, not
+warnings, and every error names the file and the key (`partitions.k8s.gpu_mode`). Values are never
+converted: `true` is no number and `1` no string. Unset means the key is left out (TOML has no null).
+
+To regenerate this file after changing a model: `python -m bridge.manager.config_reference`
+(`--check` only tells whether it is current).
 """
 
 _SCALARS = {str: "string", bool: "boolean", int: "integer", float: "number", Path: "string (a path)"}
