@@ -3,8 +3,9 @@
 Used only with the bridge's own in-pod agent (signal, step-done, step launch, script delivery).
 Each verb classifies how an exec ended, for the callers to know whether running it again is safe:
 ExecNotStarted (refused before its websocket opened: the command never ran), ExecOutcomeUnknown
-(no answer in time: it may have run), ExecCommandFailed (it ran and exited non-zero, its code and
-output kept). Mixed into KubeActions (bridge.clients.kube.actions).
+(no answer in time: it may have run), ExecCommandFailed (it exited non-zero, or the runtime could
+not start it: its exit `code`, `output` and whether it `ran` kept for the caller). Mixed into
+KubeActions (bridge.clients.kube.actions).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ def _refused_before_running(error: BaseException) -> bool:
     if status is not None:
         return status not in (401, 403, 404)
     return isinstance(error, aiohttp.ClientConnectorError)
-
 
 
 async def _open_exec(ws_client: WsApiClient, pod_name: str, namespace: str, command: list[str],
