@@ -5,13 +5,13 @@ planner can compare them with what exists and a restarted daemon rebuilds the sa
 
 Decisions worth knowing (each explained where it is made):
 - the script and the environment the user exported live in one immutable Secret named by its
-  content (payload_secret; an array's tasks share it), not in the pods: pods stay small in etcd,
-  in every watch event and relist, and the job's variables (tokens, often) are readable only by
-  who may read Secrets. The script reaches the container through a secret volume, and runs with
-  the interpreter of its shebang;
+  content (bridge.core.payload_secret; an array's tasks share it), not in the pods: pods stay
+  small in etcd, in every watch event and relist, and the job's variables (tokens, often) are
+  readable only by who may read Secrets. The script reaches the container through a secret
+  volume, and runs with the interpreter of its shebang;
 - the job's environment is passed on minus what describes the slurmd host, then per-node Slurm
-  variables are set in each pod's own env, where every `$` is escaped because the kubelet expands
-  `$(VAR)` there (values from envFrom are never expanded);
+  variables are set in each pod's own env (bridge.core.job_environment), where every `$` is
+  escaped because the kubelet expands `$(VAR)` there (values from envFrom are never expanded);
 - GPUs are pinned by NVIDIA_VISIBLE_DEVICES (physical indices Slurm chose); CUDA_VISIBLE_DEVICES
   counts from 0 because the container only sees its own GPUs;
 - the pause container is PID 1 (shareProcessNamespace) so that the script gets SIGTERM on delete.
@@ -19,97 +19,35 @@ Decisions worth knowing (each explained where it is made):
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bridge.core import wellknown
+from bridge.core.annotation_templates import expand_annotations
 from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.directives import Directives, interpreter_of
 from bridge.core.errors import PermanentError
+from bridge.core.job_environment import node_environment
 from bridge.core.model import JobAllocation, JobPayload
-from bridge.core.pod_identity import payload_secret_name, pod_name
+from bridge.core.payload_secret import (
+    MAX_POD_ENV_BYTES,
+    SECRET_DATA_BYTES,
+    payload_secret,
+    shared_environment,
+)
+from bridge.core.pod_identity import pod_name
 
 MAX_SCRIPT_BYTES = 240 * 1024
 """Largest script kept in the payload Secret; larger ones are copied into the pod by the agent."""
-SECRET_DATA_BYTES = 1024 * 1024 - 4096
-"""What the values of one Secret may weigh (Kubernetes: 1 MiB), less a margin."""
 MAX_DELIVERED_SCRIPT_BYTES = 4 * 1024 * 1024
 """Largest script accepted: Slurm's own default max_script_size. Scripts over MAX_SCRIPT_BYTES are
 copied into the pod by the agent."""
 
-MASTER_PORT_BASE = 20000
-"""MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
-
 DEFAULT_PULL_POLICY = "IfNotPresent"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The PATH the agent's bin directory is put before when the job brought none (the host's is dropped)."""
 
-# Variables that describe the slurmd host, the waiter process or the login session, not the job.
-# PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's.
-# LD_* point at host libraries and would break (or hijack) binaries in the image.
-HOST_ONLY_ENV = frozenset(
-    {
-        "PATH",
-        "HOSTNAME",
-        "HOST",
-        "PWD",
-        "OLDPWD",
-        "SHLVL",
-        "_",
-        "TMPDIR",
-        "LD_PRELOAD",
-        "LD_LIBRARY_PATH",
-        "LD_AUDIT",
-        "XDG_RUNTIME_DIR",
-        "DBUS_SESSION_BUS_ADDRESS",
-        "DISPLAY",
-        "XAUTHORITY",
-        "KRB5CCNAME",
-        "MAIL",
-    }
-)
-HOST_ONLY_PREFIXES = (
-    "SLURM_K8S_",  # the waiter's own settings
-    "KUBERNETES_",  # the kubelet sets the pod's own API endpoint
-    "BASH_FUNC_",  # exported shell functions: invalid env names for Kubernetes anyway
-    "SSH_",
-    "XDG_SESSION_",
-    "SLURM_STEP_",  # the batch step on the slurmd; pods are not that step
-)
-
-# Slurm's values for the batch host that the bridge replaces with per-node values (or drops).
-PER_NODE_ENV = frozenset(
-    {
-        "SLURMD_NODENAME",
-        "SLURM_NODEID",
-        "SLURM_PROCID",
-        "SLURM_LOCALID",
-        "SLURM_GTIDS",
-        "SLURM_TASK_PID",
-        "SLURM_STEPID",
-        "SLURM_CPUS_ON_NODE",
-        "SLURM_TOPOLOGY_ADDR",
-        "SLURM_TOPOLOGY_ADDR_PATTERN",
-        "SLURM_CONF",
-        "SLURM_SCRIPT_CONTEXT",
-        "SLURM_LAUNCH_NODE_IPADDR",
-        "SLURM_SRUN_COMM_HOST",
-        "SLURM_SRUN_COMM_PORT",
-        "SLURM_NODE_ALIASES",
-        "SLURM_JOB_GPUS",
-        "SLURM_GPUS_ON_NODE",
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "GPU_DEVICE_ORDINAL",
-        "ROCR_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ZE_AFFINITY_MASK",
-    }
-)
-
-# What Kubernetes accepts as an env var name without the RelaxedEnvironmentVariableValidation gate.
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -125,99 +63,6 @@ def resolve_image(directives: Directives, part: PartitionConfig) -> str:
             "no container image: add a line '#K8S image=IMAGE' to the job script's leading comments"
         )
     return image
-
-
-def job_environment(environment: Mapping[str, str]) -> dict[str, str]:
-    """The payload's environment minus host-only, per-node and invalidly named variables."""
-    return {
-        name: value
-        for name, value in environment.items()
-        if name not in HOST_ONLY_ENV
-        and name not in PER_NODE_ENV
-        and not name.startswith(HOST_ONLY_PREFIXES)
-        and _ENV_NAME.match(name)
-    }
-
-
-def node_environment(
-    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, index: int, master_addr: str,
-    home: str | None = None,
-) -> dict[str, str]:
-    """The full environment of node `index`'s container (before `$` escaping)."""
-    node = alloc.nodes[index]
-    count = len(alloc.nodes)
-    env = job_environment(payload.environment)
-    # A job exported without them (--export=NONE) would get them from its login environment
-    # natively; that is never built for a bridged job (it runs the user's login scripts on the
-    # slurmd host), so the basics come from Slurm and NSS.
-    if alloc.user:
-        env.setdefault("USER", alloc.user)
-        env.setdefault("LOGNAME", alloc.user)
-    if home:
-        env.setdefault("HOME", home)
-    env.setdefault("SLURM_SUBMIT_DIR", payload.work_dir)
-    env.update(
-        {
-            "SLURM_JOB_ID": str(alloc.job_id),
-            "SLURM_JOBID": str(alloc.job_id),
-            "SLURM_JOB_NAME": alloc.name,
-            "SLURM_JOB_PARTITION": alloc.partition,
-            "SLURM_JOB_USER": alloc.user,
-            "SLURM_JOB_UID": str(alloc.uid),
-            "SLURM_JOB_GID": str(alloc.gid),
-            "SLURM_NNODES": str(count),
-            "SLURM_JOB_NUM_NODES": str(count),
-            "SLURM_JOB_NODELIST": alloc.nodelist,
-            "SLURM_NODELIST": alloc.nodelist,
-            "SLURMD_NODENAME": node.name,
-            "SLURM_NODEID": str(index),
-            # One script instance per node, so node index = task rank, local rank 0.
-            "SLURM_PROCID": str(index),
-            "SLURM_LOCALID": "0",
-            # torch.distributed & co.: one process per node; torchrun overrides RANK/WORLD_SIZE for
-            # its workers and reads NODE_RANK. MASTER_ADDR is the first Kubernetes node: reachable
-            # only with the partition's host_network (pod IPs are not known in advance and the
-            # bridge creates no Service).
-            "RANK": str(index),
-            "NODE_RANK": str(index),
-            "WORLD_SIZE": str(count),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(MASTER_PORT_BASE + alloc.job_id % 10000),
-        }
-    )
-    if node.cpus > 0:
-        env["SLURM_CPUS_ON_NODE"] = str(node.cpus)
-    if alloc.is_array_task:
-        env["SLURM_ARRAY_JOB_ID"] = str(alloc.array_job_id)
-        env["SLURM_ARRAY_TASK_ID"] = str(alloc.array_task_id)
-    env.update(gpu_environment(node.gpu_indices, part.gpu_mode))
-    return env
-
-
-def gpu_environment(indices: tuple[int, ...], gpu_mode: str) -> dict[str, str]:
-    """GPU variables for a container given the node's GPU indices Slurm allocated.
-
-    - SLURM_JOB_GPUS: the physical indices, as Slurm sets it.
-    - NVIDIA_VISIBLE_DEVICES: the physical indices (env mode), read by the NVIDIA runtime to expose
-      exactly these devices; `void` when the node has none, because CUDA base images set `all`
-      in their ENV and would otherwise get every GPU of the node. In device-plugin mode the
-      plugin sets it for the devices it picked.
-    - CUDA_VISIBLE_DEVICES / GPU_DEVICE_ORDINAL: 0..n-1, because inside the container only the
-      exposed GPUs exist, numbered from 0 (Slurm does the same with ConstrainDevices=yes). Left
-      unset without GPUs, as Slurm does.
-    """
-    if not indices:
-        return {"NVIDIA_VISIBLE_DEVICES": "void"}
-    local = ",".join(str(i) for i in range(len(indices)))
-    env = {
-        "SLURM_JOB_GPUS": ",".join(map(str, indices)),
-        "SLURM_GPUS_ON_NODE": str(len(indices)),
-        "CUDA_VISIBLE_DEVICES": local,
-        "GPU_DEVICE_ORDINAL": local,
-    }
-    if gpu_mode == "env":
-        env["NVIDIA_VISIBLE_DEVICES"] = env["SLURM_JOB_GPUS"]
-    return env
 
 
 def desired_pods(
@@ -282,7 +127,7 @@ def desired_objects(
     delivered = script_bytes > MAX_SCRIPT_BYTES
     envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
             for index in range(len(alloc.nodes))]
-    shared = _shared(envs)
+    shared = shared_environment(envs)
     env_bytes = sum(len(value.encode("utf-8", "surrogateescape")) for value in shared.values())
     if env_bytes > SECRET_DATA_BYTES:
         largest = sorted(shared, key=lambda name: len(shared[name]), reverse=True)[:3]
@@ -298,7 +143,7 @@ def desired_objects(
         delivered = True  # the agent copies the script in once the first pod runs
         envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
                 for index in range(len(alloc.nodes))]
-        shared = _shared(envs)
+        shared = shared_environment(envs)
     secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script)
     secret_name = secret["metadata"]["name"]
     for env in envs:
@@ -318,50 +163,6 @@ def desired_objects(
         for index in range(len(alloc.nodes))
     ]
     return secret, pods
-
-
-# What Slurm or the bridge sets for each job (or node): in each pod's own env, so that the Secret
-# holds what is the same for every task of an array. Any other variable, SLURM_* ones the user
-# exported (SLURM_JWT, say) included, goes into the Secret: the pod shows only these.
-PER_JOB_ENV = frozenset({
-    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_JOB_USER",
-    "SLURM_JOB_UID", "SLURM_JOB_GID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST",
-    "SLURM_NODELIST", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID",
-    "SLURM_CPUS_ON_NODE", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_GPUS",
-    "SLURM_GPUS_ON_NODE", "SLURM_SUBMIT_DIR", "SLURM_RESTART_COUNT", "SLURM_JOB_START_TIME",
-    "SLURM_JOB_END_TIME", "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_NTASKS",
-    "SLURM_NPROCS", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_JOB_RESERVATION",
-    "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
-    "GPU_DEVICE_ORDINAL", "NVIDIA_VISIBLE_DEVICES", wellknown.SECRET_SCRIPT_KEY,
-})
-MAX_POD_ENV_BYTES = 128 * 1024
-"""What one pod's own env may weigh (the per-job values and names a Secret cannot hold)."""
-
-
-def _shared(envs: list[dict[str, str]]) -> dict[str, str]:
-    """The variables for the Secret: all but Slurm's and the bridge's per-job ones, alike on every
-    node, and named as a Secret key may be."""
-    return {name: value for name, value in envs[0].items()
-            if name not in PER_JOB_ENV and _is_secret_key(name)
-            and all(env.get(name) == value for env in envs[1:])}
-
-
-_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-
-
-def _is_secret_key(name: str) -> bool:
-    """What Kubernetes accepts as a key of a Secret's data."""
-    return (len(name) <= 253 and bool(_SECRET_KEY.match(name)) and name not in (".", "..")
-            and not name.startswith(".."))
-
-
-def _utf8(value: str) -> bytes:
-    """The value as UTF-8, each byte that was not (the waiter reads the environment with
-    surrogateescape) as U+FFFD, which is what the API server made of it when it was in the pod:
-    the kubelet refuses invalid UTF-8 in a container's environment."""
-    if any("\ud800" <= char <= "\udfff" for char in value):
-        value = "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in value)
-    return value.encode("utf-8")
 
 
 def _labels(alloc: JobAllocation, cfg: BridgeConfig) -> dict[str, str]:
@@ -397,30 +198,6 @@ def _script_path(index: int, delivered: bool) -> str:
     return f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
 
 
-def payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping[str, str],
-                   script: str) -> dict[str, Any]:
-    """The Secret with `script` and `shared_env`, named by its content and its user."""
-    data = {name: _utf8(value) for name, value in shared_env.items()}
-    data[wellknown.SECRET_SCRIPT_KEY] = _utf8(script)
-    content = hashlib.sha256(f"{cfg.cluster}\0{alloc.uid}\0{alloc.gid}\0".encode())
-    for name in sorted(data):
-        content.update(name.encode() + b"\0" + len(data[name]).to_bytes(8, "big") + data[name])
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        # Never changes once made: kubelets then need no watch of it (one per pod at 10,000 jobs).
-        "immutable": True,
-        "metadata": {
-            "name": payload_secret_name(content.hexdigest()[:32]),
-            "namespace": cfg.namespace,
-            # No job id: the Secret may serve many jobs (the sweep tells when none needs it).
-            "labels": {wellknown.LABEL_MANAGED_BY: wellknown.MANAGER, wellknown.LABEL_CLUSTER: cfg.cluster},
-        },
-        "data": {name: base64.b64encode(value).decode("ascii") for name, value in sorted(data.items())},
-    }
-
-
 def _check_identity(alloc: JobAllocation, payload: JobPayload) -> None:
     if alloc.uid is None or alloc.gid is None:
         raise TranslateError(f"Slurm did not report the uid/gid of job {alloc.job_id}")
@@ -448,47 +225,6 @@ def _k8s_node(slurm_name: str, part: PartitionConfig, k8s_nodes: Mapping[str, st
     if not found:
         raise TranslateError(f"no Kubernetes node has label {part.node_label}={slurm_name}")
     return found
-
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def expand_annotations(templates: Mapping[str, str], environment: Mapping[str, str]) -> dict[str, str]:
-    """The partition's pod annotations with `${NAME}` replaced by the job's variable NAME, and
-    `${NAME:-default}` by the default (which may hold `${...}` itself) when NAME is unset or
-    empty, as in sh. Values from the job are inserted as they are, never expanded again."""
-    return {key: _expand(value, environment) for key, value in templates.items()}
-
-
-def _expand(text: str, environment: Mapping[str, str]) -> str:
-    out, _ = _expand_until(text, 0, environment, closing=False)
-    return out
-
-
-def _expand_until(text: str, pos: int, env: Mapping[str, str], *, closing: bool) -> tuple[str, int]:
-    """Expand from `pos` to the end, or (closing) to the `}` that ends a default; return the text
-    and the position after it."""
-    out: list[str] = []
-    while pos < len(text):
-        if closing and text[pos] == "}":
-            return "".join(out), pos + 1
-        name = _NAME.match(text, pos + 2) if text.startswith("${", pos) else None
-        if name is None:
-            out.append(text[pos])
-            pos += 1
-            continue
-        pos = name.end()
-        default = ""
-        if text.startswith(":-", pos):
-            default, pos = _expand_until(text, pos + 2, env, closing=True)
-        elif text.startswith("}", pos):
-            pos += 1
-        else:  # not a reference after all: keep it literally
-            out.append(text[name.start() - 2:pos])
-            continue
-        out.append(env.get(name.group()) or default)
-    return "".join(out), pos
 
 
 def _pod(

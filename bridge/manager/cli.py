@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _load(path: str) -> BridgeConfig:
-    from bridge.core.config import ConfigError, load_config
+    from bridge.core.config import ConfigError
+    from bridge.manager.config_file import load_config
 
     try:
         return load_config(path)

@@ -21,8 +21,10 @@ from bridge.clients.kube.leader_pod import OwnPod
 from bridge.clients.slurm import slurm_node as read_slurm_node
 from bridge.clients.slurm.rest import API_VERSION
 from bridge.core import hostlist, nodehealth, wellknown
-from bridge.core.config import BridgeConfig, attach_command_files, secret_file_exposure
+from bridge.core.attach_command import attach_command_files
+from bridge.core.config import BridgeConfig
 from bridge.core.errors import BridgeError
+from bridge.manager.config_file import secret_file_exposure
 
 # What the daemon does in Kubernetes (the RBAC it needs), as (verb, group, resource, namespaced).
 NEEDED_ACCESS = (

@@ -132,7 +132,7 @@ class Waiter:
         signals = self._signals.for_attach()
         body = {
             "script": self._script,
-            # All of it: the daemon drops what describes the slurmd host (translate.job_environment).
+            # All of it: the daemon drops what describes the slurmd host (job_environment.job_environment).
             "environment": self._environment,
             "work_dir": self._work_dir,
             "uid": os.getuid(),

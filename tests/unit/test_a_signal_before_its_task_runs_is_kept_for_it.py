@@ -197,7 +197,7 @@ async def test_one_jobs_flood_of_kept_signals_does_not_take_another_jobs_place(
 def test_a_proxy_waits_longer_for_its_answer_than_the_daemon_may_take_to_give_it() -> None:
     """A proxy that gave up first would ask again while the first delivery still runs, and the
     task could get the signal twice."""
-    from bridge.clients.kube.actions import EXEC_TIMEOUT_S
+    from bridge.clients.kube.pod_exec import EXEC_TIMEOUT_S
     from bridge.waiter.task import TASK_SIGNAL_TIMEOUT_S
 
     pauses = sum(api_module.TASK_SIGNAL_RETRY_S * 2 ** attempt

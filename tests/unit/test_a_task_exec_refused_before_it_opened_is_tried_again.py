@@ -137,7 +137,7 @@ def test_only_errors_that_prove_the_command_never_ran_count_as_not_started() -> 
     from aiohttp.client_reqrep import ConnectionKey
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from bridge.clients.kube.actions import _refused_before_running
+    from bridge.clients.kube.pod_exec import _refused_before_running
 
     def handshake(status: int) -> aiohttp.WSServerHandshakeError:
         return aiohttp.WSServerHandshakeError(None, (), status=status)  # type: ignore[arg-type]

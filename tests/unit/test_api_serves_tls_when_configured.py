@@ -22,6 +22,7 @@ from bridge.core.config import ApiConfig, ConfigError, parse_config
 from bridge.core.model import JobAllocation
 from bridge.manager import cli
 from bridge.manager.api import Api
+from bridge.manager.config_file import config_from_text
 from bridge.manager.daemon import server_ssl_context
 from bridge.waiter import http_client, munge
 
@@ -92,13 +93,13 @@ def test_tls_needs_both_files_existing_and_a_private_key(cert: tuple[Path, Path]
     with pytest.raises(ConfigError, match=r"api\.tls_cert_file: set both"):
         parse_config(MINIMAL + f"[api]\ntls_key_file = '{key}'\n")
     with pytest.raises(ConfigError, match=f"api.tls_cert_file: {tmp_path}/missing.pem does not exist"):
-        parse_config(_tls_config(tmp_path / "missing.pem", key))
+        config_from_text(_tls_config(tmp_path / "missing.pem", key))
     exposed = tmp_path / "key.pem"
     exposed.write_bytes(key.read_bytes())
     exposed.chmod(0o644)
     readable = r"api\.tls_key_file: .*key\.pem is readable by every user \(mode 644\)"
     with pytest.raises(ConfigError, match=readable):
-        parse_config(_tls_config(certificate, exposed))
+        config_from_text(_tls_config(certificate, exposed))
 
 
 def test_job_submit_conf_passes_the_ca_file_to_the_waiter(

@@ -14,9 +14,9 @@ from bridge.core.config import (
     PartitionConfig,
     SlurmConfig,
     VolumeConfig,
-    load_config,
     parse_config,
 )
+from bridge.manager.config_file import load_config
 
 EXAMPLE = Path(__file__).parents[2] / "docs" / "bridge.example.toml"
 
@@ -35,7 +35,7 @@ def test_minimal_config_gets_defaults() -> None:
         namespace="slurm-jobs",
         slurm=SlurmConfig(backend="rest", rest_url="http://127.0.0.1:6820", poll_interval_s=0.2),
         kube=KubeConfig(kubeconfig=None),
-        api=ApiConfig(host="127.0.0.1", port=8470),
+        api=ApiConfig(listen="127.0.0.1:8470"),
         termination_grace_s=10,
         log_level="info",
     )
@@ -88,7 +88,8 @@ listen = "[::1]:9000"
         {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "x", "tolerationSeconds": 5},
     )
-    assert cfg.api == ApiConfig(host="::1", port=9000)
+    assert cfg.api == ApiConfig(listen="[::1]:9000")
+    assert (cfg.api.host, cfg.api.port) == ("::1", 9000)
 
 
 def test_url_trailing_slash_is_dropped_and_pyslurm_needs_no_url() -> None:
@@ -140,9 +141,15 @@ def test_repr_holds_no_token() -> None:
             "mount_path '/h' is used twice",
         ),
         (MINIMAL + "volumes = [{name = 'h', host_path = '/h', ro = true}]", r"volumes\[0\].ro: unknown key"),
-        (MINIMAL + "tolerations = [{key = 'a', operator = 'In'}]", "operator: must be Equal or Exists"),
-        (MINIMAL + "tolerations = [{key = 'a', effect = 'Never'}]", "effect: must be NoSchedule"),
-        (MINIMAL + "tolerations = [{kee = 'a'}]", "kee: not a toleration field"),
+        (
+            MINIMAL + "tolerations = [{key = 'a', operator = 'In'}]",
+            r"tolerations\[0\].operator: must be one of 'Equal', 'Exists'",
+        ),
+        (
+            MINIMAL + "tolerations = [{key = 'a', effect = 'Never'}]",
+            r"tolerations\[0\].effect: must be one of 'NoSchedule', 'PreferNoSchedule', 'NoExecute'",
+        ),
+        (MINIMAL + "tolerations = [{kee = 'a'}]", r"tolerations\[0\].kee: unknown key"),
         (MINIMAL.replace('url = "http://127.0.0.1:6820"', ""), "slurm.url: required when backend is 'rest'"),
         (MINIMAL.replace("http://", "ftp://"), "slurm.url: 'ftp://127.0.0.1:6820' is not an http"),
         (MINIMAL.replace("[slurm]", '[slurm]\nbackend = "sacct"'), "slurm.backend: must be one of"),
@@ -171,3 +178,41 @@ def test_invalid_configs_name_the_key(text: str, message: str) -> None:
 def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_every_problem_is_named_on_a_line_of_its_own() -> None:
+    text = MINIMAL.replace("[slurm]", "[slurm]\npoll_interval_s = 0")
+    text += 'gpu_mode = "cuda"\nhost_network = 1\n'
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source="bridge.toml")
+    lines = str(info.value).splitlines()
+    assert len(lines) == 3
+    assert all(line.startswith("bridge.toml: ") for line in lines)
+    assert {line.split(": ")[1] for line in lines} == {
+        "slurm.poll_interval_s", "partitions.k8s.gpu_mode", "partitions.k8s.host_network",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # The attribute's name is no TOML key: only `url` is.
+        (MINIMAL.replace('url = "http://127.0.0.1:6820"', 'rest_url = "http://127.0.0.1:6820"'),
+         r"slurm\.rest_url: unknown key \(known here: "),
+        ('cluster = 1979-05-27\n[slurm]\nurl = "http://x"\n[partitions.k8s]\n',
+         "cluster: expected a string, got date"),
+        (MINIMAL.replace("[slurm]", "[leader_election]\nrenew_deadline_s = 20\n[slurm]"),
+         "leader_election.renew_deadline_s: needs retry_period_s < renew_deadline_s < lease_duration_s"),
+        (MINIMAL + "cpu_request_fraction = 1.5", "partitions.k8s.cpu_request_fraction: must be at most 1.0"),
+        (MINIMAL + "[waiter]\nunmunge_command = ' '", "waiter.unmunge_command: must not be empty"),
+    ],
+)
+def test_names_are_the_files_and_values_are_never_converted(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(text, source="bridge.toml")
+
+
+def test_unmunge_command_is_a_command_line() -> None:
+    waiter = "[waiter]\nunmunge_command = 'sudo -u munge unmunge'\n"
+    cfg = parse_config(MINIMAL.replace("[slurm]", waiter + "[slurm]"))
+    assert cfg.waiter.unmunge_command == ("sudo", "-u", "munge", "unmunge")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bridge.clients.kube import actions as actions_module
+from bridge.clients.kube import pod_logs as logs_module
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.client import make_api_client
 from bridge.manager import daemon
@@ -28,11 +28,11 @@ async def test_followed_logs_go_through_the_stream_client(monkeypatch: pytest.Mo
 
     async def request(api: Any, method: str, path: str, what: str, **_kwargs: Any) -> Any:
         used.append((api, path))
-        raise actions_module.KubeInvalid("not started", status=400, reason="BadRequest", what=what)
+        raise logs_module.KubeInvalid("not started", status=400, reason="BadRequest", what=what)
 
-    monkeypatch.setattr(actions_module, "request", request)
+    monkeypatch.setattr(logs_module, "request", request)
     kube = KubeActions(control, "jobs", streams=streams)  # type: ignore[arg-type]
-    with pytest.raises(actions_module.LogsNotReady):
+    with pytest.raises(logs_module.LogsNotReady):
         async for _ in kube.stream_logs("slurm-1-0"):
             pass
 
@@ -77,15 +77,15 @@ async def test_at_most_a_few_log_streams_are_being_opened_at_once(monkeypatch: p
         peak = max(peak, opening)
         await asyncio.sleep(0.01)
         opening -= 1
-        raise actions_module.KubeInvalid("not started", status=400, reason="BadRequest", what=what)
+        raise logs_module.KubeInvalid("not started", status=400, reason="BadRequest", what=what)
 
     async def read(kube: KubeActions, name: str) -> None:
-        with pytest.raises(actions_module.LogsNotReady):
+        with pytest.raises(logs_module.LogsNotReady):
             async for _ in kube.stream_logs(name):
                 pass
 
-    monkeypatch.setattr(actions_module, "request", request)
+    monkeypatch.setattr(logs_module, "request", request)
     kube = KubeActions(object(), "jobs", streams=object())  # type: ignore[arg-type]
     await asyncio.gather(*(read(kube, f"slurm-{i}-0") for i in range(200)))
 
-    assert peak == actions_module.STREAM_OPENS_AT_ONCE
+    assert peak == logs_module.STREAM_OPENS_AT_ONCE

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from bridge.core import wellknown
+from bridge.core.annotation_templates import expand_annotations
 from bridge.core.config import ConfigError, PartitionConfig, parse_config
 from bridge.core.directives import Directives
-from bridge.core.translate import desired_pods, expand_annotations
+from bridge.core.translate import desired_pods
 
 from .builders import allocation, config, payload
 

@@ -8,7 +8,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from bridge.clients.kube.actions import METADATA_LIST, KubeActions
+from bridge.clients.kube.actions import KubeActions
+from bridge.clients.kube.objects import METADATA_LIST
 
 PATH = "/api/v1/namespaces/jobs/secrets"
 

@@ -13,17 +13,11 @@ import pytest
 from bridge.core import wellknown
 from bridge.core.config import PartitionConfig, PodsConfig
 from bridge.core.directives import Directives
+from bridge.core.job_environment import gpu_environment, job_environment, node_environment
 from bridge.core.model import NodeAllocation
+from bridge.core.payload_secret import SECRET_DATA_BYTES
 from bridge.core.pod_identity import payload_secret_name
-from bridge.core.translate import (
-    SECRET_DATA_BYTES,
-    TranslateError,
-    desired_objects,
-    escape_for_kubelet,
-    gpu_environment,
-    job_environment,
-    node_environment,
-)
+from bridge.core.translate import TranslateError, desired_objects, escape_for_kubelet
 
 from .builders import allocation, config, payload
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core.config import DEFAULT_ATTACH_COMMAND, ConfigError, attach_command_files, parse_config
+from bridge.core.attach_command import DEFAULT_ATTACH_COMMAND, attach_command_files
+from bridge.core.config import ConfigError, parse_config
 from bridge.manager import cli
 from bridge.manager.doctor import CheckFailed, Doctor, waiter_install_problems
 

@@ -3,7 +3,11 @@
     client   make_api_client, raw requests through kubernetes_asyncio's ApiClient, error mapping
     cache    PodCache: trimmed pods by name and by Slurm job id (pure)
     watch    PodWatcher: list + watch (+ relist on 410) into the cache, job ids out
-    actions  KubeActions: create/delete pods, follow logs, explain failures from events
+    actions  KubeActions: the verbs below, on one object for the callers
+      objects     create/get/delete pods and Secrets, node conditions, the namespace
+      pod_exec    exec in a pod's container, classified (not started, outcome unknown, failed)
+      pod_logs    follow a container's log, resumable
+      pod_events  explain a pod's failure from its events
     errors   the classified errors (temporary vs permanent) callers catch
 """
 

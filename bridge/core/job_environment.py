@@ -1,0 +1,178 @@
+"""The environment of a job's containers: the job's own variables minus what describes the slurmd host,
+and the per-node Slurm, distributed-training and GPU variables each node's container gets. Pure.
+
+The job's environment is passed on minus host-only variables (PATH, LD_*, the login session's),
+minus Slurm's values for the batch host (each pod gets its own node's) and minus names Kubernetes
+would refuse. Called by translate (the pods) and, for the host-only list, nowhere else: the waiter
+sends the whole environment and the daemon decides here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from bridge.core.config import PartitionConfig
+from bridge.core.model import JobAllocation, JobPayload
+
+MASTER_PORT_BASE = 20000
+"""MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
+
+# Variables that describe the slurmd host, the waiter process or the login session, not the job.
+# PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's.
+# LD_* point at host libraries and would break (or hijack) binaries in the image.
+HOST_ONLY_ENV = frozenset(
+    {
+        "PATH",
+        "HOSTNAME",
+        "HOST",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "TMPDIR",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "XDG_RUNTIME_DIR",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "DISPLAY",
+        "XAUTHORITY",
+        "KRB5CCNAME",
+        "MAIL",
+    }
+)
+HOST_ONLY_PREFIXES = (
+    "SLURM_K8S_",  # the waiter's own settings
+    "KUBERNETES_",  # the kubelet sets the pod's own API endpoint
+    "BASH_FUNC_",  # exported shell functions: invalid env names for Kubernetes anyway
+    "SSH_",
+    "XDG_SESSION_",
+    "SLURM_STEP_",  # the batch step on the slurmd; pods are not that step
+)
+
+# Slurm's values for the batch host that the bridge replaces with per-node values (or drops).
+PER_NODE_ENV = frozenset(
+    {
+        "SLURMD_NODENAME",
+        "SLURM_NODEID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_GTIDS",
+        "SLURM_TASK_PID",
+        "SLURM_STEPID",
+        "SLURM_CPUS_ON_NODE",
+        "SLURM_TOPOLOGY_ADDR",
+        "SLURM_TOPOLOGY_ADDR_PATTERN",
+        "SLURM_CONF",
+        "SLURM_SCRIPT_CONTEXT",
+        "SLURM_LAUNCH_NODE_IPADDR",
+        "SLURM_SRUN_COMM_HOST",
+        "SLURM_SRUN_COMM_PORT",
+        "SLURM_NODE_ALIASES",
+        "SLURM_JOB_GPUS",
+        "SLURM_GPUS_ON_NODE",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ZE_AFFINITY_MASK",
+    }
+)
+
+# What Kubernetes accepts as an env var name without the RelaxedEnvironmentVariableValidation gate.
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+def job_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """The payload's environment minus host-only, per-node and invalidly named variables."""
+    return {
+        name: value
+        for name, value in environment.items()
+        if name not in HOST_ONLY_ENV
+        and name not in PER_NODE_ENV
+        and not name.startswith(HOST_ONLY_PREFIXES)
+        and _ENV_NAME.match(name)
+    }
+
+
+def node_environment(
+    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, index: int, master_addr: str,
+    home: str | None = None,
+) -> dict[str, str]:
+    """The full environment of node `index`'s container (before `$` escaping)."""
+    node = alloc.nodes[index]
+    count = len(alloc.nodes)
+    env = job_environment(payload.environment)
+    # A job exported without them (--export=NONE) would get them from its login environment
+    # natively; that is never built for a bridged job (it runs the user's login scripts on the
+    # slurmd host), so the basics come from Slurm and NSS.
+    if alloc.user:
+        env.setdefault("USER", alloc.user)
+        env.setdefault("LOGNAME", alloc.user)
+    if home:
+        env.setdefault("HOME", home)
+    env.setdefault("SLURM_SUBMIT_DIR", payload.work_dir)
+    env.update(
+        {
+            "SLURM_JOB_ID": str(alloc.job_id),
+            "SLURM_JOBID": str(alloc.job_id),
+            "SLURM_JOB_NAME": alloc.name,
+            "SLURM_JOB_PARTITION": alloc.partition,
+            "SLURM_JOB_USER": alloc.user,
+            "SLURM_JOB_UID": str(alloc.uid),
+            "SLURM_JOB_GID": str(alloc.gid),
+            "SLURM_NNODES": str(count),
+            "SLURM_JOB_NUM_NODES": str(count),
+            "SLURM_JOB_NODELIST": alloc.nodelist,
+            "SLURM_NODELIST": alloc.nodelist,
+            "SLURMD_NODENAME": node.name,
+            "SLURM_NODEID": str(index),
+            # One script instance per node, so node index = task rank, local rank 0.
+            "SLURM_PROCID": str(index),
+            "SLURM_LOCALID": "0",
+            # torch.distributed & co.: one process per node; torchrun overrides RANK/WORLD_SIZE for
+            # its workers and reads NODE_RANK. MASTER_ADDR is the first Kubernetes node: reachable
+            # only with the partition's host_network (pod IPs are not known in advance and the
+            # bridge creates no Service).
+            "RANK": str(index),
+            "NODE_RANK": str(index),
+            "WORLD_SIZE": str(count),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(MASTER_PORT_BASE + alloc.job_id % 10000),
+        }
+    )
+    if node.cpus > 0:
+        env["SLURM_CPUS_ON_NODE"] = str(node.cpus)
+    if alloc.is_array_task:
+        env["SLURM_ARRAY_JOB_ID"] = str(alloc.array_job_id)
+        env["SLURM_ARRAY_TASK_ID"] = str(alloc.array_task_id)
+    env.update(gpu_environment(node.gpu_indices, part.gpu_mode))
+    return env
+
+
+def gpu_environment(indices: tuple[int, ...], gpu_mode: str) -> dict[str, str]:
+    """GPU variables for a container given the node's GPU indices Slurm allocated.
+
+    - SLURM_JOB_GPUS: the physical indices, as Slurm sets it.
+    - NVIDIA_VISIBLE_DEVICES: the physical indices (env mode), read by the NVIDIA runtime to expose
+      exactly these devices; `void` when the node has none, because CUDA base images set `all`
+      in their ENV and would otherwise get every GPU of the node. In device-plugin mode the
+      plugin sets it for the devices it picked.
+    - CUDA_VISIBLE_DEVICES / GPU_DEVICE_ORDINAL: 0..n-1, because inside the container only the
+      exposed GPUs exist, numbered from 0 (Slurm does the same with ConstrainDevices=yes). Left
+      unset without GPUs, as Slurm does.
+    """
+    if not indices:
+        return {"NVIDIA_VISIBLE_DEVICES": "void"}
+    local = ",".join(str(i) for i in range(len(indices)))
+    env = {
+        "SLURM_JOB_GPUS": ",".join(map(str, indices)),
+        "SLURM_GPUS_ON_NODE": str(len(indices)),
+        "CUDA_VISIBLE_DEVICES": local,
+        "GPU_DEVICE_ORDINAL": local,
+    }
+    if gpu_mode == "env":
+        env["NVIDIA_VISIBLE_DEVICES"] = env["SLURM_JOB_GPUS"]
+    return env
