@@ -178,7 +178,7 @@ class Doctor:
 
     async def check_pyslurm(self) -> str:
         try:
-            import pyslurm  # type: ignore[import-not-found]
+            import pyslurm
         except ImportError as error:
             raise CheckFailed(
                 f"pyslurm is not importable ({error}); build it against this Slurm "
@@ -272,7 +272,8 @@ class Doctor:
             version = await request_json(api, "GET", "/version", "read the API server version")
             denied = []
             own = OwnPod.from_environment() if self.cfg.leader.enabled else None
-            for verb, group, resource, namespace in needed_access(self.cfg.namespace, own and own.namespace):
+            own_namespace = own.namespace if own else None
+            for verb, group, resource, namespace in needed_access(self.cfg.namespace, own_namespace):
                 resource_name, _, sub = resource.partition("/")
                 attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": sub}
                 if resource_name == "namespaces":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 from bridge.core import wellknown
@@ -28,7 +29,7 @@ DROP_ANNOTATIONS: Final = frozenset(
 """Annotations not cached: large, and not needed once the pod exists (the script can be 100s of KB)."""
 
 
-def trim_pod(pod: dict[str, Any], drop_annotations: Collection[str] = DROP_ANNOTATIONS) -> dict[str, Any]:
+def trim_pod(pod: dict[str, Any], drop_annotations: AbstractSet[str] = DROP_ANNOTATIONS) -> dict[str, Any]:
     """A copy of `pod` with only the fields the bridge reads (see KEEP_*), minus `drop_annotations`."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}

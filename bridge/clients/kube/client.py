@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
@@ -140,7 +140,7 @@ async def request_json(
     return parsed if isinstance(parsed, dict) else {}
 
 
-async def iter_lines(response: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
+async def iter_lines(response: aiohttp.ClientResponse, what: str) -> AsyncGenerator[bytes, None]:
     """The lines of a streamed response body (without `\\n`), including a last unterminated one.
 
     Transport errors while reading become KubeUnavailable. Ends when the server ends the stream.
@@ -151,7 +151,9 @@ async def iter_lines(response: aiohttp.ClientResponse, what: str) -> AsyncIterat
             yield line
 
 
-async def iter_pieces(response: aiohttp.ClientResponse, what: str) -> AsyncIterator[tuple[bytes, bool]]:
+async def iter_pieces(
+    response: aiohttp.ClientResponse, what: str
+) -> AsyncGenerator[tuple[bytes, bool], None]:
     """As iter_lines, each with whether it ends its line (False: a piece of a line too long to
     hold, whose rest follows)."""
     splitter = LineSplitter()

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import cast
+from collections.abc import AsyncIterator
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
@@ -68,9 +67,8 @@ class LogVerbs:
         except KubeInvalid as error:
             raise LogsNotReady(str(error)) from error
         continues = ""  # the stamp of a line too long to hold, while its pieces come
-        # iter_pieces is an async generator (typed as its iterator): aclosing closes it at once.
-        pieces_of = cast(AsyncGenerator[tuple[bytes, bool], None], iter_pieces(response, what))
-        async with contextlib.aclosing(pieces_of) as pieces:
+        # aclosing: an abandoned stream is closed at once, not when the collector finds it.
+        async with contextlib.aclosing(iter_pieces(response, what)) as pieces:
             async for line, ended in pieces:
                 if continues:
                     # A piece of one long line: only its first carried the stamp.
