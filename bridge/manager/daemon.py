@@ -173,13 +173,13 @@ async def run(cfg: BridgeConfig) -> int:
     await kube.ensure_namespace()
     cache = PodCache()
     node_cache = NodeCache(p.node_label for p in cfg.partitions.values() if p.node_label)
-    queue = WorkQueue()
+    queue: WorkQueue[int] = WorkQueue()
     elector = await make_elector(cfg) if cfg.leader.enabled else None
 
     def leading() -> bool:
         return elector is None or elector.is_leader.is_set()
 
-    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after, nodes=node_cache)
+    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, nodes=node_cache)
     node_sync = NodeHealthSync(
         cfg, slurm, kube, node_cache, metrics, leading=leading,
         announce=lambda node, text: announce_to_jobs_on(reconciler, node, text),
@@ -282,7 +282,8 @@ async def run(cfg: BridgeConfig) -> int:
             # refuses): its cache would freeze while the daemon looked ready. Exit; the
             # supervisor restarts us and the error is in the log.
             error = task.exception() if not task.cancelled() else None
-            log.error("daemon.source_died", task=task.get_name(), error=repr(error))
+            name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+            log.error("daemon.source_died", task=name, error=repr(error))
             exit_code = 1
     finally:
         log.info("daemon.stopping", exit_code=exit_code)

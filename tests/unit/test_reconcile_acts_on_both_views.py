@@ -235,7 +235,7 @@ async def test_a_bad_directive_fails_the_job_with_the_reason_in_its_comment(worl
 
 async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) -> None:
     reconciler, kube, *_ = world
-    reconciler.cfg = config(
+    reconciler.cfg = reconciler.creation.cfg = config(
         partitions={"k8s": PartitionConfig(default_image="img:1", node_label="site/slurm")}
     )
     kube.labels = {"kube1": "k8s-node-a", "kube2": "k8s-node-b"}
