@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
@@ -388,13 +389,20 @@ async def act_until_an_end(
 
 async def _until_done(step: Callable[[], Awaitable[None]], what: str, delay_s: float = 1.0) -> None:
     """Retry `step` until it succeeds (a Kubernetes blip must not leave the leader unlabelled)."""
-    while True:
-        try:
+
+    def note(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning(f"{what}.failed", error=str(error))
+
+    async for attempt in AsyncRetrying(retry=retry_if_exception_type(BridgeError), wait=wait_fixed(delay_s),
+                                       before_sleep=note, sleep=_sleep):
+        with attempt:
             await step()
-            return
-        except BridgeError as error:
-            log.warning(f"{what}.failed", error=str(error))
-            await asyncio.sleep(delay_s)
+
+
+async def _sleep(seconds: float) -> None:
+    # Looked up at call time: tests replace asyncio.sleep.
+    await asyncio.sleep(seconds)
 
 
 async def _best_effort(step: Awaitable[None], what: str) -> None:
