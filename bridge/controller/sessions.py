@@ -58,7 +58,8 @@ class JobSession:
     - the waiter's connection and the run's end (payload, cancel_requested, listener, attached_at,
       final): this module, through attach/detach/request_cancel/finish;
     - `steps`: controller.steps; `signals`: controller.batch_signals; `logs`: controller.log_relay;
-    - the run's pods (created, script_delivered, payload_secret, stopped_with): the reconciler.
+    - the run's pods (created, script_delivered, payload_secret, stopped_with): the reconciler and
+      its controller.pod_creation.
     """
 
     job_id: int
