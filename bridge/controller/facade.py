@@ -1,6 +1,8 @@
 """The controller's narrow door for the API: the few questions and requests a waiter's call needs,
 answered by the subsystems that own the state (sessions, steps, batch signals, the job store).
-The API never reaches past these methods into the clients or the stores.
+Besides these methods the API uses only the two subsystems that serve its calls alone
+(controller.tasks, controller.step_streams); it never reaches the clients or the stores. The
+daemon's sweep loop comes in here too.
 
 A mixin of the Reconciler, which wires the subsystems it names here.
 """

@@ -50,12 +50,13 @@ from bridge.core import outcome as outcomes
 from bridge.core.config import BridgeConfig
 from bridge.core.errors import BridgeError
 from bridge.core.model import JobAllocation
-from bridge.core.pod_identity import pod_name
+from bridge.core.pod_identity import pod_name, run_of
 from bridge.core.pod_view import PodView, pod_view
 
 log = structlog.get_logger(__name__)
 
 EXIT_CODE_NOT_STARTED = 1
+"""The exit code of a run whose script never ran (the reason goes to its stderr and comment)."""
 BLOCKING_EVENTS = frozenset({
     "FailedMount", "FailedAttachVolume", "FailedMapVolume", "FailedCreatePodSandBox",
     "FailedCreatePodContainer", "FailedScheduling", "Failed", "BackOff", "InspectFailed",
@@ -65,6 +66,9 @@ BLOCKING_EVENTS = frozenset({
 
 
 class Reconciler(ApiFacade):
+    """Wires the state owners and subsystems of one daemon, and reconciles one job at a time
+    (the work queue's workers call `reconcile`; the API calls the ApiFacade's methods)."""
+
     def __init__(
         self,
         cfg: BridgeConfig,
@@ -133,7 +137,7 @@ class Reconciler(ApiFacade):
         # Every run but a live current one is over: its pods go, then its session ends.
         by_run: dict[int, list[dict[str, Any]]] = {}
         for pod in pods:
-            by_run.setdefault(pod_view(pod).run, []).append(pod)
+            by_run.setdefault(run_of(pod), []).append(pod)
         runs = set(by_run) | {s.run for s in sessions}
         for run in sorted(runs - {current} if current is not None else runs):
             session = self.sessions.get(job_id, run)
@@ -311,9 +315,9 @@ class Reconciler(ApiFacade):
             await self.slurm.set_comment(alloc.job_id, f"slurm-k8s-bridge: {reason}"[:1000])
         except Exception as error:  # the comment is a courtesy; the exit code carries the failure
             bound.warning("slurm.comment_failed", error=repr(error))
-        for pod in map(pod_view, self.cache.pods_of(alloc.job_id)):
-            if pod.run == session.run:
-                await self.kube.delete_pod(pod.name, 0)
+        for pod in self.cache.pods_of(alloc.job_id):
+            if run_of(pod) == session.run:
+                await self.kube.delete_pod(pod["metadata"]["name"], 0)
 
 
 def describe(alloc: JobAllocation | None, run: int | None) -> str:

@@ -379,7 +379,7 @@ def test_no_step_key_file_means_no_key() -> None:
     assert read_step_key(None) is None
 
 
-# -- 5. Reconciler._register_step ---------------------------------------------------------------
+# -- 5. controller.steps: Steps.register --------------------------------------------------------
 class FakeKube:
     def __init__(self) -> None:
         self.execs: list[tuple[str, list[str]]] = []
