@@ -163,14 +163,15 @@ class Reconciler(ApiFacade):
     ) -> Result:
         """The current run is live and its waiter attached: create, watch, decide its outcome."""
         names = [pod_name(alloc.job_id, i, alloc.run) for i in range(len(alloc.nodes))]
-        present = {pod["metadata"]["name"] for pod in pods}
+        views = [pod_view(pod) for pod in pods]
+        present = {view.name for view in views}
         expected = self.expectations.pending(n for n in names if n not in present)
         result = DONE
         if expected:
             # Created, not in the cache yet: neither gone nor to be created again. Look again
             # when the expectation expires, in case no event ever comes.
             result = result.sooner(max(expected.values()) + 0.1)
-        if not pods:
+        if not views:
             if expected:
                 return result
             if session.created:
@@ -183,7 +184,6 @@ class Reconciler(ApiFacade):
             # Creation was interrupted (restart mid-way): create the rest, idempotently.
             await self._create(session, alloc, present | set(expected), bound)
 
-        views = [pod_view(pod) for pod in pods]
         grace = self.cfg.start_failure_grace_s
         # Like srun: wait for every rank, then the highest non-zero exit code wins (deciding at the
         # first failure would make the code depend on which rank happened to end first).
