@@ -14,8 +14,20 @@
 //	    run ARGV, framing its output, and exit as it does. MODE "split": stdout and stderr on
 //	    their own pipes (the job has -e elsewhere than -o); "merged": one pipe for both, so the
 //	    order between them stays the order of the writes, as in one Slurm output file
-//	slurm-k8s-bridge-agent signal PIDFILE SIG    send SIG (a number) to the script run wrote to PIDFILE
+//	slurm-k8s-bridge-agent signal PIDFILE SIG [group]
+//	    send SIG (a number) to the script run wrote to PIDFILE ("group": to the process group of
+//	    a step's task, waiting a little for its pid file)
 //	slurm-k8s-bridge-agent wait                  hold a node of the job until stopped (exit 0)
+//	slurm-k8s-bridge-agent receive-script DEST SIZE
+//	    write SIZE bytes of stdin to DEST: a script too big for the payload Secret
+//	slurm-k8s-bridge-agent step-output KEY       relay Slurm's srun output (frames on stdin) to the
+//	                                             script's srun of step KEY
+//	slurm-k8s-bridge-agent step-done KEY CODE    tell the script's srun of step KEY it ended with CODE
+//	slurm-k8s-bridge-agent task PIDFILE ENV -- ARGV
+//	    run one task of a step (ENV: its environment, base64 JSON), writing its pid to PIDFILE
+//	srun ARGS                                    (as argv[0] "srun") ask the daemon for a step
+//
+// Exit codes of the agent's own failures are named in exitcodes.go.
 //
 // A batch script runs once, on the job's first node, as Slurm runs it on the batch host; the pods
 // of the other nodes run `wait`.
@@ -86,7 +98,9 @@ func main() {
 		return
 	}
 	if len(os.Args) < 2 {
-		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | signal PIDFILE SIG | wait")
+		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | " +
+			"signal PIDFILE SIG [group] | wait | receive-script DEST SIZE | step-output KEY | " +
+			"step-done KEY CODE | task PIDFILE ENV -- ARGV...")
 	}
 	switch os.Args[1] {
 	case "install":
@@ -131,9 +145,12 @@ func main() {
 	}
 }
 
-func fail(message string) {
+func fail(message string) { failWith(exitFailed, message) }
+
+// failWith ends the agent with `code`, one the daemon tells apart (exitcodes.go).
+func failWith(code int, message string) {
 	fmt.Fprintln(os.Stderr, "slurm-k8s-bridge-agent: "+message)
-	os.Exit(2)
+	os.Exit(code)
 }
 
 func install(dest string) {
@@ -312,7 +329,7 @@ func sendSignal(pidfile, sig string, group bool) {
 		raw, err = os.ReadFile(pidfile)
 	}
 	if err != nil {
-		fail("the script has not started: " + err.Error())
+		failWith(exitNotStarted, "the script has not started: "+err.Error())
 	}
 	pid, err := strconv.Atoi(string(trimSpace(raw)))
 	if err != nil || pid <= 1 {
@@ -323,6 +340,9 @@ func sendSignal(pidfile, sig string, group bool) {
 		target = -pid // a step's task: every process of it
 	}
 	if err := syscall.Kill(target, syscall.Signal(number)); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			failWith(exitNoSuchProcess, fmt.Sprintf("cannot signal %d: %v", pid, err))
+		}
 		fail(fmt.Sprintf("cannot signal %d: %v", pid, err))
 	}
 }

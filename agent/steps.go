@@ -277,7 +277,7 @@ func stepOutput(key string) {
 	if err != nil {
 		// The script's srun is gone before its output came (killed at once): so is the step.
 		fmt.Fprintln(os.Stderr, "slurm-k8s-bridge-agent: the step's srun is not waiting: "+err.Error())
-		os.Exit(3)
+		os.Exit(exitSrunGone)
 	}
 	defer conn.Close()
 	// srun here never writes: its end (killed, `timeout 5 srun ...`) shows as the end of the
@@ -287,7 +287,7 @@ func stepOutput(key string) {
 		var one [1]byte
 		_, _ = conn.Read(one[:])
 		if !ended.Load() {
-			os.Exit(3)
+			os.Exit(exitSrunGone)
 		}
 	}()
 	in := bufio.NewReaderSize(os.Stdin, 256<<10)
@@ -304,7 +304,7 @@ func stepOutput(key string) {
 		}
 		if _, err := conn.Write(append(head[:], data...)); err != nil {
 			// srun here is gone (killed, or its pipe closed): the daemon ends the step.
-			os.Exit(3)
+			os.Exit(exitSrunGone)
 		}
 		if fd == 0 {
 			return

@@ -74,7 +74,7 @@ class NodeHealthSync:
         self.drain_with_down = False
         """Set once a node the bridge set DOWN came back by itself (ReturnToService=2): from then
         on DOWN goes with DRAIN (nodehealth.plan_updates)."""
-        self.queue: WorkQueue = WorkQueue()
+        self.queue: WorkQueue[str] = WorkQueue()
         self.slurm_synced = asyncio.Event()
         self._label_keys = {p.node_label for p in cfg.partitions.values() if p.node_label}
 
@@ -113,10 +113,11 @@ class NodeHealthSync:
                                      grace_s=self._settings.not_ready_grace_s)
         self._not_ready_since.pop(f"labelled {self._node_label(slurm)}={slurm.name}", None)
         twin = self.nodes.get(name)
-        since = self._not_ready_since.get(name)
-        waited = None if since is None else (now if now is not None else time.monotonic()) - since
+        not_ready_since = self._not_ready_since.get(name)
+        clock = now if now is not None else time.monotonic()
+        not_ready_for = None if not_ready_since is None else clock - not_ready_since
         return nodehealth.assess(
-            twin, name, not_ready_for_s=waited, grace_s=self._settings.not_ready_grace_s,
+            twin, name, not_ready_for_s=not_ready_for, grace_s=self._settings.not_ready_grace_s,
             tolerations=self._tolerations(slurm.partitions),
         )
 

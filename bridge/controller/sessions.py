@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.controller.batch_signals import SignalBook
+from bridge.controller.log_relay import LogBook
+from bridge.controller.steps import StepBook
 from bridge.core.model import JobPayload
 
 Event = dict[str, Any]
@@ -51,60 +54,64 @@ class EventQueue(asyncio.Queue[Event]):
 
 @dataclass
 class JobSession:
+    """One run's session. Each part of it is written by one owner:
+    - the waiter's connection and the run's end (payload, cancel_requested, listener, attached_at,
+      final): this module, through attach/detach/request_cancel/finish;
+    - `steps`: controller.steps; `signals`: controller.batch_signals; `logs`: controller.log_relay;
+    - the run's pods (created, script_delivered, payload_secret, stopped_with): the reconciler and
+      its controller.pod_creation.
+    """
+
     job_id: int
     run: int = 0
     """Slurm's restart count of the run this session serves (JobAllocation.run)."""
     payload: JobPayload | None = None
     cancel_requested: bool = False
-    last_log: dict[str, str] = field(default_factory=dict)
-    """Timestamp of the last log line the waiter printed, by pod index."""
     listener: EventQueue | None = None
-    log_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    logs_done: set[str] = field(default_factory=set)
-    created: bool = False
-    """This daemon created (or found) the pods; a missing pod afterwards is a failure."""
+    attached_at: float = 0.0
+    """When the waiter last attached (monotonic): the attach → pod latency starts there."""
     final: Event | None = None
     """The exit event, once decided; re-sent to a waiter that re-attaches."""
+    steps: StepBook = field(default_factory=StepBook)
+    """Step requests of the script's `srun` calls (controller.steps)."""
+    signals: SignalBook = field(default_factory=SignalBook)
+    """Signals for the batch script not delivered yet (controller.batch_signals)."""
+    logs: LogBook = field(default_factory=LogBook)
+    """The pods' log relays and their positions (controller.log_relay)."""
+    created: bool = False
+    """This daemon created (or found) the pods; a missing pod afterwards is a failure."""
     script_delivered: bool = False
     """A script too big for the payload Secret has been copied into the first pod."""
     payload_secret: str | None = None
     """The name of the run's payload Secret, once this daemon made (or found) it."""
-    pending_signals: list[int] = field(default_factory=list)
-    """Signals for the batch script not delivered yet, oldest first (kept until they are)."""
-    pending_signal_seqs: dict[int, int] = field(default_factory=dict)
-    """By kept signal, the newest sequence number it stands for: the waiter keeps that signal
-    (for a daemon that restarts before delivering it) until told it was delivered."""
-    signals_taken: int = 0
-    """The waiter's sequence number of the last signal taken: a resent one is not taken twice."""
-    signal_failures: int = 0
-    """Failed deliveries of the oldest kept signal in a row (the retry backs off)."""
-    tokens_issued: set[str] = field(default_factory=set)
-    """Step keys already signed: a replayed request is never signed again."""
-    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Step requests of the script's `srun` calls, by key (argv, cwd, environment), until done."""
-    attached_at: float = 0.0
-    """When the waiter last attached (monotonic): the attach → pod latency starts there."""
     stopped_with: tuple[int, int | None] | None = None
     """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
 
-    def attach(self, last_log: dict[str, str]) -> EventQueue:
-        """A new waiter connection replaces any older one (and its log relays)."""
+    def attach(self, last_log: dict[str, str], payload: JobPayload | None = None,
+               cancel: bool = False) -> EventQueue:
+        """A new waiter connection replaces any older one (and its log relays). The waiter tells
+        its payload, whether it cancels, and the last log line it printed of each pod."""
         self.detach()
+        if payload is not None:
+            self.payload = payload
+        if cancel:
+            self.cancel_requested = True
         self.attached_at = time.monotonic()
-        self.last_log = dict(last_log)
+        self.logs.restart(last_log)
         self.listener = EventQueue()
         if self.final is not None:
             self.listener.put_nowait(self.final)
         return self.listener
 
+    def request_cancel(self) -> None:
+        """The waiter asked to stop the run (it got SIGTERM): the reconciler stops its pods."""
+        self.cancel_requested = True
+
     def detach(self, queue: asyncio.Queue[Event] | None = None) -> None:
         if queue is not None and queue is not self.listener:
             return
         self.listener = None
-        for task in self.log_tasks.values():
-            task.cancel()
-        self.log_tasks.clear()
-        self.logs_done.clear()
+        self.logs.forget()
 
     @property
     def attached(self) -> bool:
@@ -127,7 +134,8 @@ class JobSession:
 
 
 class SessionRegistry:
-    """The sessions by (job id, run). The API opens them; the reconciler ends them."""
+    """The sessions by (job id, run). Attaches open them (through the reconciler); the reconciler
+    ends them."""
 
     def __init__(self) -> None:
         # By job, then run: every reconcile asks for one job's sessions, which must not cost a
@@ -160,9 +168,7 @@ class SessionRegistry:
             del runs[session.run]
             if not runs:
                 del self._by_job[session.job_id]
-        for task in session.log_tasks.values():
-            task.cancel()
-        session.log_tasks.clear()
+        session.logs.stop()
 
     def __iter__(self) -> Iterator[JobSession]:
         return iter([session for runs in self._by_job.values() for session in runs.values()])

@@ -43,9 +43,10 @@ class ExecNotStarted(KubeUnavailable):
 
 
 class ExecCommandFailed(TemporaryError):
-    """The exec's command exited non-zero (`ran`: the agent could not signal, the script had not
-    started; `output` is what it printed, for the caller to tell why), or the runtime failed it
-    (not `ran`: most often it could not start the command, so trying again is taken as safe)."""
+    """The exec's command exited non-zero (`ran`: the agent ran and says why by its exit `code`,
+    named in core.agent_protocol; `output` is what it printed, for the logs only), or the runtime
+    failed it (not `ran`: most often it could not start the command, so trying again is taken as
+    safe)."""
 
     def __init__(self, message: str, code: int, output: str, ran: bool = True) -> None:
         super().__init__(message)

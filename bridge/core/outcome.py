@@ -1,7 +1,6 @@
 """A job's outcome from the observed state of its pods. Pure.
 
-Pods come as Kubernetes API dicts (camelCase, as kubernetes_asyncio's
-`ApiClient.sanitize_for_serialization` or a raw watch event gives them). The answer is one of:
+Pods come as Kubernetes API dicts, read through the typed view of core.pod_view. The answer is one of:
 `Running` (wait), `Finished` (tell the waiter the exit code / signal), `FailedBeforeStart` (the
 script never ran; tell the user why).
 
@@ -29,11 +28,11 @@ from __future__ import annotations
 import signal as signals
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from bridge.core import wellknown
-from bridge.core.fields import as_int, as_list, as_map, as_str, because
+from bridge.core.fields import because
+from bridge.core.pod_view import PodView, Terminated, aware, parse_time, pod_view
 
 IMAGE_ERRORS_PERMANENT = frozenset({"InvalidImageName", "ErrImageNeverPull"})
 IMAGE_ERRORS_RETRIED = frozenset({"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable"})
@@ -43,7 +42,6 @@ START_FAILURES = frozenset({"StartError", "ContainerCannotRun"})
 # Terminated reasons under which an exit code 128+N means "killed by signal N".
 SIGNAL_REASONS = frozenset({"Error", "OOMKilled"})
 MAX_SIGNAL = 64
-_UNSCHEDULABLE = ("PodScheduled", "False", "Unschedulable")
 DEFAULT_GRACE_S = 60.0
 
 
@@ -84,103 +82,9 @@ class FailedBeforeStart:
 Outcome = Running | Finished | FailedBeforeStart
 
 
-@dataclass(frozen=True)
-class Terminated:
-    """A container's terminated state."""
-
-    exit_code: int
-    signal: int | None
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class PodView:
-    """The parts of a pod that decide the outcome."""
-
-    name: str
-    index: int
-    phase: str
-    reason: str
-    """status.reason: Evicted, DeadlineExceeded, NodeLost, OutOfcpu, ..."""
-    message: str
-    deleting: bool
-    image: str
-    waiting_reason: str
-    waiting_message: str
-    running: bool
-    terminated: Terminated | None
-    unschedulable: str | None
-    """Message of a PodScheduled=False/Unschedulable condition, if any."""
-    since: datetime | None
-    """When the pod started (status.startTime), else when it was created."""
-    init_failure: str = ""
-    """Why an init container (the bridge's agent install) failed or cannot start, if it did."""
-
-
-def pod_view(pod: Mapping[str, Any]) -> PodView:
-    """Read the outcome-relevant fields of a pod dict; missing fields read as empty."""
-    meta = as_map(pod.get("metadata"))
-    spec = as_map(pod.get("spec"))
-    status = as_map(pod.get("status"))
-    annotations = as_map(meta.get("annotations"))
-    index_s = annotations.get(wellknown.ANNOTATION_NODE_INDEX)
-    index = int(index_s) if isinstance(index_s, str) and index_s.isdigit() else 0
-
-    containers = [as_map(c) for c in as_list(spec.get("containers"))]
-    spec_job = next((c for c in containers if c.get("name") == wellknown.CONTAINER_NAME), {})
-    statuses = [as_map(c) for c in as_list(status.get("containerStatuses"))]
-    job = next((c for c in statuses if c.get("name") == wellknown.CONTAINER_NAME), {})
-    state = as_map(job.get("state"))
-    waiting = as_map(state.get("waiting"))
-    term = state.get("terminated")
-    terminated = None
-    if isinstance(term, Mapping):
-        raw_signal = term.get("signal")
-        terminated = Terminated(
-            exit_code=as_int(term.get("exitCode")),
-            signal=raw_signal if isinstance(raw_signal, int) and raw_signal > 0 else None,
-            reason=as_str(term.get("reason")),
-            message=as_str(term.get("message")).strip(),
-        )
-
-    init_failure = ""
-    for init in map(as_map, as_list(status.get("initContainerStatuses"))):
-        init_state = as_map(init.get("state"))
-        init_term, init_wait = as_map(init_state.get("terminated")), as_map(init_state.get("waiting"))
-        if init_term and as_int(init_term.get("exitCode")) != 0:
-            code = as_int(init_term.get("exitCode"))
-            init_failure = because(as_str(init_term.get("reason")) or f"exit code {code}",
-                                    as_str(init_term.get("message")).strip())
-        elif init_wait.get("reason") not in (None, "", "PodInitializing"):
-            init_failure = because(as_str(init_wait.get("reason")), as_str(init_wait.get("message")).strip())
-
-    unschedulable = None
-    for cond in map(as_map, as_list(status.get("conditions"))):
-        if (cond.get("type"), cond.get("status"), cond.get("reason")) == _UNSCHEDULABLE:
-            unschedulable = as_str(cond.get("message")) or "Unschedulable"
-
-    return PodView(
-        name=as_str(meta.get("name")),
-        index=index,
-        phase=as_str(status.get("phase")),
-        reason=as_str(status.get("reason")),
-        message=as_str(status.get("message")),
-        deleting=meta.get("deletionTimestamp") is not None,
-        image=as_str(job.get("image")) or as_str(spec_job.get("image")),
-        waiting_reason=as_str(waiting.get("reason")),
-        waiting_message=as_str(waiting.get("message")),
-        running=isinstance(state.get("running"), Mapping),
-        terminated=terminated,
-        unschedulable=unschedulable,
-        since=parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp")),
-        init_failure=init_failure,
-    )
-
-
 def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -> Outcome:
     """The outcome of one pod on its own."""
-    persisted = pod.since is None or (_aware(now) - pod.since).total_seconds() >= grace_s
+    persisted = pod.since is None or (aware(now) - pod.since).total_seconds() >= grace_s
 
     if pod.terminated is not None:
         return _from_terminated(pod, pod.terminated)
@@ -231,11 +135,11 @@ def not_started_for_s(pod: PodView, now: datetime) -> float | None:
     """How long a pod has existed without its container running or ending (None once it has)."""
     if pod.running or pod.terminated is not None or pod.phase in ("Succeeded", "Failed") or pod.deleting:
         return None
-    return 0.0 if pod.since is None else max(0.0, (_aware(now) - pod.since).total_seconds())
+    return 0.0 if pod.since is None else max(0.0, (aware(now) - pod.since).total_seconds())
 
 
 def job_outcome(
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any] | PodView],
     node_count: int,
     *,
     now: datetime,
@@ -243,13 +147,15 @@ def job_outcome(
     wait_for_all: bool = False,
     batch_only: bool = False,
 ) -> Outcome:
-    """The outcome of a job with `node_count` nodes from the pods observed for it.
+    """The outcome of a job with `node_count` nodes from the pods observed for it (pod dicts, or
+    their views).
 
     Pods not observed yet count as still starting; the caller knows whether it created them.
     `batch_only`: the script runs in the first node's pod only (the in-pod agent holds the other
     nodes); the job ends as that pod ends, while any pod that cannot start still fails it.
     """
-    views = sorted((pod_view(p) for p in pods), key=lambda v: (v.index, v.name))
+    views = sorted((p if isinstance(p, PodView) else pod_view(p) for p in pods),
+                   key=lambda v: (v.index, v.name))
     outcomes = [(view, pod_outcome(view, now, grace_s)) for view in views]
 
     for _, outcome in outcomes:
@@ -308,7 +214,6 @@ def _timeout(pod: PodView, exit_code: int, sig: int | None) -> Finished:
     return Finished(exit_code, sig, f"{pod.name}: time limit reached", timed_out=True)
 
 
-
 def _signal_name(sig: int) -> str:
     try:
         return signals.Signals(sig).name
@@ -316,16 +221,7 @@ def _signal_name(sig: int) -> str:
         return "unknown signal"
 
 
-def parse_time(value: object) -> datetime | None:
-    """A timestamp from an RFC 3339 string (raw API dict) or a datetime (client objects)."""
-    if isinstance(value, str) and value:
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    return _aware(value) if isinstance(value, datetime) else None
-
-
-def _aware(value: datetime) -> datetime:
-    """Naive times are UTC (the API's zone), so that naive and aware times can be compared."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+__all__ = [
+    "FailedBeforeStart", "Finished", "Outcome", "PodView", "Running", "Terminated", "job_outcome",
+    "not_started_for_s", "parse_time", "pod_outcome", "pod_view",
+]

@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
@@ -173,13 +174,13 @@ async def run(cfg: BridgeConfig) -> int:
     await kube.ensure_namespace()
     cache = PodCache()
     node_cache = NodeCache(p.node_label for p in cfg.partitions.values() if p.node_label)
-    queue = WorkQueue()
+    queue: WorkQueue[int] = WorkQueue()
     elector = await make_elector(cfg) if cfg.leader.enabled else None
 
     def leading() -> bool:
         return elector is None or elector.is_leader.is_set()
 
-    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, queue.add_after, nodes=node_cache)
+    reconciler = Reconciler(cfg, slurm, kube, cache, metrics, queue.add, nodes=node_cache)
     node_sync = NodeHealthSync(
         cfg, slurm, kube, node_cache, metrics, leading=leading,
         announce=lambda node, text: announce_to_jobs_on(reconciler, node, text),
@@ -282,7 +283,8 @@ async def run(cfg: BridgeConfig) -> int:
             # refuses): its cache would freeze while the daemon looked ready. Exit; the
             # supervisor restarts us and the error is in the log.
             error = task.exception() if not task.cancelled() else None
-            log.error("daemon.source_died", task=task.get_name(), error=repr(error))
+            name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+            log.error("daemon.source_died", task=name, error=repr(error))
             exit_code = 1
     finally:
         log.info("daemon.stopping", exit_code=exit_code)
@@ -387,13 +389,20 @@ async def act_until_an_end(
 
 async def _until_done(step: Callable[[], Awaitable[None]], what: str, delay_s: float = 1.0) -> None:
     """Retry `step` until it succeeds (a Kubernetes blip must not leave the leader unlabelled)."""
-    while True:
-        try:
+
+    def note(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning(f"{what}.failed", error=str(error))
+
+    async for attempt in AsyncRetrying(retry=retry_if_exception_type(BridgeError), wait=wait_fixed(delay_s),
+                                       before_sleep=note, sleep=_sleep):
+        with attempt:
             await step()
-            return
-        except BridgeError as error:
-            log.warning(f"{what}.failed", error=str(error))
-            await asyncio.sleep(delay_s)
+
+
+async def _sleep(seconds: float) -> None:
+    # Looked up at call time: tests replace asyncio.sleep.
+    await asyncio.sleep(seconds)
 
 
 async def _best_effort(step: Awaitable[None], what: str) -> None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 STEP_SIGNALS = frozenset(int(s) for s in (
     signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
     signal.SIGALRM, signal.SIGCONT))
-"""= bridge.controller.reconcile.SIGNALS_FOR_SRUN: what the script's srun passes on to Slurm's."""
+"""= bridge.controller.steps.SIGNALS_FOR_SRUN: what the script's srun passes on to Slurm's."""
 STEP_TOKEN = "SLURM_K8S_BRIDGE_STEP_TOKEN"
 MAX_CONCURRENT_STEPS = 64
 """Real sruns a waiter runs at once for its script (each is a slurmctld RPC and a slurmstepd)."""

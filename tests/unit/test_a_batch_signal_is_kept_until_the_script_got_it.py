@@ -24,7 +24,9 @@ from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.errors import KubeNotFound
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
+from bridge.controller.workqueue import Result
 from bridge.core import wellknown
+from bridge.core.agent_protocol import EXIT_FAILED, EXIT_NO_SUCH_PROCESS, EXIT_NOT_STARTED
 from bridge.core.config import PartitionConfig
 from bridge.core.errors import ExecCommandFailed, ExecOutcomeUnknown, KubeUnavailable
 from bridge.core.waiter_protocol import request_digest
@@ -92,9 +94,18 @@ def _world(
     kube = KubeWithAFlakyExec(cache, failures, error)
     later: list[tuple[int, float]] = []
     cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
-    reconciler = Reconciler(cfg, Slurm(), kube, cache, Metrics(), lambda _job: None,  # type: ignore[arg-type]
-                            lambda job, delay: later.append((job, delay)))
+    reconciler = Reconciler(cfg, Slurm(), kube, cache, Metrics(), lambda _job: None)  # type: ignore[arg-type]
     reconciler.jobs.record(replace(allocation(), read_at=time.monotonic()))
+    reconcile = reconciler.reconcile
+
+    async def reconcile_noting_requeues(job_id: int) -> Result:
+        # The worker's part: a pass's requeue_after is when the job is looked at again.
+        result = await reconcile(job_id)
+        if result.requeue_after is not None:
+            later.append((job_id, result.requeue_after))
+        return result
+
+    reconciler.reconcile = reconcile_noting_requeues  # type: ignore[method-assign]
     return reconciler, kube, later
 
 
@@ -114,18 +125,18 @@ async def test_a_signal_whose_exec_failed_is_sent_again_and_reaches_the_script()
     await reconciler.reconcile(42)
     await reconciler.reconcile(42)
     assert kube.signalled == []
-    assert session.pending_signals == [USR1], "a failed exec must not drop the signal"
+    assert session.signals.pending == [USR1], "a failed exec must not drop the signal"
     assert later and later[-1][1] > 1.0, "the next try waits a little longer"
 
     await reconciler.reconcile(42)
     assert kube.signalled == [("slurm-42-0", USR1)]
-    assert session.pending_signals == []
+    assert session.signals.pending == []
     await reconciler.reconcile(42)
     assert kube.signalled == [("slurm-42-0", USR1)], "delivered once"
 
 
-def _agent_failed(output: str) -> ExecCommandFailed:
-    return ExecCommandFailed(f"exited 2: {output}", 2, f"slurm-k8s-bridge-agent: {output}\n")
+def _agent_failed(output: str, code: int = EXIT_FAILED) -> ExecCommandFailed:
+    return ExecCommandFailed(f"exited {code}: {output}", code, f"slurm-k8s-bridge-agent: {output}\n")
 
 
 async def test_a_signal_the_agent_could_not_send_is_sent_again() -> None:
@@ -138,18 +149,20 @@ async def test_a_signal_the_agent_could_not_send_is_sent_again() -> None:
     reconciler.take_batch_signal(session, USR1, seq=1)
 
     await reconciler.reconcile(42)
-    assert session.pending_signals == [USR1]
+    assert session.signals.pending == [USR1]
     await reconciler.reconcile(42)
     assert kube.signalled == [("slurm-42-0", USR1)]
-    assert session.pending_signals == []
+    assert session.signals.pending == []
 
 
-@pytest.mark.parametrize(("output", "kept"), [("the script has not started: no such file", True),
-                                              ("cannot signal 7: no such process", False)])
+@pytest.mark.parametrize(("output", "code", "kept"), [
+    ("the script has not started: no such file", EXIT_NOT_STARTED, True),
+    ("cannot signal 7: no such process", EXIT_NO_SUCH_PROCESS, False),
+])
 async def test_a_script_not_started_keeps_the_signal_and_one_that_ended_drops_it(
-    output: str, kept: bool
+    output: str, code: int, kept: bool
 ) -> None:
-    reconciler, kube, _ = _world(failures=1, error=_agent_failed(output))
+    reconciler, kube, _ = _world(failures=1, error=_agent_failed(output, code))
     session = _attached(reconciler)
     await reconciler.reconcile(42)
     reconciler.take_batch_signal(session, USR1, seq=1)
@@ -157,8 +170,8 @@ async def test_a_script_not_started_keeps_the_signal_and_one_that_ended_drops_it
     await reconciler.reconcile(42)
 
     assert kube.execs == 1
-    assert session.pending_signals == ([USR1] if kept else [])
-    assert session.signal_failures == 0, "neither is a failed exec to back off from"
+    assert session.signals.pending == ([USR1] if kept else [])
+    assert session.signals.failures == 0, "neither is a failed exec to back off from"
 
 
 GONE = KubeNotFound('pods "slurm-42-0" not found', status=404, reason="NotFound", what="exec")
@@ -178,7 +191,7 @@ async def test_a_signal_that_may_have_been_sent_or_never_can_be_is_not_tried_aga
         await reconciler.reconcile(42)
 
     assert kube.execs == 1
-    assert session.pending_signals == []
+    assert session.signals.pending == []
 
 
 async def test_after_a_requeue_the_signal_goes_to_the_new_run_not_the_old_runs_lingering_session(
@@ -186,7 +199,7 @@ async def test_after_a_requeue_the_signal_goes_to_the_new_run_not_the_old_runs_l
 ) -> None:
     reconciler, _kube, _ = _world(failures=0)
     old_run = reconciler.sessions.open(42, 0)  # its pods still going away
-    old_run.signals_taken = 5
+    old_run.signals.taken = 5
     reconciler.jobs.record(replace(allocation(), run=1, read_at=time.monotonic()))
 
     async with _api(tmp_path, reconciler) as client:
@@ -196,8 +209,8 @@ async def test_after_a_requeue_the_signal_goes_to_the_new_run_not_the_old_runs_l
 
     assert before[0] == 409, "kept by the waiter until its own run's session exists"
     assert after[0] == 200
-    assert new_run.pending_signals == [USR1]
-    assert old_run.pending_signals == []
+    assert new_run.signals.pending == [USR1]
+    assert old_run.signals.pending == []
 
 
 async def test_signals_reach_the_script_in_the_order_slurm_sent_them() -> None:
@@ -221,7 +234,7 @@ async def test_a_signal_the_waiter_sends_again_is_taken_once() -> None:
     reconciler.take_batch_signal(session, USR1, seq=1)  # its answer was lost: the waiter resends
     reconciler.take_batch_signal(session, USR2, seq=2)
 
-    assert session.pending_signals == [USR1, USR2]
+    assert session.signals.pending == [USR1, USR2]
 
 
 async def test_a_signal_sent_again_before_the_first_was_delivered_is_kept_once() -> None:
@@ -232,7 +245,7 @@ async def test_a_signal_sent_again_before_the_first_was_delivered_is_kept_once()
     for seq in range(1, 1001):
         reconciler.take_batch_signal(session, USR1, seq=seq)
 
-    assert session.pending_signals == [USR1]
+    assert session.signals.pending == [USR1]
     await reconciler.reconcile(42)
     await reconciler.reconcile(42)
     assert kube.signalled == [("slurm-42-0", USR1)]
@@ -281,7 +294,7 @@ async def test_the_attach_hands_over_the_signals_the_waiter_kept(tmp_path: Path)
         response.close()
 
     assert again[0] == 200, again
-    assert reconciler.sessions.of_job(42)[0].pending_signals == [USR1, USR2]
+    assert reconciler.sessions.of_job(42)[0].signals.pending == [USR1, USR2]
 
 
 @pytest.mark.parametrize("signals", [[[0, USR1]], [[1, 9]], [[None, USR1]], "USR1", [[1, USR1]] * 65])

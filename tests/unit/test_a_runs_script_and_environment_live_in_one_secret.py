@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.clients.kube.errors import KubeForbidden, KubeInvalid, KubeRejected
-from bridge.controller import reconcile as reconcile_module
+from bridge.controller import payload_secrets as payload_secrets_module
 
 from .builders import allocation, payload
 from .test_reconcile_acts_on_both_views import _attach, _pod, _see
@@ -156,7 +156,7 @@ async def test_a_secret_deleted_behind_the_daemons_back_is_made_again(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reconciler, kube, *_ = world
-    monkeypatch.setattr(reconcile_module, "SECRET_KNOWN_S", 0.0)
+    monkeypatch.setattr(payload_secrets_module, "SECRET_KNOWN_S", 0.0)
     _task(reconciler, 0)
     await reconciler.reconcile(100)
     kube.secrets.clear()  # kubectl delete secret ...

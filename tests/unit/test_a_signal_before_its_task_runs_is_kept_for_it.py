@@ -16,12 +16,15 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from bridge.controller import tasks as tasks_module
 from bridge.controller.metrics import Metrics
+from bridge.controller.step_streams import StepStreams
+from bridge.controller.tasks import Tasks
+from bridge.core.agent_protocol import EXIT_NOT_STARTED, task_pidfile
 from bridge.core.errors import ExecCommandFailed, KubeUnavailable
 from bridge.core.model import JobAllocation
 from bridge.core.waiter_protocol import request_digest
-from bridge.manager import api as api_module
-from bridge.manager.api import Api, task_pidfile
+from bridge.manager.api import Api
 
 from .builders import allocation, config
 
@@ -51,7 +54,7 @@ class AgentInPod:
                 f"cannot exec in pod {pod}: 500, message='Invalid response status'")
         if pidfile not in self.running:
             output = f"slurm-k8s-bridge-agent: the script has not started: {pidfile}\n"
-            raise ExecCommandFailed(f"exited 2: {output}", 2, output)
+            raise ExecCommandFailed(f"exited {EXIT_NOT_STARTED}: {output}", EXIT_NOT_STARTED, output)
         self.signalled.append((pidfile, signum))
         self.got_signal.set()
         return ""
@@ -63,22 +66,19 @@ class AgentInPod:
         yield 0, b"0"
 
 
-class Jobs:
-    def record(self, _alloc: JobAllocation) -> None:
-        pass
-
-
-class Slurm:
-    async def job(self, job_id: int) -> JobAllocation:
-        return allocation(job_id=job_id)
-
-
 class Reconciler:
+    """The controller as the API sees it (controller.facade), with the real task subsystems."""
+
     def __init__(self, kube: AgentInPod) -> None:
         self.cfg = config()
-        self.slurm = Slurm()
-        self.jobs = Jobs()
-        self.kube = kube
+        self.tasks = Tasks(kube, self)  # type: ignore[arg-type]
+        self.step_streams = StepStreams(kube, self)  # type: ignore[arg-type]
+
+    async def read_job(self, job_id: int) -> JobAllocation:
+        return allocation(job_id=job_id)
+
+    def record_job(self, _alloc: JobAllocation) -> None:
+        pass
 
     def is_bridged(self, _alloc: JobAllocation) -> bool:
         return True
@@ -144,7 +144,7 @@ RUNTIME_FAILED = ExecCommandFailed("exited 1: OCI runtime exec failed", 1, "", r
 async def test_a_task_signal_whose_exec_failed_before_it_ran_is_tried_again(
     tmp_path: Path, monkeypatch: Any, early: bool, failure: Exception | None
 ) -> None:
-    monkeypatch.setattr(api_module, "TASK_SIGNAL_RETRY_S", 0.01)
+    monkeypatch.setattr(tasks_module, "TASK_SIGNAL_RETRY_S", 0.01)
     kube = AgentInPod(failing_execs=2, failure=failure)
     async with await _served(tmp_path, kube) as client:
         if early:
@@ -164,7 +164,7 @@ async def test_a_task_signal_whose_exec_failed_before_it_ran_is_tried_again(
 
 
 async def test_signals_kept_for_tasks_that_never_run_are_bounded(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(api_module, "MAX_TASKS_WITH_EARLY_SIGNALS", 3)
+    monkeypatch.setattr(tasks_module, "MAX_TASKS_WITH_EARLY_SIGNALS", 3)
     kube = AgentInPod()
     async with await _served(tmp_path, kube) as client:
         answers = [await _post(client, "/v1/jobs/42/task-signal",
@@ -178,7 +178,7 @@ async def test_signals_kept_for_tasks_that_never_run_are_bounded(tmp_path: Path,
 async def test_one_jobs_flood_of_kept_signals_does_not_take_another_jobs_place(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(api_module, "EARLY_SIGNAL_TASKS_PER_JOB", 2)
+    monkeypatch.setattr(tasks_module, "EARLY_SIGNAL_TASKS_PER_JOB", 2)
     kube = AgentInPod()
     async with await _served(tmp_path, kube) as client:
         flood = [await _post(client, "/v1/jobs/42/task-signal",
@@ -200,6 +200,6 @@ def test_a_proxy_waits_longer_for_its_answer_than_the_daemon_may_take_to_give_it
     from bridge.clients.kube.pod_exec import EXEC_TIMEOUT_S
     from bridge.waiter.task import TASK_SIGNAL_TIMEOUT_S
 
-    pauses = sum(api_module.TASK_SIGNAL_RETRY_S * 2 ** attempt
-                 for attempt in range(api_module.TASK_SIGNAL_TRIES - 1))
-    assert api_module.TASK_SIGNAL_TRIES * EXEC_TIMEOUT_S + pauses < TASK_SIGNAL_TIMEOUT_S
+    pauses = sum(tasks_module.TASK_SIGNAL_RETRY_S * 2 ** attempt
+                 for attempt in range(tasks_module.TASK_SIGNAL_TRIES - 1))
+    assert tasks_module.TASK_SIGNAL_TRIES * EXEC_TIMEOUT_S + pauses < TASK_SIGNAL_TIMEOUT_S

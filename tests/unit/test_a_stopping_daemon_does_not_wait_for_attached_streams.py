@@ -49,18 +49,19 @@ async def test_work_handed_off_by_cancelled_handlers_finishes_before_the_clients
     """A task's handler cancelled by the shutdown hands the kill of its task (an exec in the pod)
     to the background; the daemon waits for it (bounded) before it closes its Kubernetes clients,
     else the task runs on in its pod (found by a review)."""
+    from bridge.controller.tasks import Tasks
     from bridge.manager.api import Api
 
     api = Api.__new__(Api)
-    api._background = set()
+    api.tasks = Tasks(None, None)  # type: ignore[arg-type]
     killed: list[str] = []
 
     async def kill_task() -> None:
         await asyncio.sleep(0.05)
         killed.append("slurm-42-1")
 
-    api._in_background(kill_task())
-    api._in_background(asyncio.Event().wait())  # one that never ends
+    api.tasks._in_background(kill_task())
+    api.tasks._in_background(asyncio.Event().wait())  # one that never ends
 
     left = await asyncio.wait_for(api.finish_background(0.5), timeout=10)
 

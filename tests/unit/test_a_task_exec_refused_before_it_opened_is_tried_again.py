@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from bridge.clients.kube.actions import KubeActions
+from bridge.controller import tasks as tasks_module
 from bridge.core.errors import ExecNotStarted, KubeUnavailable
-from bridge.manager import api as api_module
 
 from .test_a_signal_before_its_task_runs_is_kept_for_it import _post, _served
 
@@ -51,7 +51,7 @@ def _lines(text: str) -> list[dict[str, object]]:
 
 @pytest.fixture(autouse=True)
 def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api_module, "TASK_START_FIRST_RETRY_S", 0.01)
+    monkeypatch.setattr(tasks_module, "TASK_START_FIRST_RETRY_S", 0.01)
 
 
 async def test_an_exec_refused_before_it_opened_is_tried_again_and_the_task_runs_once(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ async def test_an_exec_that_broke_after_it_opened_is_not_run_again(tmp_path: Pat
 async def test_refusals_past_the_deadline_end_the_task_with_the_reason_on_stderr(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api_module, "TASK_START_DEADLINE_S", 0.2)
+    monkeypatch.setattr(tasks_module, "TASK_START_DEADLINE_S", 0.2)
     kubelet = FlakyKubelet(refusals=10_000)
     async with await _served(tmp_path, kubelet) as client:  # type: ignore[arg-type]
         status, text = await _post(client, "/v1/jobs/42/task", TASK)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.controller.reconcile import _output_event
+from bridge.controller.log_relay import output_event as _output_event
 
 AGENT_SOURCE = Path(__file__).resolve().parents[2] / "agent"
 GO = Path("/usr/local/go/bin/go")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bridge.controller.reconcile import _output_event
+from bridge.controller.log_relay import output_event as _output_event
 from bridge.core import wellknown
 from bridge.core.config import PartitionConfig, PodsConfig, parse_config
 from bridge.core.directives import Directives

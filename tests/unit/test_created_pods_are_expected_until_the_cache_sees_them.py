@@ -47,22 +47,20 @@ class Slurm:
         pass
 
 
-World = tuple[Reconciler, Kube, PodCache, Clock, asyncio.Queue[dict[str, Any]], list[tuple[int, float]]]
+World = tuple[Reconciler, Kube, PodCache, Clock, asyncio.Queue[dict[str, Any]]]
 
 
 def world() -> World:
     cache, kube, clock = PodCache(), Kube(), Clock()
-    later: list[tuple[int, float]] = []
     cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
     reconciler = Reconciler(
         cfg, Slurm(), kube, cache, Metrics(), lambda _job: None,  # type: ignore[arg-type]
-        lambda job, delay: later.append((job, delay)),
         expectations=CreateExpectations(timeout_s=30.0, clock=clock),
     )
     reconciler.jobs.record(replace(allocation(), read_at=time.monotonic()))
     session = reconciler.attach_session(42, payload())
     session.payload = payload()
-    return reconciler, kube, cache, clock, session.attach({}), later
+    return reconciler, kube, cache, clock, session.attach({})
 
 
 def added(cache: PodCache, manifest: dict[str, Any]) -> None:
@@ -71,15 +69,16 @@ def added(cache: PodCache, manifest: dict[str, Any]) -> None:
 
 
 async def test_a_reconcile_before_the_added_event_neither_fails_nor_creates_again() -> None:
-    reconciler, kube, cache, _clock, queue, later = world()
+    reconciler, kube, cache, _clock, queue = world()
     await reconciler.reconcile(42)
     assert len(kube.created) == 2
 
-    await reconciler.reconcile(42)  # the pod watch has not delivered ADDED yet
+    result = await reconciler.reconcile(42)  # the pod watch has not delivered ADDED yet
 
     assert queue.empty(), f"the job was failed while its pods were being created: {queue.get_nowait()}"
     assert len(kube.created) == 2, "created twice"
-    assert later and later[-1][0] == 42, "the expiry of the expectation must be looked at"
+    assert result.requeue_after is not None and 0 < result.requeue_after <= 30.1, \
+        "the expiry of the expectation must be looked at"
     for manifest in kube.created:
         added(cache, manifest)
     await reconciler.reconcile(42)
@@ -88,7 +87,7 @@ async def test_a_reconcile_before_the_added_event_neither_fails_nor_creates_agai
 
 
 async def test_a_pod_the_cache_never_shows_is_believed_gone_once_the_expectation_expires() -> None:
-    reconciler, _kube, _cache, clock, queue, _ = world()
+    reconciler, _kube, _cache, clock, queue = world()
     await reconciler.reconcile(42)
 
     clock.now += 31
@@ -100,7 +99,7 @@ async def test_a_pod_the_cache_never_shows_is_believed_gone_once_the_expectation
 
 
 async def test_a_pod_seen_and_then_deleted_fails_the_job_at_once() -> None:
-    reconciler, kube, cache, _clock, queue, _ = world()
+    reconciler, kube, cache, _clock, queue = world()
     await reconciler.reconcile(42)
     for manifest in kube.created:
         added(cache, manifest)

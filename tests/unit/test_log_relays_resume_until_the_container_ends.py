@@ -91,7 +91,7 @@ async def test_a_stream_that_breaks_while_the_container_runs_resumes_after_the_l
     await until(lambda: len(kube.reads) >= 3)
     kube.log.append(("2026-12-01T10:00:02Z", "two"))  # written while the relay reconnects
     kube.set_status(EXITED)
-    await until(lambda: "slurm-42-0" in session.logs_done)
+    await until(lambda: "slurm-42-0" in session.logs.done)
     await reconciler.reconcile(42)
 
     events = [queue.get_nowait() for _ in range(queue.qsize())]
@@ -118,7 +118,7 @@ async def test_a_404_for_a_pod_the_watch_still_has_is_asked_again() -> None:
     await reconciler.reconcile(42)
     await until(lambda: len(kube.reads) >= 3, timeout=10)
     kube.set_status(EXITED)
-    await until(lambda: "slurm-42-0" in session.logs_done, timeout=10)
+    await until(lambda: "slurm-42-0" in session.logs.done, timeout=10)
     await reconciler.reconcile(42)
 
     events = [queue.get_nowait() for _ in range(queue.qsize())]

@@ -23,6 +23,7 @@ from bridge.core.errors import SlurmAuthError, SlurmUnavailable
 from bridge.core.model import JobAllocation
 from bridge.core.waiter_protocol import request_digest
 from bridge.manager import api as api_module
+from bridge.manager import auth as auth_module
 from bridge.manager.api import Api
 from bridge.waiter import attach as waiter
 from bridge.waiter import http_client, munge
@@ -186,8 +187,8 @@ async def test_credential_checks_are_capped_and_the_rest_retried(
 ) -> None:
     """Anyone may send requests and each check runs unmunge: beyond the cap and the requests
     allowed to wait for it, 503 (retried)."""
-    monkeypatch.setattr(api_module, "MAX_CONCURRENT_VERIFY", 1)
-    monkeypatch.setattr(api_module, "MAX_WAITING_VERIFY", 0)
+    monkeypatch.setattr(auth_module, "MAX_CONCURRENT_VERIFY", 1)
+    monkeypatch.setattr(auth_module, "MAX_WAITING_VERIFY", 0)
     async with TestClient(TestServer(_api_with_slow_unmunge(tmp_path, 1.0).app())) as client:
         cancel = "/v1/jobs/42/cancel"
         slow = asyncio.ensure_future(client.post(cancel, data=b"{}", headers={"X-Munge-Credential": "x"}))
@@ -204,7 +205,7 @@ async def test_a_burst_of_credential_checks_waits_for_a_slot_instead_of_failing(
 ) -> None:
     """300 waiters attaching at once: beyond the unmunge slots, requests wait (up to
     MAX_WAITING_VERIFY) rather than each coming back later with a new connection and fork."""
-    monkeypatch.setattr(api_module, "MAX_CONCURRENT_VERIFY", 1)
+    monkeypatch.setattr(auth_module, "MAX_CONCURRENT_VERIFY", 1)
     async with TestClient(TestServer(_api_with_slow_unmunge(tmp_path, 0.3).app())) as client:
         cancel = "/v1/jobs/42/cancel"
         answers = await asyncio.gather(*(

@@ -223,7 +223,7 @@ async def test_created_pods_carry_the_groups_of_slurms_user_not_the_payloads() -
                  pods=PodsConfig(supplemental_groups_policy="Strict"))
     reconciler = Reconciler(cfg, FakeSlurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
     nss = FakeNss()
-    reconciler.groups = SupplementalGroups(lookup=nss)
+    reconciler.creation.groups = SupplementalGroups(lookup=nss)
     _see(reconciler, allocation())
     queue = _attach(reconciler)
     # Whatever the waiter claims about its user (it writes the payload) does not matter.

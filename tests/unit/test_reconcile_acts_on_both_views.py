@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -235,7 +236,7 @@ async def test_a_bad_directive_fails_the_job_with_the_reason_in_its_comment(worl
 
 async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) -> None:
     reconciler, kube, *_ = world
-    reconciler.cfg = config(
+    reconciler.cfg = reconciler.creation.cfg = config(
         partitions={"k8s": PartitionConfig(default_image="img:1", node_label="site/slurm")}
     )
     kube.labels = {"kube1": "k8s-node-a", "kube2": "k8s-node-b"}
@@ -279,3 +280,27 @@ async def test_the_attach_to_pod_latency_is_measured_once_per_run(world: Any) ->
 
     count = reconciler.metrics.registry.get_sample_value("slurm_k8s_bridge_attach_to_pod_seconds_count")
     assert count == 1.0
+
+
+async def test_a_pass_asks_to_look_again_when_the_start_deadline_runs_out(world: Any) -> None:
+    """No pod event comes when a pod's start deadline runs out: the pass asks for a look then (its
+    Result), and one with nothing pending asks for none."""
+    reconciler, kube, _slurm, cache, _ = world
+    _see(reconciler, allocation())
+    _attach(reconciler)
+    await reconciler.reconcile(42)
+    started = (datetime.now(UTC) - timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for manifest in kube.created:
+        pending = _pod(manifest, phase="Pending")
+        pending["metadata"]["creationTimestamp"] = started  # the cache keeps this, not startTime
+        cache.apply("ADDED", pending)
+
+    waiting = await reconciler.reconcile(42)
+
+    grace = reconciler.cfg.start_failure_grace_s
+    assert waiting.requeue_after == pytest.approx(grace - 10 + 0.1, abs=1.5)
+
+    for manifest in kube.created:
+        cache.apply("MODIFIED", _pod(manifest, phase="Running", containerStatuses=[
+            {"name": "job", "state": {"running": {"startedAt": started}}}]))
+    assert (await reconciler.reconcile(42)).requeue_after is None

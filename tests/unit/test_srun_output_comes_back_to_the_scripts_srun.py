@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from bridge.controller import tasks as tasks_module
 from bridge.controller.metrics import Metrics
+from bridge.controller.step_streams import StepStreams
+from bridge.controller.tasks import Tasks
+from bridge.core.agent_protocol import AGENT
 from bridge.core.errors import ExecNotStarted
 from bridge.core.model import JobAllocation
 from bridge.core.waiter_protocol import MAX_OUTPUT_FRAME, request_digest, sign_output_frame
-from bridge.manager import api as api_module
-from bridge.manager.api import AGENT, Api
+from bridge.manager.api import Api
 from bridge.waiter import http_client, munge
 from bridge.waiter import relay as step_relay
 from bridge.waiter.relay import StepOutputRelay, run_relayed
@@ -68,16 +71,14 @@ class Reconciler:
         self.kube = kube
         self.closed: list[str] = []
         self.open_steps = {"7"}
+        self.tasks = Tasks(kube, self)  # type: ignore[arg-type]
+        self.step_streams = StepStreams(kube, self)  # type: ignore[arg-type]
 
-        class Jobs:
-            def record(self, _alloc: JobAllocation) -> None:
-                pass
+    async def read_job(self, job_id: int) -> JobAllocation:
+        return allocation(job_id=job_id)
 
-        class Slurm:
-            async def job(self, job_id: int) -> JobAllocation:
-                return allocation(job_id=job_id)
-
-        self.jobs, self.slurm = Jobs(), Slurm()
+    def record_job(self, _alloc: JobAllocation) -> None:
+        pass
 
     def is_bridged(self, _alloc: JobAllocation) -> bool:
         return True
@@ -171,7 +172,7 @@ class PodAgentBehindABusyKubelet(PodAgent):
 async def test_a_relay_whose_exec_was_refused_before_it_opened_is_opened_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api_module, "TASK_START_FIRST_RETRY_S", 0.01)
+    monkeypatch.setattr(tasks_module, "TASK_START_FIRST_RETRY_S", 0.01)
     agent = PodAgentBehindABusyKubelet()
     client = await _serve(tmp_path, Reconciler(agent))
     try:
@@ -306,12 +307,12 @@ async def test_a_second_stream_for_a_step_that_streams_is_refused(tmp_path: Path
     script.write_text(UNMUNGE_OK)
     api = Api(Reconciler(PodAgent()), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
               (sys.executable, str(script)))
-    api._step_streams.add((42, 0, "7"))
     header = b'{"key": "7"}\n'
-    async with TestClient(TestServer(api.app())) as client:
-        response = await client.post(PATH, data=header, headers={
-            "X-Munge-Credential": request_digest("POST", PATH, 42, header) + " " + "ab" * 32})
-        status, text = response.status, await response.text()
+    with api.step_streams.claim(42, "7"):  # the step's output streams already
+        async with TestClient(TestServer(api.app())) as client:
+            response = await client.post(PATH, data=header, headers={
+                "X-Munge-Credential": request_digest("POST", PATH, 42, header) + " " + "ab" * 32})
+            status, text = response.status, await response.text()
 
     assert status == 409 and "already streams" in text
 
@@ -390,4 +391,4 @@ async def test_a_relay_that_ends_with_frames_still_queued_does_not_hold_the_stre
         answers = [json.loads(line) for line in (await asyncio.wait_for(response.text(), 10)).splitlines()]
 
     assert "gone" in answers[-1]
-    assert api._step_streams == set()
+    assert api.step_streams.streaming() == set()

@@ -24,24 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from bridge.clients.kube.cache import PodCache
-from bridge.controller import reconcile as reconcile_module
+from bridge.controller import log_relay
+from bridge.controller import steps as controller_steps
+from bridge.controller.log_relay import output_event as _output_event
 from bridge.controller.metrics import Metrics
-from bridge.controller.reconcile import (
-    MAX_OPEN_STEPS,
-    MAX_STEP_REQUEST_BYTES,
-    Reconciler,
-    _output_event,
-    read_step_key,
-    step_token,
-)
+from bridge.controller.reconcile import Reconciler
 from bridge.controller.sessions import JobSession
+from bridge.controller.steps import MAX_OPEN_STEPS, MAX_STEP_REQUEST_BYTES, read_step_key, step_token
 from bridge.core import wellknown
 from bridge.core.config import ConfigError, PartitionConfig, WaiterConfig
 from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
 from bridge.core.srun_options import split_srun_args
-from bridge.waiter import steps
+from bridge.waiter import steps as waiter_steps
 from bridge.waiter.environment import SAFE_ENVIRONMENT
 from bridge.waiter.relay import StepOutputRelay
 from bridge.waiter.steps import SRUN_LAYOUT_VARIABLES, ScriptSteps, srun_environment
@@ -380,7 +377,7 @@ def test_no_step_key_file_means_no_key() -> None:
     assert read_step_key(None) is None
 
 
-# -- 5. Reconciler._register_step ---------------------------------------------------------------
+# -- 5. controller.steps: Steps.register --------------------------------------------------------
 class FakeKube:
     def __init__(self) -> None:
         self.execs: list[tuple[str, list[str]]] = []
@@ -453,14 +450,14 @@ async def test_a_valid_step_is_signed_and_kept(signing: Any) -> None:
     reconciler, kube, session = signing
     event = _step_event(5, argv=["-l", "python3", "train.py"], env={"OMP_NUM_THREADS": "4", "N": 3})
 
-    reconciler._register_step(session, event, Log())
+    reconciler.steps.register(session, event, Log())
 
     assert event["type"] == "step"
     assert event["token"] == step_token(STEP_KEY.rstrip(b"\n"), 42, 0, "5")
     assert event["token"] == hmac.new(STEP_KEY.rstrip(b"\n"), b"42:0:5", hashlib.sha256).hexdigest()
-    assert session.steps == {"5": {"argv": ["-l", "python3", "train.py"], "cwd": "/x",
+    assert session.steps.open_requests() == {"5": {"argv": ["-l", "python3", "train.py"], "cwd": "/x",
                                    "env": {"OMP_NUM_THREADS": "4", "N": "3"}}}
-    assert session.tokens_issued == {"5"}
+    assert session.steps.answered() == {"5"}
     await _settle(reconciler)
     assert kube.execs == []
 
@@ -470,7 +467,7 @@ async def test_the_token_is_for_the_sessions_run(tmp_path: Path) -> None:
     session = reconciler.sessions.open(42, 2)
     event = _step_event(1)
 
-    reconciler._register_step(session, event, Log())
+    reconciler.steps.register(session, event, Log())
 
     assert event["token"] == step_token(STEP_KEY.rstrip(b"\n"), 42, 2, "1")
     assert event["token"] != step_token(STEP_KEY.rstrip(b"\n"), 42, 0, "1")
@@ -479,18 +476,18 @@ async def test_the_token_is_for_the_sessions_run(tmp_path: Path) -> None:
 async def test_a_step_key_is_never_signed_twice(signing: Any) -> None:
     reconciler, _kube, session = signing
     first = _step_event(1)
-    reconciler._register_step(session, first, Log())
+    reconciler.steps.register(session, first, Log())
     assert "token" in first
 
     for again in (_step_event(1), _step_event(1, argv=["--overlap", "sh"]), _step_event("1")):
-        reconciler._register_step(session, again, Log())
+        reconciler.steps.register(session, again, Log())
         assert again["type"] == "heartbeat"
         assert "token" not in again
-    assert session.steps["1"]["argv"] == ["-n", "2", "hostname"]
+    assert session.steps.open_requests()["1"]["argv"] == ["-n", "2", "hostname"]
 
     await reconciler.finish_step(42, "1", 0)  # once it is done, its key is still spent
     replay = _step_event(1)
-    reconciler._register_step(session, replay, Log())
+    reconciler.steps.register(session, replay, Log())
     assert replay["type"] == "heartbeat"
     assert "token" not in replay
     assert "1" not in session.steps
@@ -501,14 +498,14 @@ async def test_without_a_step_key_every_step_is_refused_and_ended(tmp_path: Path
     session = reconciler.sessions.open(42, 0)
     event = _step_event(3)
 
-    reconciler._register_step(session, event, Log())
+    reconciler.steps.register(session, event, Log())
 
     assert event["type"] == "message"
     assert event["text"].startswith("srun: error:")
     assert "step_key_file" in event["text"]
     assert "token" not in event
-    assert session.steps == {}
-    assert session.tokens_issued == {"3"}  # answered once: a replay is not answered again
+    assert session.steps.open_requests() == {}
+    assert session.steps.answered() == {"3"}  # answered once: a replay is not answered again
     await _settle(reconciler)
     assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "3", "1"])]
 
@@ -531,7 +528,7 @@ async def test_a_refused_step_whose_end_could_not_be_told_at_first_is_told_again
         return await told(pod, command)
 
     kube.exec_in_pod = flaky  # type: ignore[method-assign]
-    reconciler._register_step(reconciler.sessions.open(42, 0), _step_event(3), Log())
+    reconciler.steps.register(reconciler.sessions.open(42, 0), _step_event(3), Log())
     for task in list(reconciler._background):
         await task
 
@@ -549,12 +546,12 @@ async def test_more_than_the_open_steps_allowed_are_refused(signing: Any) -> Non
     reconciler, kube, session = signing
     for key in range(MAX_OPEN_STEPS):
         event = _step_event(key)
-        reconciler._register_step(session, event, Log())
+        reconciler.steps.register(session, event, Log())
         assert "token" in event, key
     assert len(session.steps) == MAX_OPEN_STEPS
 
     extra = _step_event(MAX_OPEN_STEPS)
-    reconciler._register_step(session, extra, Log())
+    reconciler.steps.register(session, extra, Log())
 
     assert extra["type"] == "message"
     assert extra["text"].startswith("srun: error:")
@@ -566,7 +563,7 @@ async def test_more_than_the_open_steps_allowed_are_refused(signing: Any) -> Non
 
     await reconciler.finish_step(42, "0", 0)  # one ends: there is room again
     room = _step_event(MAX_OPEN_STEPS + 1)
-    reconciler._register_step(session, room, Log())
+    reconciler.steps.register(session, room, Log())
     assert "token" in room
 
 
@@ -583,17 +580,17 @@ def _event_of_size(size: int, key: int = 1) -> dict[str, Any]:
 async def test_a_step_request_larger_than_allowed_is_refused(signing: Any) -> None:
     reconciler, kube, session = signing
     fits = _event_of_size(MAX_STEP_REQUEST_BYTES, key=1)
-    reconciler._register_step(session, fits, Log())
+    reconciler.steps.register(session, fits, Log())
     assert "token" in fits
 
     too_big = _event_of_size(MAX_STEP_REQUEST_BYTES + 4, key=2)
-    reconciler._register_step(session, too_big, Log())
+    reconciler.steps.register(session, too_big, Log())
 
     assert too_big["type"] == "message"
     assert too_big["text"].startswith("srun: error:")
     assert "KiB" in too_big["text"]
     assert "token" not in too_big
-    assert set(session.steps) == {"1"}
+    assert set(session.steps.open_requests()) == {"1"}
     await _settle(reconciler)
     assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "2", "1"])]
 
@@ -619,11 +616,11 @@ async def test_a_malformed_step_request_becomes_a_heartbeat(signing: Any, data: 
     reconciler, kube, session = signing
     event = {"type": "step", "pod": 0, "ts": STAMP, "data": data}
 
-    reconciler._register_step(session, event, Log())
+    reconciler.steps.register(session, event, Log())
 
     assert event == {"type": "heartbeat"}
-    assert session.steps == {}
-    assert session.tokens_issued == set()
+    assert session.steps.open_requests() == {}
+    assert session.steps.answered() == set()
     await _settle(reconciler)
     assert kube.execs == []
 
@@ -633,10 +630,10 @@ async def test_a_step_request_whose_env_is_not_a_mapping_becomes_a_heartbeat(sig
     reconciler, _kube, session = signing
     event = _step_event(1, env=env)
 
-    reconciler._register_step(session, event, Log())
+    reconciler.steps.register(session, event, Log())
 
     assert event == {"type": "heartbeat"}
-    assert session.steps == {}
+    assert session.steps.open_requests() == {}
 
 
 # -- 6. _output_event: only the first pod's agent asks for steps ----------------------------------
@@ -674,7 +671,7 @@ def waiter(
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_TASK_PROLOG", "/home/alice/tp.sh")
     monkeypatch.setenv("LD_PRELOAD", "/home/alice/evil.so")
-    monkeypatch.setattr(steps, "srun_binary", lambda: "/usr/bin/srun")
+    monkeypatch.setattr(waiter_steps, "srun_binary", lambda: "/usr/bin/srun")
     calls: list[dict[str, Any]] = []
 
     class SlurmSrun:
@@ -690,7 +687,7 @@ def waiter(
         def wait(self) -> int:
             return 0
 
-    monkeypatch.setattr(steps.subprocess, "Popen", SlurmSrun)
+    monkeypatch.setattr(waiter_steps.subprocess, "Popen", SlurmSrun)
     # No daemon to stream srun's output to: it is written here (the relay has its own tests).
     monkeypatch.setattr(StepOutputRelay, "open", lambda _self: None)
     done: list[tuple[str, int]] = []
@@ -771,7 +768,7 @@ def test_a_step_whose_srun_cannot_start_still_ends(waiter: Any, monkeypatch: pyt
             raise ValueError("embedded null byte")  # what subprocess raises before any exec
         raise AssertionError("srun was started")
 
-    monkeypatch.setattr(steps.subprocess, "Popen", popen)
+    monkeypatch.setattr(waiter_steps.subprocess, "Popen", popen)
     monkeypatch.setattr(threading, "excepthook", lambda _args: None)
 
     _start_and_join(instance, _data({"key": 8, "argv": ["-J", "a\0b", "hostname"]}), "t" * 64)
@@ -784,17 +781,17 @@ def test_a_step_whose_srun_cannot_start_still_ends(waiter: Any, monkeypatch: pyt
 # -- signals to the script's srun -----------------------------------------------------------------
 def _signal_event(key: str, signum: int) -> dict[str, Any]:
     data = base64.b64encode(json.dumps({"key": key, "signal": signum}).encode()).decode()
-    return reconcile_module._output_event(0, "2026-12-01T00:00:00Z", f"k {data}")
+    return log_relay.output_event(0, "2026-12-01T00:00:00Z", f"k {data}")
 
 
 def test_a_signal_of_the_scripts_srun_reaches_the_waiter_for_an_open_step_only() -> None:
     session = JobSession(42)
-    session.steps["3"] = {"argv": ["sleep", "9"], "env": {}, "cwd": "/"}
-    bound = reconcile_module.log.bind(job_id=42)
+    session.steps.answer("3", {"argv": ["sleep", "9"], "env": {}, "cwd": "/"})
+    bound = structlog.get_logger().bind(job_id=42)
     good, unknown_step, not_for_srun = _signal_event("3", 15), _signal_event("4", 15), _signal_event("3", 9)
     for event in (good, unknown_step, not_for_srun):
         assert event["type"] == "step-signal"
-        reconcile_module._check_step_signal(session, event, bound)
+        controller_steps.check_step_signal(session, event, bound)
 
     assert (good["type"], good["key"], good["signal"]) == ("step-signal", "3", 15)
     assert unknown_step["type"] == not_for_srun["type"] == "heartbeat"
@@ -802,11 +799,11 @@ def test_a_signal_of_the_scripts_srun_reaches_the_waiter_for_an_open_step_only()
 
 def test_only_the_first_pod_asks_for_step_signals() -> None:
     data = base64.b64encode(b'{"key": "3", "signal": 15}').decode()
-    assert reconcile_module._output_event(1, "2026-12-01T00:00:00Z", f"k {data}")["type"] == "out"
+    assert log_relay.output_event(1, "2026-12-01T00:00:00Z", f"k {data}")["type"] == "out"
 
 
 def test_the_daemon_and_the_waiter_agree_on_the_signals_for_srun() -> None:
-    assert steps.STEP_SIGNALS == reconcile_module.SIGNALS_FOR_SRUN
+    assert waiter_steps.STEP_SIGNALS == controller_steps.SIGNALS_FOR_SRUN
 
 
 def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else(waiter: Any) -> None:

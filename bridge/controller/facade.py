@@ -1,0 +1,163 @@
+"""The controller's narrow door for the API: the few questions and requests a waiter's call needs,
+answered by the subsystems that own the state (sessions, steps, batch signals, the job store).
+Besides these methods the API uses only the two subsystems that serve its calls alone
+(controller.tasks, controller.step_streams); it never reaches the clients or the stores. The
+daemon's sweep loop comes in here too.
+
+A mixin of the Reconciler, which wires the subsystems it names here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from bridge.core.model import JobAllocation, JobPayload
+
+if TYPE_CHECKING:
+    from bridge.clients.slurm import SlurmClient
+    from bridge.controller.batch_signals import BatchSignals
+    from bridge.controller.jobstore import JobStore
+    from bridge.controller.payload_secrets import PayloadSecrets
+    from bridge.controller.run_pods import RunPods
+    from bridge.controller.sessions import EventQueue, JobSession, SessionRegistry
+    from bridge.controller.steps import Step, Steps
+    from bridge.core.config import BridgeConfig
+
+# Slurm states in which the job's pods may exist; any other state means the job is over.
+LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+
+
+class ApiFacade:
+    cfg: BridgeConfig
+    slurm: SlurmClient
+    jobs: JobStore
+    sessions: SessionRegistry
+    pods: RunPods
+    steps: Steps
+    batch_signals: BatchSignals
+    payload_secrets: PayloadSecrets
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def is_bridged(self, alloc: JobAllocation) -> bool:
+        return self.cfg.partition(alloc.partition) is not None
+
+    async def read_job(self, job_id: int) -> JobAllocation | None:
+        """Slurm's record of the job, read now (a caller's proof of ownership is checked on it)."""
+        return await self.slurm.job(job_id)
+
+    def record_job(self, alloc: JobAllocation) -> None:
+        """A fresh Slurm view of the job, for the reconciler."""
+        self.jobs.record(alloc)
+
+    # -- sessions ----------------------------------------------------------------------------------
+    def attach_session(self, job_id: int, payload: JobPayload) -> JobSession:
+        """The session of the run whose waiter attaches (made if new).
+
+        The attach has just recorded a fresh view, so the store knows the current run. A waiter of
+        an earlier run (the job was requeued meanwhile) gives its own in SLURM_RESTART_COUNT, which
+        Slurm sets for every run but the first; the smaller of the two is right in both cases (an
+        inherited, stale value can only be too big, and only for run 0).
+        """
+        current = self.pods.current_run(job_id) or 0
+        return self.sessions.open(job_id, min(current, _restart_count(payload)))
+
+    def attach_waiter(
+        self, job_id: int, payload: JobPayload, *, last_log: dict[str, str], cancel: bool,
+        signals: list[tuple[int, int]],
+    ) -> tuple[JobSession, EventQueue] | None:
+        """The waiter's stream of events for its run, with the signals it still keeps taken (as
+        (seq, signal), oldest first); None while another waiter of the run is attached."""
+        session = self.attach_session(job_id, payload)
+        if session.attached:
+            return None
+        queue = session.attach(last_log, payload, cancel)
+        for seq, signum in signals:
+            self.batch_signals.take(session, signum, seq, offered=True)
+        return session, queue
+
+    def cancel_session(self, job_id: int) -> JobSession | None:
+        """The session a waiter's cancel applies to: its job's newest one. Without one (the daemon
+        restarted), one is made for the current run only while Slurm shows that run running: a
+        late cancel from the waiter of a requeued run must not cancel the next run in advance
+        (its pods are stopped anyway, that run being over). None when there is nothing to cancel."""
+        existing = self.sessions.of_job(job_id)
+        if existing:
+            return existing[-1]
+        view = self.jobs.get(job_id)
+        alloc = view.alloc if view is not None else None
+        if alloc is not None and alloc.state == "RUNNING" and not over(alloc):
+            return self.sessions.open(job_id, alloc.run)
+        return None
+
+    def request_cancel(self, job_id: int) -> None:
+        """The waiter asks to stop its run (it got SIGTERM); the job's next reconcile stops it."""
+        session = self.cancel_session(job_id)
+        if session is not None:
+            session.request_cancel()
+
+    def current_session(self, job_id: int) -> JobSession | None:
+        """The session of the job's current run (as the store last read it), if its waiter
+        attached: a signal for the batch script is for that run, not a requeued one's."""
+        run = self.pods.current_run(job_id)
+        return None if run is None else self.sessions.get(job_id, run)
+
+    # -- batch signals -------------------------------------------------------------------------------
+    def take_batch_signal(
+        self, session: JobSession, signum: int, seq: int | None = None, offered: bool = False
+    ) -> bool:
+        """Keep `signum` for the run's batch script (controller.batch_signals); True when the job
+        should be reconciled to deliver it."""
+        return self.batch_signals.take(session, signum, seq, offered)
+
+    def signal_batch_script(self, job_id: int, signum: int, seq: int | None) -> bool | None:
+        """Keep `signum` for the current run's batch script: whether the job should be reconciled
+        to deliver it; None when that run's waiter has not attached (it keeps the signal and
+        sends it with its attach). After a requeue the old run's session may linger while its
+        pods go, and must not take the new run's signals."""
+        session = self.current_session(job_id)
+        return None if session is None else self.batch_signals.take(session, signum, seq)
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def current_run(self, job_id: int) -> int | None:
+        return self.pods.current_run(job_id)
+
+    def current_step(self, job_id: int, key: str) -> Step | None:
+        """Step `key` of the job's current run (keys start again at 1 in each run)."""
+        return self.steps.current(job_id, key)
+
+    def step_of(self, job_id: int, key: str) -> Step | None:
+        return self.steps.of_any_run(job_id, key)
+
+    def close_step(self, job_id: int, key: str) -> None:
+        self.steps.close(job_id, key)
+
+    async def finish_step(self, job_id: int, key: str, code: int) -> None:
+        """Tell the script's srun how the step ended (Slurm's srun exit code)."""
+        await self.steps.finish(job_id, key, code)
+
+    def task_pod(self, job_id: int, slurm_node: str) -> str | None:
+        """The pod of the job's current run on Slurm node `slurm_node`."""
+        pod = self.pods.on_slurm_node(job_id, slurm_node)
+        return None if pod is None else pod.name
+
+    def task_pod_of_index(self, job_id: int, index: int) -> str | None:
+        pod = self.pods.of_index(job_id, index)
+        return None if pod is None else pod.name
+
+    # -- payload Secrets ---------------------------------------------------------------------------
+    async def sweep_payload_secrets(self, selector: str) -> int:
+        """controller.payload_secrets' sweep, for the daemon's sweep loop."""
+        return await self.payload_secrets.sweep(selector)
+
+
+def over(alloc: JobAllocation) -> bool:
+    """Slurm shows the job's current run over (or ending: COMPLETING)."""
+    return alloc.state not in LIVE_STATES or "COMPLETING" in alloc.state_flags
+
+
+def _restart_count(payload: JobPayload) -> int:
+    value = payload.environment.get("SLURM_RESTART_COUNT", "0")
+    with contextlib.suppress(ValueError):
+        return max(0, int(value))
+    return 0

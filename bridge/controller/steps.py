@@ -1,0 +1,233 @@
+"""srun steps: the script's `srun` calls in the pod, from request to end.
+
+The path: the agent in the first pod frames a step request ("s <base64>") into its log; the log
+relay hands it here (`register`), which signs it (the SPANK guard on the slurmd host lets only
+signed steps through) and passes the key and srun options on to the waiter. The waiter runs Slurm's
+srun, whose task proxies ask the API to run each task in its pod (controller.tasks); srun's output
+comes back through controller.step_streams, and its end through `finish`, which tells the script's
+srun in the pod (`agent step-done`).
+
+Owns the open step requests and the keys already signed, per run (StepBook, held by the run's
+JobSession and written only here). Read by the API through the reconciler and by tasks/streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from bridge.clients.kube.actions import KubeActions
+from bridge.controller.run_pods import RunPods
+from bridge.core import agent_protocol
+from bridge.core.config import ConfigError
+from bridge.core.errors import BridgeError, PermanentError
+
+if TYPE_CHECKING:
+    from bridge.controller.sessions import JobSession, SessionRegistry
+
+STEP_DONE_TRIES = 4
+"""Tries to tell the script's srun that a step the daemon refused has ended (after 1, 2, 4 s)."""
+MAX_OPEN_STEPS = 64
+"""Step requests a run may have open at once (each srun in the script is one until it ends)."""
+MAX_STEP_REQUEST_BYTES = 96 * 1024
+"""A step's environment goes into one exec argument in the pod; Linux allows 128 KiB per argument."""
+SIGNALS_FOR_SRUN = frozenset(int(s) for s in (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGALRM, signal.SIGCONT))
+"""What the script's srun passes on to Slurm's srun of its step (native srun acts on these)."""
+
+Step = dict[str, Any]
+"""A step request: argv (srun's options and command), cwd, env."""
+
+
+class StepBook:
+    """One run's step requests, by key, until each ends; and every key ever signed in the run (a
+    replayed request is never signed twice). Written only by Steps."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Step] = {}
+        self._answered: set[str] = set()
+
+    def get(self, key: str) -> Step | None:
+        return self._open.get(key)
+
+    def open_requests(self) -> dict[str, Step]:
+        """A copy of the open requests, by key."""
+        return dict(self._open)
+
+    def answered(self) -> set[str]:
+        """The keys answered once (signed or refused), a copy."""
+        return set(self._answered)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._open
+
+    def was_answered(self, key: str) -> bool:
+        return key in self._answered
+
+    def answer(self, key: str, step: Step | None) -> None:
+        """Mark `key` answered; `step`: it was signed and is open until it ends."""
+        self._answered.add(key)
+        if step is not None:
+            self._open[key] = step
+
+    def end(self, key: str) -> None:
+        self._open.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+class Steps:
+    def __init__(
+        self, kube: KubeActions, pods: RunPods, sessions: SessionRegistry, step_key: bytes | None,
+        spawn: Callable[[Awaitable[None]], None],
+    ) -> None:
+        self._kube = kube
+        self._pods = pods
+        self._sessions = sessions
+        self._step_key = step_key
+        """Signs the steps of the scripts' srun (None: srun unavailable). Never logged."""
+        self._spawn = spawn
+
+    def register(self, session: JobSession, event: dict[str, Any], bound: Any) -> None:
+        """Keep a step request of the script's srun for the task proxies; the waiter gets only its
+        key and srun options (the event still carries the whole request, encoded)."""
+        book = session.steps
+        try:
+            request = json.loads(base64.b64decode(event["data"]))
+            key = str(int(request["key"]))
+            argv = [str(a) for a in request["argv"]]
+            env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            bound.warning("step.bad_request", error=repr(error))
+            event.clear()
+            event.update(type="heartbeat")  # nothing the waiter should act on
+            return
+        if book.was_answered(key):
+            # Seen before (a relay replaying after a re-attach): never signed twice.
+            event.update(type="heartbeat")
+            return
+        refusal = None
+        if self._step_key is None:
+            refusal = ("job steps are not enabled for jobs that run in Kubernetes on this cluster (the "
+                       "bridge has no [waiter] step_key_file)")
+        elif len(book) >= MAX_OPEN_STEPS:
+            refusal = f"more than {MAX_OPEN_STEPS} job steps at once"
+        elif len(event["data"]) > MAX_STEP_REQUEST_BYTES:
+            refusal = f"the step's environment and arguments exceed {MAX_STEP_REQUEST_BYTES // 1024} KiB"
+        if refusal is not None:
+            book.answer(key, None)  # answered once: a replay is not answered again
+            bound.warning("step.refused", key=key, reason=refusal)
+            event.clear()
+            event.update(type="message", text=f"srun: error: {refusal}")
+            self._spawn(self._finish_refused(session.job_id, key, bound))
+            return
+        book.answer(key, {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env})
+        # The waiter passes it to its srun; the SPANK guard lets only steps with it through.
+        assert self._step_key is not None
+        event["token"] = step_token(self._step_key, session.job_id, session.run, key)
+        bound.info("step.requested", key=key)
+
+    async def _finish_refused(self, job_id: int, key: str, bound: Any) -> None:
+        """Tell the script's srun its refused step ended (1), trying a few times: else it waits
+        for ever. Nobody awaits this, so its failure is logged here."""
+        try:
+            # The agent's step-done is idempotent: again is safe.
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(STEP_DONE_TRIES), wait=wait_exponential(multiplier=1, min=1),
+                retry=retry_if_exception_type(BridgeError) & retry_if_not_exception_type(PermanentError),
+                sleep=_sleep, reraise=True,
+            ):
+                with attempt:
+                    await self.finish(job_id, key, 1)
+        except BridgeError as error:
+            bound.warning("step.done_not_told", key=key, error=str(error))
+
+    def current(self, job_id: int, key: str) -> Step | None:
+        """Step `key` of the job's current run (keys start again at 1 in each run)."""
+        run = self._pods.current_run(job_id)
+        for session in self._sessions.of_job(job_id):
+            if session.run == run and key in session.steps:
+                return session.steps.get(key)
+        return None
+
+    def of_any_run(self, job_id: int, key: str) -> Step | None:
+        """Step `key` of the newest run that has it open."""
+        for session in reversed(self._sessions.of_job(job_id)):
+            if key in session.steps:
+                return session.steps.get(key)
+        return None
+
+    def close(self, job_id: int, key: str) -> None:
+        """The step has ended: its key no longer runs tasks, nor takes output."""
+        for session in reversed(self._sessions.of_job(job_id)):
+            session.steps.end(key)
+
+    async def finish(self, job_id: int, key: str, code: int) -> None:
+        """Tell the script's srun how the step ended (Slurm's srun exit code)."""
+        self.close(job_id, key)
+        pod = self._pods.of_index(job_id, 0)
+        if pod is None:
+            return
+        await self._kube.exec_in_pod(pod.name, agent_protocol.step_done_command(key, code))
+
+
+def check_step_signal(session: JobSession, event: dict[str, Any], bound: Any) -> None:
+    """The script's srun got a signal: the waiter passes it to Slurm's srun of that step, if the
+    step is open and the signal one srun acts on; anything else is dropped."""
+    try:
+        request = json.loads(base64.b64decode(event.pop("data")))
+        key, signum = str(int(request["key"])), int(request["signal"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        key, signum = "", 0
+    if key not in session.steps or signum not in SIGNALS_FOR_SRUN:
+        bound.warning("step.bad_signal", key=key, signal=signum)
+        event["type"] = "heartbeat"
+        return
+    event.update(key=key, signal=signum)
+    bound.info("step.signal", key=key, signal=signum)
+
+
+async def _sleep(seconds: float) -> None:
+    # Looked up at call time: tests replace asyncio.sleep to go faster.
+    await asyncio.sleep(seconds)
+
+
+def step_token(key: bytes, job_id: int, run: int, step_key: str) -> str:
+    """HMAC-SHA256 of "<job id>:<run>:<step key>" (the SPANK guard computes the same, with
+    Slurm's restart count as the run): good for that one step of that one run."""
+    return hmac.new(key, f"{job_id}:{run}:{step_key}".encode(), hashlib.sha256).hexdigest()
+
+
+def read_step_key(path: Path | None) -> bytes | None:
+    """The step key's bytes (trailing newline dropped), refusing a file others may read."""
+    if path is None:
+        return None
+    try:
+        info = path.stat()
+        raw = path.read_bytes().rstrip(b"\r\n")
+    except OSError as error:
+        raise ConfigError(f"waiter.step_key_file: cannot read {path}: {error.strerror}") from None
+    if info.st_mode & 0o077:
+        raise ConfigError(f"waiter.step_key_file: {path} is readable by others (mode "
+                          f"{info.st_mode & 0o777:o}); chmod 600 {path}")
+    if not 16 <= len(raw) <= 256:
+        # The SPANK guard reads at most 256 bytes of it.
+        raise ConfigError(f"waiter.step_key_file: {path} must hold 16 to 256 bytes, not {len(raw)}")
+    return raw

@@ -1,0 +1,104 @@
+"""The JSON bodies the waiter sends to the API, as strict pydantic models.
+
+Strict (no coercion: a number where text is meant is refused) and closed (a field no waiter ever
+sent is refused): every waiter, old or new, sends a subset of these fields, as bridge/waiter/attach.py
+does. The API answers each refusal with its own 400 message, as before. Used by manager.api only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+
+
+class BadBody(ValueError):
+    """A body that is not JSON, or not the shape its endpoint takes."""
+
+
+def _as_int_text(value: object) -> object:
+    """A step key or task id as the daemon keys it: the decimal text of the integer ("007" is 7).
+    Anything but an integer or its text is left for the strict str check to refuse."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        return str(int(value))  # ValueError: refused
+    return value
+
+
+Decimal = Annotated[str, BeforeValidator(_as_int_text)]
+"""An integer, sent as a number or as its decimal text; kept as canonical text."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class AttachBody(_Body):
+    """POST /v1/jobs/{id}/attach. The payload's own fields are checked by core.model's
+    payload_from_json (whose messages name them); `signals` by the API (it knows which signals
+    a waiter forwards)."""
+
+    script: Any = None
+    environment: Any = None
+    work_dir: Any = None
+    uid: Any = None
+    gid: Any = None
+    output_merged: Any = None
+    last_log: dict[str, str] | None = None
+    """Timestamp of the last log line printed, by pod index."""
+    cancel: bool = False
+    signals: Any = None
+    """[[seq, signal], ...]: the signals the waiter keeps (absent from waiters older than them)."""
+
+
+class SignalBody(_Body):
+    """POST /v1/jobs/{id}/signal: a signal for the batch script, and the waiter's sequence number
+    for it (absent from waiters older than sequence numbers)."""
+
+    signal: int
+    seq: int | None = None
+
+
+class StepDoneBody(_Body):
+    """POST /v1/jobs/{id}/step-done: Slurm's srun of a step ended with `code`."""
+
+    key: Decimal
+    code: int
+
+
+class TaskBody(_Body):
+    """POST /v1/jobs/{id}/task: run one task of step `key` in the pod of Slurm node `node`."""
+
+    key: str
+    node: str
+    env: dict[str, str] | None = None
+    """The task's SLURM* variables (others are dropped)."""
+
+
+class TaskSignalBody(_Body):
+    """POST /v1/jobs/{id}/task-signal: pass `signal` to task `procid` of step `key`."""
+
+    key: Decimal
+    procid: Decimal
+    node: str
+    signal: int
+
+
+class StepOutputHeader(_Body):
+    """The first line of POST /v1/jobs/{id}/step-output: the step whose output follows."""
+
+    key: Decimal
+
+
+B = TypeVar("B", bound=_Body)
+
+
+def parse(model: type[B], raw: bytes) -> B:
+    """`raw` as `model`; BadBody says what is wrong."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise BadBody(f"{where}: {first['msg']}" if where else first["msg"]) from None
