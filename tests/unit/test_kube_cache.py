@@ -9,6 +9,7 @@ import pytest
 
 from bridge.clients.kube.cache import PodCache, trim_pod
 from bridge.core import wellknown
+from bridge.core.pod_view import pod_view
 
 JOB = wellknown.LABEL_JOB_ID
 
@@ -159,7 +160,25 @@ def test_trimming_keeps_what_reconcile_reads_and_drops_the_rest() -> None:
     }
     assert trimmed["metadata"]["annotations"] == {wellknown.ANNOTATION_NODE_INDEX: "0"}
     assert trimmed["spec"] == {"nodeName": "kreal1"}
-    assert set(trimmed["status"]) == {"phase", "conditions", "containerStatuses"}
+    assert set(trimmed["status"]) == {"phase", "conditions", "containerStatuses", "startTime"}
+
+
+def test_a_cached_pod_reads_as_the_pod_itself() -> None:
+    """The typed view of a cached (trimmed) pod is the view of the pod the API server sent: an agent
+    init container that cannot start (its image unpullable) fails the job at once, and a pod's age
+    counts from its start, not from its creation."""
+    full = pod("a", 1, "Pending")
+    full["status"]["startTime"] = "2024-05-01T12:05:00Z"
+    full["status"]["initContainerStatuses"] = [{
+        "name": wellknown.INIT_CONTAINER_NAME,
+        "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}},
+    }]
+
+    view, uncached = pod_view(trim_pod(full)), pod_view(full)
+
+    assert (view.init_failure, view.since) == (uncached.init_failure, uncached.since)
+    assert "ErrImagePull" in view.init_failure
+    assert view.since is not None and view.since.minute == 5
 
 
 def test_the_cache_stores_trimmed_pods() -> None:

@@ -21,7 +21,9 @@ KEEP_METADATA: Final = (
     "labels", "annotations",
 )
 KEEP_SPEC: Final = ("nodeName",)
-KEEP_STATUS: Final = ("phase", "reason", "message", "conditions", "containerStatuses")
+KEEP_STATUS: Final = (
+    "phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses", "startTime",
+)
 
 DROP_ANNOTATIONS: Final = frozenset(
     {wellknown.ANNOTATION_SCRIPT, "kubectl.kubernetes.io/last-applied-configuration"}
