@@ -15,6 +15,9 @@ case $SBX_BRIDGE_BACKEND in rest | pyslurm) ;; *) die "SBX_BRIDGE_BACKEND must b
 require_sandbox
 if is_running bridge; then die "the bridge runs on the host (make bridge-up); make bridge-down first"; fi
 "$SBX_REPO/containers/helm/build.sh" >/dev/null   # a no-op once built (sandbox-up builds it)
+if kc_deployed && ! hc status slurm-k8s-bridge -n "$BRIDGE_NAMESPACE" >/dev/null 2>&1; then
+  die "a Deployment not made by the chart (kubectl apply -k, before it) is running: make bridge-down first"
+fi
 image=$("$SBX_REPO/containers/images/bridge-image.sh")
 install_waiter
 ensure_scratch
