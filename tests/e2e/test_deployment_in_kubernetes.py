@@ -94,12 +94,14 @@ def test_two_replicas_are_ready_and_exactly_one_leads(deployed: Sandbox) -> None
 
 
 def test_it_is_a_helm_release_of_the_chart(deployed: Sandbox) -> None:
-    status = subprocess.run([str(helm_binary()), "status", RELEASE, "-n", NAMESPACE, "-o", "json"],
+    listed = subprocess.run([str(helm_binary()), "list", "-n", NAMESPACE, "-o", "json"],
                             capture_output=True, text=True, env=deployed.environ(), check=True)
-    release = json.loads(status.stdout)
+    releases = {r["name"]: r for r in json.loads(listed.stdout)}
 
-    assert release["info"]["status"] == "deployed"
-    assert release["chart"]["metadata"]["name"] == "slurm-k8s-bridge"
+    assert releases[RELEASE]["status"] == "deployed"
+    version = (REPO / "bridge" / "__init__.py").read_text().split("__version__ = ")[1].split('"')[1]
+    assert releases[RELEASE]["chart"].startswith("slurm-k8s-bridge-")
+    assert releases[RELEASE]["app_version"] == version
     deployment = deployed.kubectl_json("get", "deployment", "-n", NAMESPACE, "slurm-k8s-bridge")
     assert deployment["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     # The config the chart wrote names the one job namespace its RBAC covers.
