@@ -23,7 +23,7 @@ tmp="$HELM_BIN.tmp.$$"
 mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
-say "go build helm $HELM_VERSION (cold: ~7 min on 2 cores; then cached in $HELM_BIN)"
+say "go build helm $HELM_VERSION (cold: 5-7 min on 2 cores, downloads included; then cached in $HELM_BIN)"
 (cd "$HELM_SRC" && go build -trimpath -ldflags "$HELM_LDFLAGS" -o "$tmp/helm" helm.sh/helm/v4/cmd/helm)
 mkdir -p "$HELM_BIN"
 mv -f "$tmp/helm" "$HELM"
