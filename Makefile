@@ -48,7 +48,7 @@ demo: venv sandbox-up
 bridge-up: venv sandbox-up  ## start the bridge daemon, its slurmds and job_submit.lua on the sandbox
 	@containers/bridge/up.sh
 
-bridge-deploy: venv sandbox-up  ## the bridge as its 2-replica Deployment (kubectl apply -k, sandbox overlay)
+bridge-deploy: venv sandbox-up  ## the bridge as its 2-replica Deployment: helm upgrade --install of deploy/helm/slurm-k8s-bridge
 	@containers/bridge/deploy.sh
 
 bridge-down:     ## stop the bridge (host daemon or Deployment) and the bridged nodes' slurmds

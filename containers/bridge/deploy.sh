@@ -1,78 +1,95 @@
 #!/usr/bin/env bash
-# `make bridge-deploy`: run the bridge on the sandbox as production runs it in a cluster: the
-# Deployment of deploy/kubernetes (2 replicas, leader election) with the sandbox overlay, from the
-# image `make image` builds, on the real nodes. Writes the overlay's generated/ (config, JWT,
-# munge key), applies it, waits for the leader, then sets up Slurm's side as bridge-up does.
+# `make bridge-deploy`: run the bridge on the sandbox as production runs it in a cluster: the Helm
+# chart deploy/helm/slurm-k8s-bridge (2 replicas, leader election), from the image `make image`
+# builds, on the real nodes. Values: containers/bridge/sandbox-values.yaml (fixed) plus a values
+# file written here (image, config, JWT, munge key, slurm.conf, run-as uid); then
+# `helm upgrade --install --wait`, wait for the leader, and set up Slurm's side as bridge-up does.
 #   SBX_BRIDGE_BACKEND=pyslurm: the daemon uses the image's pyslurm (libslurm talks to slurmctld
 #   with munge, so it runs as SlurmUser) instead of slurmrestd.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
+. "$SBX_REPO/containers/helm/common.sh"   # HELM, hc
 : "${SBX_BRIDGE_BACKEND:=rest}"
+case $SBX_BRIDGE_BACKEND in rest | pyslurm) ;; *) die "SBX_BRIDGE_BACKEND must be rest or pyslurm" ;; esac
 
 require_sandbox
 if is_running bridge; then die "the bridge runs on the host (make bridge-up); make bridge-down first"; fi
-"$SBX_REPO/containers/images/bridge-image.sh" >/dev/null
+"$SBX_REPO/containers/helm/build.sh" >/dev/null   # a no-op once built (sandbox-up builds it)
+if kc_deployed && ! hc status slurm-k8s-bridge -n "$BRIDGE_NAMESPACE" >/dev/null 2>&1; then
+  die "a Deployment not made by the chart (kubectl apply -k, before it) is running: make bridge-down first"
+fi
+image=$("$SBX_REPO/containers/images/bridge-image.sh")
 install_waiter
 ensure_scratch
 
-# Waiters on the slurmds reach the leader through the Service (kube-proxy on the host).
-service_ip=$(sed -n 's/^ *clusterIP: *//p' "$OVERLAY/fixed-service-ip.yaml")
-generated="$OVERLAY/generated"
-mkdir -p "$generated" && chmod 700 "$generated"
-mint_jwt "$generated/slurm.jwt"
-(umask 077 && cp "$SBX_STATE/munge/munge.key" "$generated/munge.key")
+deploy_dir="$BRIDGE_STATE/deploy"
+mkdir -p "$deploy_dir" && chmod 700 "$deploy_dir"
+mint_jwt "$deploy_dir/slurm.jwt"
 # slurm.conf as pods see it, for libslurm in the pod: slurmctld at the host's control address,
 # munged at the sidecar's socket.
 sed -e "s/^SlurmctldHost=\([^(]*\)(127.0.0.1)/SlurmctldHost=\1($SBX_CONTROL_IP)/" \
-  -e "s|^AuthInfo=socket=.*|AuthInfo=socket=/run/munge/munge.socket.2|" "$SLURM_CONF" >"$generated/slurm.conf"
-grep -q "^SlurmctldHost=.*($SBX_CONTROL_IP)" "$generated/slurm.conf" || die "cannot point slurm.conf's SlurmctldHost at $SBX_CONTROL_IP"
+  -e "s|^AuthInfo=socket=.*|AuthInfo=socket=/run/munge/munge.socket.2|" "$SLURM_CONF" >"$deploy_dir/slurm.conf"
+grep -q "^SlurmctldHost=.*($SBX_CONTROL_IP)" "$deploy_dir/slurm.conf" || die "cannot point slurm.conf's SlurmctldHost at $SBX_CONTROL_IP"
 # Who the daemon runs as: its own unprivileged uid with slurmrestd (the JWT carries SlurmUser's
-# rights); SlurmUser itself with pyslurm (slurmctld trusts the munge uid).
-if [ "$SBX_BRIDGE_BACKEND" = pyslurm ]; then run_as=$(in_ns id -u slurm); else run_as=65532; fi
-cat >"$generated/run-as.yaml" <<YAML
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: slurm-k8s-bridge, namespace: slurm-k8s-bridge}
-spec:
-  template:
-    spec:
-      securityContext: {runAsUser: $run_as, runAsGroup: $run_as, fsGroup: $run_as}
-YAML
-{
-  echo "# Bridge config for the sandbox's Deployment, written by containers/bridge/deploy.sh."
-  job_settings_config
-  cat <<TOML
+# rights); SlurmUser itself with pyslurm (slurmctld trusts the munge uid). The chart picks.
+slurm_uid=$(in_ns id -u slurm)
+# The top-level keys the sandbox's host daemon has too; cluster and namespace are values of the
+# chart (it writes them, and the RBAC's namespace, from one value).
+settings=$(job_settings_config)
+cluster=$(sed -n 's/^cluster = "\(.*\)"$/\1/p' <<<"$settings")
+job_namespace=$(sed -n 's/^namespace = "\(.*\)"$/\1/p' <<<"$settings")
+[ -n "$cluster" ] && [ -n "$job_namespace" ] || die "cannot read cluster and namespace from job_settings_config"
+grep -v '^cluster = \|^namespace = ' <<<"$settings" >"$deploy_dir/top-level.toml"
+partitions_config >"$deploy_dir/tables.toml"
+# JSON is YAML: a values file with every string quoted right, whatever it holds.
+(umask 077 && IMAGE=$image JOB_NAMESPACE=$job_namespace CLUSTER=$cluster BACKEND=$SBX_BRIDGE_BACKEND \
+  SLURMRESTD_URL="http://$SBX_CONTROL_IP:$SBX_SLURMRESTD_PORT" SLURM_UID=$slurm_uid \
+  MUNGE_KEY="$SBX_STATE/munge/munge.key" WAITER_COMMAND=$WAITER_COMMAND DEPLOYED_AT=$(date +%s) \
+  python3 -I - "$deploy_dir" >"$deploy_dir/values.json.new" <<'PY'
+import base64, json, os, pathlib, sys
+d, env = pathlib.Path(sys.argv[1]), os.environ
+repository, _, tag = env["IMAGE"].rpartition(":")
+print(json.dumps({
+    "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+    "jobNamespace": {"name": env["JOB_NAMESPACE"]},
+    "slurm": {
+        "clusterName": env["CLUSTER"],
+        "backend": env["BACKEND"],
+        # slurmrestd as pods see the host.
+        "url": env["SLURMRESTD_URL"],
+        "user": "slurm",
+        "slurmUserId": int(env["SLURM_UID"]),
+        "slurmConf": (d / "slurm.conf").read_text(),
+    },
+    "secrets": {
+        "jwt": {"value": (d / "slurm.jwt").read_text()},
+        "munge": {"keyBase64": base64.b64encode(pathlib.Path(env["MUNGE_KEY"]).read_bytes()).decode()},
+    },
+    "config": {
+        "extraTopLevel": (d / "top-level.toml").read_text(),
+        "extraSlurm": "poll_interval_s = 0.2\n",
+        # unmunge talks to the munged sidecar (the default socket).
+        "extraWaiter": f"attach_command = {json.dumps(env['WAITER_COMMAND'])}\n",
+        "extraTables": (d / "tables.toml").read_text(),
+    },
+    # A re-deploy rolls the replicas, as a new image under the same tag needs.
+    "podAnnotations": {"slurm-k8s-bridge.sandbox/deployed-at": env["DEPLOYED_AT"]},
+}, indent=1))
+PY
+) && mv "$deploy_dir/values.json.new" "$deploy_dir/values.json"
 
-[slurm]
-backend = "$SBX_BRIDGE_BACKEND"
-# slurmrestd as pods see the host.
-url = "http://$SBX_CONTROL_IP:$SBX_SLURMRESTD_PORT"
-token_file = "/etc/slurm-k8s-bridge/secret/slurm.jwt"
-user = "slurm"
-poll_interval_s = 0.2
-
-# No [kubernetes] table: in-cluster, with the ServiceAccount's token.
-
-[api]
-listen = "0.0.0.0:8470"
-
-[waiter]
-# unmunge talks to the munged sidecar (the default socket).
-attach_command = "$WAITER_COMMAND"
-api_url = "http://$service_ip:8470"
-
-TOML
-  partitions_config
-} >"$generated/config.toml"
-
-existed=0
-kc_deployed && existed=1
-kc apply -k "$OVERLAY" >/dev/null
-# A re-deploy picks up a new config, JWT or image (the overlay's names carry no content hash).
-[ "$existed" = 1 ] && kc -n "$BRIDGE_NAMESPACE" rollout restart deployment/slurm-k8s-bridge >/dev/null
-kc -n "$BRIDGE_NAMESPACE" rollout status deployment/slurm-k8s-bridge --timeout=120s >/dev/null ||
-  die "the Deployment did not come up: kubectl -n $BRIDGE_NAMESPACE describe pods; kubectl -n $BRIDGE_NAMESPACE logs -l app.kubernetes.io/name=slurm-k8s-bridge"
+# The job namespace is shared with the host daemon's runs: made here when missing, never removed.
+kc get namespace "$job_namespace" >/dev/null 2>&1 || kc create namespace "$job_namespace" >/dev/null
+hc upgrade --install slurm-k8s-bridge "$SBX_REPO/deploy/helm/slurm-k8s-bridge" \
+  --namespace "$BRIDGE_NAMESPACE" --create-namespace \
+  -f "$SBX_REPO/containers/bridge/sandbox-values.yaml" -f "$deploy_dir/values.json" \
+  --wait --timeout 180s >"$deploy_dir/helm.log" 2>&1 ||
+  die "helm upgrade --install failed ($deploy_dir/helm.log): $(tail -3 "$deploy_dir/helm.log"); kubectl -n $BRIDGE_NAMESPACE describe pods; kubectl -n $BRIDGE_NAMESPACE logs -l app.kubernetes.io/name=slurm-k8s-bridge"
+# The config as the daemon reads it (the chart wrote it): job_submit.lua's settings come from it.
+kc -n "$BRIDGE_NAMESPACE" get configmap slurm-k8s-bridge -o 'jsonpath={.data.config\.toml}' >"$deploy_dir/config.toml"
+service_ip=$(kc -n "$BRIDGE_NAMESPACE" get service slurm-k8s-bridge -o 'jsonpath={.spec.clusterIP}')
+# Waiters on the slurmds reach the leader through the Service (kube-proxy on the host).
 ready() { curl -fsS --max-time 2 "http://$service_ip:8470/readyz" >/dev/null; }
 wait_for "the leader behind http://$service_ip:8470" 60 ready
-slurm_side_up "$generated/config.toml"
-say "bridge is deployed: kubectl -n $BRIDGE_NAMESPACE get pods; sbatch -p k8s ..."
+slurm_side_up "$deploy_dir/config.toml"
+say "bridge is deployed (helm -n $BRIDGE_NAMESPACE status slurm-k8s-bridge): kubectl -n $BRIDGE_NAMESPACE get pods; sbatch -p k8s ..."

@@ -36,6 +36,10 @@ ensure_host_packages
 # kubectl of the same version, for `make sandbox-env` users and the scripts.
 mkdir -p "$SBX_STATE/bin"
 ln -sfn "$KUBE_BIN/kubectl" "$SBX_STATE/bin/kubectl"
+# Helm, for make bridge-deploy's chart (and whoever tries the chart by hand): built once from the
+# Go module proxy like the binaries above, cached.
+helm_path=$("$KUBE_SRC/../helm/build.sh")
+ln -sfn "$helm_path" "$SBX_STATE/bin/helm"
 mkdir -p "$KUBE_STATE" "$KUBE_NODE_LIB" "$KUBE_NODE_RUN"
 pki_ensure
 kubeconfigs_ensure

@@ -1,5 +1,6 @@
-"""deploy/kubernetes: the API server accepts every object, and the RBAC it grants is exactly
-enough for the daemon (checked by `doctor` with the ServiceAccount's own token)."""
+"""deploy/helm/slurm-k8s-bridge: the API server accepts every object `helm template` renders, and
+the RBAC it grants is exactly enough for the daemon (checked by `doctor` with the ServiceAccount's
+own token)."""
 
 from __future__ import annotations
 
@@ -8,48 +9,66 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.e2e.sandbox import REPO, Sandbox
+from tests.e2e.sandbox import JOB_NAMESPACE, REPO, Sandbox
+from tests.unit.helm_chart import CHART, RELEASE, RELEASE_NAMESPACE, helm
 
-BASE = REPO / "deploy" / "kubernetes" / "base"
 STATE = Path("/var/lib/slurm-k8s-sandbox")
+RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+
+
+def _template(tmp_path: Path) -> list[dict]:
+    values = {"secrets": {"jwt": {"value": "SLURM_JWT=x"}, "munge": {"keyBase64": "a2V5"}}}
+    result = helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, values=values,
+                  tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _apply(sandbox: Sandbox, objects: list[dict], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["kubectl", "apply", *args, "-f", "-"], input=yaml.safe_dump_all(objects),
+                          text=True, capture_output=True, env=sandbox.environ())
 
 
 @pytest.fixture(scope="module")
 def bridge_namespace(sandbox: Sandbox) -> Iterator[None]:
     """The namespaces exist for real (a dry run cannot create the objects inside them otherwise)."""
-    sandbox.kubectl("apply", "-f", str(BASE / "namespace.yaml"))
+    for namespace in (RELEASE_NAMESPACE, JOB_NAMESPACE):
+        if sandbox.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+            sandbox.kubectl("create", "namespace", namespace)
     yield
-    sandbox.kubectl("delete", "namespace", "slurm-k8s-bridge", "--timeout=120s", check=False)
+    sandbox.kubectl("delete", "namespace", RELEASE_NAMESPACE, "--timeout=120s", check=False)
 
 
-def test_the_api_server_accepts_every_object(sandbox: Sandbox, bridge_namespace: None) -> None:
-    result = sandbox.kubectl("apply", "--dry-run=server", "-k", str(BASE), check=False)
+def test_the_api_server_accepts_every_object(
+    sandbox: Sandbox, bridge_namespace: None, tmp_path: Path
+) -> None:
+    result = _apply(sandbox, _template(tmp_path), "--dry-run=server")
 
     assert result.returncode == 0, result.stderr
-    for kind in ("namespace/slurm-k8s-bridge", "serviceaccount/slurm-k8s-bridge", "role.rbac",
-                 "clusterrole.rbac", "service/slurm-k8s-bridge", "deployment.apps/slurm-k8s-bridge"):
+    for kind in (f"namespace/{JOB_NAMESPACE}", "serviceaccount/slurm-k8s-bridge", "role.rbac",
+                 "clusterrole.rbac", "service/slurm-k8s-bridge", "deployment.apps/slurm-k8s-bridge",
+                 "configmap/slurm-k8s-bridge", "secret/slurm-k8s-bridge-jwt",
+                 "secret/slurm-k8s-bridge-munge"):
         assert kind in result.stdout, kind
 
 
 @pytest.fixture
-def applied_rbac(sandbox: Sandbox, bridge_namespace: None) -> Iterator[None]:
-    manifests = sandbox.kubectl("kustomize", str(BASE)).stdout
-    docs = [d for d in manifests.split("\n---\n")
-            if any(f"kind: {k}\n" in d for k in ("ServiceAccount", "Role", "RoleBinding",
-                                                  "ClusterRole", "ClusterRoleBinding"))]
-    subprocess.run(["kubectl", "apply", "-f", "-"], input="\n---\n".join(docs), text=True,
-                   check=True, capture_output=True, env=sandbox.environ())
+def applied_rbac(sandbox: Sandbox, bridge_namespace: None, tmp_path: Path) -> Iterator[None]:
+    rbac = [o for o in _template(tmp_path) if o["kind"] in RBAC_KINDS]
+    applied = _apply(sandbox, rbac)
+    assert applied.returncode == 0, applied.stderr
     yield
     sandbox.kubectl("delete", "clusterrolebinding,clusterrole", "slurm-k8s-bridge-nodes", check=False)
-    sandbox.kubectl("delete", "rolebinding,role", "slurm-k8s-bridge-jobs", "-n", "slurm-jobs", check=False)
+    sandbox.kubectl("delete", "rolebinding,role", "slurm-k8s-bridge-jobs", "-n", JOB_NAMESPACE, check=False)
 
 
 def test_the_service_account_has_exactly_what_the_daemon_needs(
     bridge: Sandbox, applied_rbac: None, tmp_path: Path
 ) -> None:
     kubeconfig = bridge.service_account_kubeconfig(
-        "slurm-k8s-bridge", "slurm-k8s-bridge", tmp_path / "kubeconfig"
+        RELEASE_NAMESPACE, "slurm-k8s-bridge", tmp_path / "kubeconfig"
     )
     config = tmp_path / "config.toml"
     config.write_text((STATE / "bridge" / "config.toml").read_text().replace(

@@ -20,5 +20,6 @@ def test_patch_sets_the_label_and_null_removes_it() -> None:
 
 
 def test_the_service_selects_the_label_the_leader_sets() -> None:
-    service = (Path(__file__).resolve().parents[2] / "deploy/kubernetes/base/service.yaml").read_text()
+    chart = Path(__file__).resolve().parents[2] / "deploy/helm/slurm-k8s-bridge"
+    service = (chart / "templates" / "service.yaml").read_text()
     assert f"{wellknown.LABEL_ROLE}: {wellknown.ROLE_LEADER}" in service
