@@ -132,7 +132,6 @@ slurm_side_up() {
   done
 }
 
-# The Deployment mode's objects (deploy/kubernetes/overlays/sandbox).
-OVERLAY="$SBX_REPO/deploy/kubernetes/overlays/sandbox"
+# The Deployment mode's objects (the Helm release of deploy/helm/slurm-k8s-bridge).
 BRIDGE_NAMESPACE=slurm-k8s-bridge
 kc_deployed() { kc -n "$BRIDGE_NAMESPACE" get deployment slurm-k8s-bridge >/dev/null 2>&1; }
