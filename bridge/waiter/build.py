@@ -1,6 +1,7 @@
 """Builds the waiter's one installed file: a zipapp of this package and the pure core modules it
 imports (bridge/core/waiter_protocol.py, srun_options.py), nothing else, which the slurmds run as
-`/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.pyz ...`. Called by
+`/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py ...` (the default attach_command;
+a zipapp runs under any file name). Called by
 `slurm-k8s-bridge waiter-build DEST`, by `python3 -m bridge.waiter.build DEST` from a checkout, and
 by the sandbox's install_waiter (containers/bridge/common.sh). Not itself part of the archive.
 
@@ -8,7 +9,8 @@ The archive holds each module's source and its bytecode, compiled by the Python 
 (`python`): Python compiles a script it is given at every start, and a module of a zip archive
 without usable bytecode too, so bytecode the hosts' Python can read keeps the waiter's start-up
 short. Another Python version reads the sources instead. The package roots (bridge/__init__.py,
-bridge/core/__init__.py) are stand-ins that import nothing.
+bridge/core/__init__.py) are stand-ins that import nothing. Its __main__.py starts the waiter
+again, once, when a reinstall replaced the file while it started (MAIN).
 """
 
 from __future__ import annotations
@@ -137,9 +139,20 @@ def archive_problems(archive: zipfile.ZipFile, sources: dict[str, bytes]) -> lis
     return problems
 
 
-def build(dest: str | os.PathLike[str], python: str = sys.executable) -> Path:
+SLURMD_PYTHON = "/usr/bin/python3"
+"""The Python the default attach_command runs the waiter with."""
+
+
+def default_python() -> str:
+    """The Python to compile the waiter's bytecode with when none is named: the slurmds' (the
+    default attach_command's), where this host has it, else this one (a venv's, maybe)."""
+    return SLURMD_PYTHON if os.access(SLURMD_PYTHON, os.X_OK) else sys.executable
+
+
+def build(dest: str | os.PathLike[str], python: str | None = None) -> Path:
     """Write the waiter's zipapp to `dest` (replaced at once: a slurmd never runs half of it), mode
-    644, its bytecode compiled by `python`. Returns its path."""
+    644, its bytecode compiled by `python` (default_python() if None). Returns its path."""
+    python = python or default_python()
     target = Path(dest).absolute()
     target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="waiter-build-") as tmp:
@@ -164,4 +177,5 @@ def build(dest: str | os.PathLike[str], python: str = sys.executable) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
         sys.exit("usage: python3 -m bridge.waiter.build DEST [PYTHON]")
-    print(build(sys.argv[1], *sys.argv[2:]))
+    compiler = sys.argv[2] if len(sys.argv) == 3 else default_python()
+    print(f"{build(sys.argv[1], compiler)} (bytecode compiled by {compiler})")

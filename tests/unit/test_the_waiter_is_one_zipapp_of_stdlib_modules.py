@@ -1,5 +1,6 @@
 """The waiter is installed as one file: a zipapp of bridge/waiter and the pure core modules it shares
-with the daemon, which the slurmds run as `python3 -I -S waiter.pyz`. It holds those modules and
+with the daemon, which the slurmds run as `/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py`
+(any file name works). It holds those modules and
 nothing else, imports only the standard library when it runs, and carries bytecode so that its
 start-up compiles nothing."""
 
@@ -33,7 +34,8 @@ HEAVY = {"typing", "hashlib", "_hashlib", "random", "http", "http.client", "ssl"
 @pytest.fixture(scope="module")
 def waiter_pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("libexec") / "waiter.pyz"
-    assert cli.main(["waiter-build", str(dest)]) == 0
+    # Compiled by the Python running these tests: its bytecode is checked below.
+    assert cli.main(["waiter-build", "--python", sys.executable, str(dest)]) == 0
     return dest
 
 
@@ -161,6 +163,28 @@ def test_its_modules_come_from_their_bytecode(waiter_pyz: Path) -> None:
     loaded = eval(result.stdout)  # a list of file names, printed by the probe above
     assert len(loaded) == len(build.modules()) + 1
     assert all(name.endswith(".pyc") for name in loaded), loaded
+
+
+def test_it_is_compiled_by_the_slurmds_python_unless_told(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not by the venv's Python the CLI runs in: by the default attach_command's, where this host
+    has it, and it says which."""
+    used = tmp_path / "used"
+    slurmd_python = tmp_path / "python3"
+    slurmd_python.write_text(f"#!/bin/sh\necho \"$@\" >> {used}\nexec {sys.executable} \"$@\"\n")
+    slurmd_python.chmod(0o755)
+    monkeypatch.setattr(build, "SLURMD_PYTHON", str(slurmd_python))
+    assert cli.main(["waiter-build", str(tmp_path / "waiter.py")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'waiter.py'} (bytecode compiled by {slurmd_python})\n"
+    assert "py_compile" in used.read_text()
+    used.unlink()
+    monkeypatch.setattr(build, "SLURMD_PYTHON", str(tmp_path / "absent"))
+    assert cli.main(["waiter-build", str(tmp_path / "waiter.py")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'waiter.py'} (bytecode compiled by {sys.executable})\n"
+    assert cli.main(["waiter-build", "--python", str(slurmd_python), str(tmp_path / "waiter.py")]) == 0
+    assert capsys.readouterr().out.endswith(f" (bytecode compiled by {slurmd_python})\n")
+    assert "py_compile" in used.read_text()
 
 
 def test_it_is_built_into_a_new_directory_too(tmp_path: Path) -> None:

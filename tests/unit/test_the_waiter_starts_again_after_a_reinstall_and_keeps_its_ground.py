@@ -30,7 +30,7 @@ JOB_EVENTS = ({"type": "log", "pod": 0, "ts": "t1", "line": "hello from the pod"
 
 @pytest.fixture(scope="module")
 def waiter_pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build.build(tmp_path_factory.mktemp("libexec") / "waiter.pyz")
+    return build.build(tmp_path_factory.mktemp("libexec") / "waiter.pyz", sys.executable)
 
 
 class FakeDaemon:
