@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         "dest", help="the file attach_command runs (default config: /usr/libexec/slurm-k8s-bridge/waiter.py)"
     )
     waiter_build.add_argument(
-        "--python", default=sys.executable,
-        help="the Python the slurmds run it with, which compiles its bytecode (default: this one)",
+        "--python",
+        help="the Python the slurmds run it with, which compiles its bytecode "
+        "(default: /usr/bin/python3 if this host has it, else this one)",
     )
     return parser
 
@@ -59,9 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return waiter.main([*(["--api", args.api] if args.api else []), args.script])
     if args.command == "waiter-build":
-        from bridge.waiter.build import build
+        from bridge.waiter.build import build, default_python
 
-        print(build(args.dest, args.python))
+        python = args.python or default_python()
+        print(f"{build(args.dest, python)} (bytecode compiled by {python})")
         return 0
     if args.command == "job-submit-conf":
         return _job_submit_conf(args.config)

@@ -1,6 +1,7 @@
 """Builds the waiter's one installed file: a zipapp of this package and the pure core modules it
 imports (bridge/core/waiter_protocol.py, srun_options.py), nothing else, which the slurmds run as
-`/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.pyz ...`. Called by
+`/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py ...` (the default attach_command;
+a zipapp runs under any file name). Called by
 `slurm-k8s-bridge waiter-build DEST`, by `python3 -m bridge.waiter.build DEST` from a checkout, and
 by the sandbox's install_waiter (containers/bridge/common.sh). Not itself part of the archive.
 
@@ -8,26 +9,43 @@ The archive holds each module's source and its bytecode, compiled by the Python 
 (`python`): Python compiles a script it is given at every start, and a module of a zip archive
 without usable bytecode too, so bytecode the hosts' Python can read keeps the waiter's start-up
 short. Another Python version reads the sources instead. The package roots (bridge/__init__.py,
-bridge/core/__init__.py) are stand-ins that import nothing.
+bridge/core/__init__.py) are stand-ins that import nothing. Its __main__.py starts the waiter
+again, once, when a reinstall replaced the file while it started (MAIN).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipapp
+import zipfile
 from pathlib import Path
 
 BRIDGE = Path(__file__).resolve().parents[1]
 ENTRY = "bridge/waiter/main.py"
-MAIN = '''"""The job-side waiter of slurm-k8s-bridge, built by bridge/waiter/build.py."""
+REEXEC = "SLURM_K8S_BRIDGE_WAITER_REEXEC"
+"""Set by the waiter's __main__ for the one start it makes again; popped first thing, so it never
+reaches the job's environment (the waiter sends that to the pods)."""
+MAIN = f'''"""The job-side waiter of slurm-k8s-bridge, built by bridge/waiter/build.py."""
+import os
 import sys
 
-from bridge.waiter.main import main
+started_again = os.environ.pop({REEXEC!r}, None)
+try:
+    from bridge.waiter.main import main
+except Exception:
+    # zipimport read this archive's directory at start and reopens the file for each module: a
+    # reinstall that replaced the file in between gives `bad local file header` (or another
+    # module's bytes). Start again, once, from the new file. Nothing before this unblocked a
+    # signal: the ones the step guard holds stay pending across the exec.
+    if started_again is not None:
+        raise
+    os.environ[{REEXEC!r}] = "1"
+    os.execv(sys.executable, getattr(sys, "orig_argv", [sys.executable, "-I", "-S", *sys.argv]))
 
 sys.exit(main(sys.argv[1:]))
 '''
@@ -86,23 +104,68 @@ def _module_path(dotted: str) -> str:
     return f"{as_path}/__init__.py" if (BRIDGE.parent / as_path).is_dir() else f"{as_path}.py"
 
 
-def build(dest: str | os.PathLike[str], python: str = sys.executable) -> Path:
+def staged_sources() -> dict[str, bytes]:
+    """The sources the archive holds, by their names in it: each module's file of this checkout, or
+    its stand-in (the package roots, __main__.py)."""
+    sources: dict[str, bytes] = {}
+    for relative in [*sorted(set(modules()) | set(PACKAGE_ROOTS)), "__main__.py"]:
+        stand_in = MAIN if relative == "__main__.py" else PACKAGE_ROOTS.get(relative)
+        sources[relative] = (BRIDGE.parent / relative).read_bytes() if stand_in is None else stand_in.encode()
+    return sources
+
+
+def archive_problems(archive: zipfile.ZipFile, sources: dict[str, bytes]) -> list[str]:
+    """How `archive` differs from a build of `sources` (staged_sources()): a source missing, added
+    or not the same, or bytecode that was not compiled from the source beside it (the source hash
+    its unchecked-hash header carries). Empty when it is that build. Bytecode is checked by this
+    Python, so it must be of this Python's version."""
+    problems: list[str] = []
+    names = {name for name in archive.namelist() if not name.endswith("/")}
+    expected = set(sources) | {name + "c" for name in sources}
+    problems += [f"{name}: missing" for name in sorted(expected - names)]
+    problems += [f"{name}: not the waiter's" for name in sorted(names - expected)]
+    for name in sorted(set(sources) & names):
+        if archive.read(name) != sources[name]:
+            problems.append(f"{name}: not this checkout's")
+        if name + "c" not in names:
+            continue
+        header = archive.read(name + "c")[:16]
+        if header[:4] != importlib.util.MAGIC_NUMBER:
+            problems.append(f"{name}c: bytecode of another Python than this check's")
+        elif int.from_bytes(header[4:8], "little") != 0b01:  # hash-based, unchecked
+            problems.append(f"{name}c: not unchecked-hash bytecode")
+        elif header[8:16] != importlib.util.source_hash(sources[name]):
+            problems.append(f"{name}c: not compiled from {name}")
+    return problems
+
+
+SLURMD_PYTHON = "/usr/bin/python3"
+"""The Python the default attach_command runs the waiter with."""
+
+
+def default_python() -> str:
+    """The Python to compile the waiter's bytecode with when none is named: the slurmds' (the
+    default attach_command's), where this host has it, else this one (a venv's, maybe)."""
+    return SLURMD_PYTHON if os.access(SLURMD_PYTHON, os.X_OK) else sys.executable
+
+
+def build(dest: str | os.PathLike[str], python: str | None = None) -> Path:
     """Write the waiter's zipapp to `dest` (replaced at once: a slurmd never runs half of it), mode
-    644, its bytecode compiled by `python`. Returns its path."""
-    target = Path(dest)
+    644, its bytecode compiled by `python` (default_python() if None). Returns its path."""
+    python = python or default_python()
+    target = Path(dest).absolute()
     target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="waiter-build-") as tmp:
         stage = Path(tmp) / "waiter"
-        files = [*sorted(set(modules()) | set(PACKAGE_ROOTS)), "__main__.py"]
-        for relative in files:
+        sources = staged_sources()
+        for relative, source in sources.items():
             staged = stage / relative
             staged.parent.mkdir(parents=True, exist_ok=True)
-            stand_in = MAIN if relative == "__main__.py" else PACKAGE_ROOTS.get(relative)
-            if stand_in is None:
-                shutil.copyfile(BRIDGE.parent / relative, staged)
-            else:
-                staged.write_text(stand_in)
-        pairs = [word for relative in files for word in (str(stage / relative), relative)]
+            staged.write_bytes(source)
+        # Each module compiled under its installed name (the archive's path, as zipimport names
+        # its source): with a relative name, a traceback would print lines of a file by that name
+        # in the current directory, the user's at start.
+        pairs = [word for relative in sources for word in (str(stage / relative), f"{target}/{relative}")]
         subprocess.run([python, "-I", "-S", "-c", COMPILE, *pairs], check=True, timeout=120)
         partial = target.with_name(f".{target.name}.new")
         zipapp.create_archive(stage, partial)
@@ -114,4 +177,5 @@ def build(dest: str | os.PathLike[str], python: str = sys.executable) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
         sys.exit("usage: python3 -m bridge.waiter.build DEST [PYTHON]")
-    print(build(sys.argv[1], *sys.argv[2:]))
+    compiler = sys.argv[2] if len(sys.argv) == 3 else default_python()
+    print(f"{build(sys.argv[1], compiler)} (bytecode compiled by {compiler})")

@@ -1,7 +1,8 @@
 """The waiter's entry point: `waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY`, as the
-slurmds run it (`/usr/bin/python3 -I -S /path/waiter.pyz ...`, the zipapp bridge/waiter/build.py
-makes of this package). The batch script's form runs the batch waiter (attach.py); `task KEY` is a
-task proxy (task.py) that Slurm's srun starts for a step of the script.
+slurmds run it (by default `/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py ...`,
+the zipapp bridge/waiter/build.py makes of this package; any file name works). The batch script's
+form runs the batch waiter (attach.py); `task KEY` is a task proxy (task.py) that Slurm's srun
+starts for a step of the script.
 
 It runs on the slurmd host as the user, so it trusts nothing the user shapes: it is started by
 absolute path in isolated mode, the SPANK guard strips LD_* and PYTHON* before it is exec'd, it runs

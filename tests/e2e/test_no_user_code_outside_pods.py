@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bridge.waiter import build
-from tests.e2e.sandbox import REPO, Sandbox, job_pods, wait_until, write_script
+from tests.e2e.sandbox import Sandbox, job_pods, wait_until, write_script
 
 PROBE = 'if [ -e /usr/sbin/slurmd ]; then echo ON_SLURMD_HOST; else echo IN_POD; fi\n'
 MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
@@ -312,8 +312,7 @@ def test_the_waiter_is_started_by_absolute_path_in_isolated_mode(bridge: Sandbox
     assert words[0].startswith("/") and words[1:3] == ["-I", "-S"] and words[3].startswith("/")
     waiter = Path(words[3])
     with zipfile.ZipFile(waiter) as archive:  # the zipapp bridge/waiter/build.py makes of this checkout
-        for module in build.modules():
-            assert archive.read(module) == (REPO / module).read_bytes(), f"{module} is not this checkout's"
+        assert build.archive_problems(archive, build.staged_sources()) == [], f"{waiter}: not this checkout's"
     for path in (waiter, waiter.parent):
         assert path.stat().st_uid == 0 and not path.stat().st_mode & 0o022, f"{path} writable by others"
 

@@ -1,11 +1,13 @@
 """The waiter is installed as one file: a zipapp of bridge/waiter and the pure core modules it shares
-with the daemon, which the slurmds run as `python3 -I -S waiter.pyz`. It holds those modules and
+with the daemon, which the slurmds run as `/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py`
+(any file name works). It holds those modules and
 nothing else, imports only the standard library when it runs, and carries bytecode so that its
 start-up compiles nothing."""
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import socket
 import subprocess
@@ -32,7 +34,8 @@ HEAVY = {"typing", "hashlib", "_hashlib", "random", "http", "http.client", "ssl"
 @pytest.fixture(scope="module")
 def waiter_pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("libexec") / "waiter.pyz"
-    assert cli.main(["waiter-build", str(dest)]) == 0
+    # Compiled by the Python running these tests: its bytecode is checked below.
+    assert cli.main(["waiter-build", "--python", sys.executable, str(dest)]) == 0
     return dest
 
 
@@ -48,10 +51,60 @@ def test_the_archive_holds_the_waiters_modules_and_nothing_else(waiter_pyz: Path
         names = {name for name in archive.namelist() if not name.endswith("/")}
     sources = {name for name in names if name.endswith(".py")}
     assert sources == {*build.modules(), "bridge/__init__.py", "__main__.py"}
-    assert {"bridge/core/waiter_protocol.py", "bridge/core/srun_options.py"} <= sources
+    assert {name for name in sources if name.startswith("bridge/core/")} == {
+        "bridge/core/__init__.py", "bridge/core/waiter_protocol.py", "bridge/core/srun_options.py"}
     assert "bridge/waiter/build.py" not in sources and "bridge/core/config.py" not in sources
     assert names - sources == {name + "c" for name in sources}, "each module's bytecode beside it"
     assert waiter_pyz.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_archive_is_the_staged_sources_and_their_bytecode(waiter_pyz: Path) -> None:
+    """What the e2e suite checks of the installed waiter against its checkout: the stand-ins are
+    the archive's, and each module's bytecode is compiled from the source beside it."""
+    sources = build.staged_sources()
+    assert sources["bridge/core/__init__.py"] != (ROOT / "bridge/core/__init__.py").read_bytes()
+    assert sources["bridge/waiter/main.py"] == (ROOT / "bridge/waiter/main.py").read_bytes()
+    assert sources["__main__.py"] == build.MAIN.encode()
+    with zipfile.ZipFile(waiter_pyz) as archive:
+        assert build.archive_problems(archive, sources) == []
+        entries = {name: archive.read(name) for name in archive.namelist() if not name.endswith("/")}
+
+    def problems(changed: dict[str, bytes | None]) -> list[str]:
+        copy = io.BytesIO()
+        with zipfile.ZipFile(copy, "w") as target:
+            for name, data in {**entries, **changed}.items():
+                if data is not None:
+                    target.writestr(name, data)
+        with zipfile.ZipFile(copy) as archive:
+            return build.archive_problems(archive, sources)
+
+    main_pyc = entries["bridge/waiter/main.pyc"]
+    assert problems({"bridge/waiter/main.py": b"print('other')\n"}) == [
+        "bridge/waiter/main.py: not this checkout's"]
+    assert problems({"bridge/waiter/main.pyc": entries["bridge/waiter/task.pyc"]}) == [
+        "bridge/waiter/main.pyc: not compiled from bridge/waiter/main.py"]
+    assert problems({"bridge/waiter/main.pyc": main_pyc[:4] + b"\0\0\0\0" + main_pyc[8:]}) == [
+        "bridge/waiter/main.pyc: not unchecked-hash bytecode"]
+    assert problems({"bridge/waiter/main.pyc": b"\0\0\r\n" + main_pyc[4:]}) == [
+        "bridge/waiter/main.pyc: bytecode of another Python than this check's"]
+    assert problems({"bridge/waiter/task.py": None, "bridge/extra.py": b""}) == [
+        "bridge/waiter/task.py: missing", "bridge/extra.py: not the waiter's"]
+
+
+def test_a_traceback_shows_the_archives_lines_not_the_submit_directorys(
+    waiter_pyz: Path, tmp_path: Path
+) -> None:
+    """Compiled under its installed name: a traceback before the waiter leaves the submit directory
+    reads no file there."""
+    planted = tmp_path / "bridge" / "waiter" / "main.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("PLANTED LINE\n" * 200)
+    result = subprocess.run([sys.executable, "-I", "-S", str(waiter_pyz), "no-such-script"],
+                            capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+                            env={"SLURM_JOB_ID": "7"})
+    assert result.returncode == 1 and "FileNotFoundError" in result.stderr
+    assert f'File "{waiter_pyz}/bridge/waiter/main.py", line ' in result.stderr
+    assert "PLANTED" not in result.stderr
 
 
 def test_the_archives_package_roots_import_nothing(waiter_pyz: Path) -> None:
@@ -110,6 +163,28 @@ def test_its_modules_come_from_their_bytecode(waiter_pyz: Path) -> None:
     loaded = eval(result.stdout)  # a list of file names, printed by the probe above
     assert len(loaded) == len(build.modules()) + 1
     assert all(name.endswith(".pyc") for name in loaded), loaded
+
+
+def test_it_is_compiled_by_the_slurmds_python_unless_told(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not by the venv's Python the CLI runs in: by the default attach_command's, where this host
+    has it, and it says which."""
+    used = tmp_path / "used"
+    slurmd_python = tmp_path / "python3"
+    slurmd_python.write_text(f"#!/bin/sh\necho \"$@\" >> {used}\nexec {sys.executable} \"$@\"\n")
+    slurmd_python.chmod(0o755)
+    monkeypatch.setattr(build, "SLURMD_PYTHON", str(slurmd_python))
+    assert cli.main(["waiter-build", str(tmp_path / "waiter.py")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'waiter.py'} (bytecode compiled by {slurmd_python})\n"
+    assert "py_compile" in used.read_text()
+    used.unlink()
+    monkeypatch.setattr(build, "SLURMD_PYTHON", str(tmp_path / "absent"))
+    assert cli.main(["waiter-build", str(tmp_path / "waiter.py")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'waiter.py'} (bytecode compiled by {sys.executable})\n"
+    assert cli.main(["waiter-build", "--python", str(slurmd_python), str(tmp_path / "waiter.py")]) == 0
+    assert capsys.readouterr().out.endswith(f" (bytecode compiled by {slurmd_python})\n")
+    assert "py_compile" in used.read_text()
 
 
 def test_it_is_built_into_a_new_directory_too(tmp_path: Path) -> None:
