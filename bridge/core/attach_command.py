@@ -12,8 +12,9 @@ import re
 import shlex
 
 DEFAULT_ATTACH_COMMAND = "/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py"
-"""The waiter as the slurmds start it: one root-owned copy of bridge/waiter/attach.py, by absolute path, in
-isolated mode (-I: no PYTHON* variables, no user site, no script or cwd directory on sys.path)."""
+"""The waiter as the slurmds start it: the root-owned zipapp `slurm-k8s-bridge waiter-build` writes,
+by absolute path, in isolated mode (-I: no PYTHON* variables, no user site, no script or cwd directory
+on sys.path)."""
 SHELL_SPECIAL = frozenset("$`;|&<>(){}*?[]~#!\\\n")
 """What the batch script's /bin/sh would interpret in a word job_submit.lua writes into it."""
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")

@@ -88,7 +88,8 @@ class WaiterConfig:
         "followed by `--api <api_url>` and the script's path. It must name everything by absolute path: "
         "start with one, not go through env, a shell or another program that finds its argument on the "
         "PATH, run Python with -I (no PYTHONPATH, user site or cwd on sys.path), and hold no shell "
-        "characters. Install bridge/waiter/attach.py there (root, mode 644) on every bridged slurmd host."))
+        "characters. Install the waiter there on every bridged slurmd host: "
+        "`slurm-k8s-bridge waiter-build --python /usr/bin/python3 PATH` (root, mode 644)."))
     api_url: NonEmpty = Field(default="http://127.0.0.1:8470", json_schema_extra={
         "toml_default": "http:// (https:// with TLS) + [api] listen"}, description=(
         "URL of this daemon's API as the slurmds reach it; https:// when the API serves TLS."))

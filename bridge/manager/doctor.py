@@ -298,7 +298,8 @@ class Doctor:
                 raise CheckFailed(
                     "RBAC: the bridge may not "
                     + "; ".join(denied)
-                    + ". Install the Helm chart deploy/helm/slurm-k8s-bridge (its Roles and ClusterRole) or grant these verbs"
+                    + ". Install the Helm chart deploy/helm/slurm-k8s-bridge (its Roles and ClusterRole)"
+                    " or grant these verbs"
                 )
             nodes = await request_json(api, "GET", "/api/v1/nodes", "list nodes")
         except BridgeError as error:

@@ -6,16 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-import yaml
-
 from bridge.core.config import BridgeConfig, PartitionConfig, parse_config
 from bridge.manager import config_reference
 from bridge.manager.config_reference import REFERENCE, render, tables
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "docs" / "bridge.example.toml"
-KUSTOMIZE_CONFIG = ROOT / "deploy" / "kubernetes" / "base" / "config.yaml"
 
 
 def test_the_reference_is_what_the_models_generate() -> None:
@@ -77,10 +73,3 @@ def test_the_example_parses_and_shows_every_key() -> None:
                for table in tables(BridgeConfig, "", "", array=False) for key in table.keys
                if (table.header, key.name) not in shown]
     assert missing == []
-
-
-@pytest.mark.parametrize("document", [d for d in yaml.safe_load_all(KUSTOMIZE_CONFIG.read_text())
-                                      if d and "config.toml" in (d.get("data") or {})])
-def test_the_shipped_config_parses(document: dict[str, dict[str, str]]) -> None:
-    cfg = parse_config(document["data"]["config.toml"], source=str(KUSTOMIZE_CONFIG))
-    assert cfg.partitions
