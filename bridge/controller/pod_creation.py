@@ -77,7 +77,7 @@ class PodCreation:
             await self._payload_secrets.ensure(secret, bound)
         except KubeRejected as error:
             if not _refuses_the_job(error):
-                raise
+                raise BridgeNotAuthorised(str(error)) from error
             return f"Kubernetes refused the job's script and environment (Secret {secret_name}): {error}"
         manifests = [m for m in manifests if m["metadata"]["name"] not in skip]
         names = [m["metadata"]["name"] for m in manifests]
@@ -89,7 +89,7 @@ class PodCreation:
             except KubeRejected as error:
                 self._expectations.forget(names[done:])
                 if not _refuses_the_job(error):
-                    raise
+                    raise BridgeNotAuthorised(str(error)) from error
                 return f"Kubernetes refused the job's pod: {error}"
             except BaseException:
                 self._expectations.forget(names[done:])
@@ -122,6 +122,11 @@ class PodCreation:
                 raise TemporaryError(f"copying the script into pod {pod.name} exited {code}")
             session.script_delivered = True
             bound.info("script.delivered", pod=pod.name, bytes=len(data))
+
+
+class BridgeNotAuthorised(TemporaryError):
+    """Kubernetes refused the bridge's own credentials (401), or a conflict: no fault of the job's.
+    Temporary, so the work queue tries the job again with backoff (a permanent error is not)."""
 
 
 def _refuses_the_job(error: KubeRejected) -> bool:

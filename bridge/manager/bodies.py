@@ -7,6 +7,7 @@ does. The API answers each refusal with its own 400 message, as before. Used by 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
@@ -95,9 +96,17 @@ B = TypeVar("B", bound=_Body)
 
 
 def parse(model: type[B], raw: bytes) -> B:
-    """`raw` as `model`; BadBody says what is wrong."""
+    """`raw` as `model`; BadBody says what is wrong.
+
+    Decoded by json, then validated: the waiter sends the bytes of a script, a path or a variable
+    that are not UTF-8 as lone surrogates (surrogateescape, then json.dumps' \\udcXX), which
+    json takes and pydantic's own JSON parser refuses; translate turns them into U+FFFD."""
     try:
-        return model.model_validate_json(raw)
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
+        raise BadBody("not a JSON object") from None
+    try:
+        return model.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])

@@ -14,6 +14,7 @@ import pytest
 
 from bridge.clients.kube.errors import KubeForbidden, KubeInvalid, KubeRejected
 from bridge.controller import payload_secrets as payload_secrets_module
+from bridge.core.errors import PermanentError, TemporaryError
 
 from .builders import allocation, payload
 from .test_reconcile_acts_on_both_views import _attach, _pod, _see
@@ -209,6 +210,8 @@ async def test_the_bridges_own_credentials_refused_fail_no_job(world: Any) -> No
     kube.create_pod = unauthorized
     _see(reconciler, allocation())
     queue = _attach(reconciler)
-    with pytest.raises(KubeForbidden):
+    with pytest.raises(TemporaryError) as raised:  # the work queue tries it again with backoff
         await reconciler.reconcile(42)
+    assert not isinstance(raised.value, PermanentError), "a permanent error is never tried again"
+    assert isinstance(raised.value.__cause__, KubeForbidden)
     assert queue.empty(), "the job was ended for the bridge's own credentials"

@@ -19,7 +19,15 @@ from bridge.controller.tasks import Tasks
 from bridge.core.model import JobAllocation
 from bridge.core.waiter_protocol import request_digest
 from bridge.manager.api import Api
-from bridge.manager.bodies import BadBody, StepDoneBody, TaskSignalBody, parse
+from bridge.manager.bodies import (
+    AttachBody,
+    BadBody,
+    SignalBody,
+    StepDoneBody,
+    TaskBody,
+    TaskSignalBody,
+    parse,
+)
 
 from .builders import allocation, config
 
@@ -158,3 +166,23 @@ def test_task_ids_are_kept_as_canonical_decimal_text() -> None:
     assert (body.key, body.procid) == ("7", "3")
     with pytest.raises(BadBody):
         parse(StepDoneBody, b'{"key": 1.5, "code": 0}')
+
+
+def test_bytes_that_are_not_utf8_reach_the_daemon_as_the_waiter_sent_them() -> None:
+    """The waiter reads a script, a path or a variable that is not UTF-8 with surrogateescape, and
+    json.dumps writes each such byte as a lone surrogate (\\udcXX): a Latin-1 submit directory or
+    job name must not cost the job its start (translate makes them U+FFFD in the pod)."""
+    attach = json.dumps({"script": "#!/bin/sh\necho caf\udce9\n", "environment": {"X": "caf\udce9"},
+                         "work_dir": "/home/alice/r\udce9sum\u00e9", "uid": 1000, "gid": 100}).encode()
+    task = json.dumps({"key": "7", "node": "kreal1", "env": {"SLURM_JOB_NAME": "r\udce9sum"}}).encode()
+
+    body = parse(AttachBody, attach)
+
+    assert body.environment == {"X": "caf\udce9"} and body.work_dir == "/home/alice/r\udce9sum\u00e9"
+    assert parse(TaskBody, task).env == {"SLURM_JOB_NAME": "r\udce9sum"}
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{}", b"{", b""])
+def test_what_is_not_a_json_object_is_a_bad_body_not_a_crash(raw: bytes) -> None:
+    with pytest.raises(BadBody):
+        parse(SignalBody, raw)
