@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.errors import KubeForbidden, KubeInvalid, KubeRejected
 from bridge.controller import payload_secrets as payload_secrets_module
+from bridge.controller.sessions import SessionRegistry
 from bridge.core.errors import PermanentError, TemporaryError
 
 from .builders import allocation, payload
@@ -215,3 +217,31 @@ async def test_the_bridges_own_credentials_refused_fail_no_job(world: Any) -> No
     assert not isinstance(raised.value, PermanentError), "a permanent error is never tried again"
     assert isinstance(raised.value.__cause__, KubeForbidden)
     assert queue.empty(), "the job was ended for the bridge's own credentials"
+
+
+async def test_a_secret_a_job_came_for_while_the_sweep_ran_is_kept() -> None:
+    """The sweep decides from one listing; a job whose run names a listed Secret may come while
+    the sweep deletes another (it awaits Kubernetes). Asked again under that Secret's lock, the
+    sweep keeps it: else the job's pods would mount a Secret that is gone."""
+    sessions = SessionRegistry()
+    old = _stamp(-timedelta(hours=1))
+
+    class Kube:
+        def __init__(self) -> None:
+            self.secrets = {name: {"name": name, "uid": f"uid-{name}", "creationTimestamp": old}
+                            for name in ("slurm-payload-first", "slurm-payload-second")}
+
+        async def secrets_metadata(self, _selector: str) -> list[dict[str, Any]]:
+            return list(self.secrets.values())
+
+        async def delete_secret(self, name: str, uid: str | None = None) -> bool:
+            del self.secrets[name]
+            if name == "slurm-payload-first":  # meanwhile a job starts whose run names the second
+                sessions.open(43, 0).payload_secret = "slurm-payload-second"
+            return True
+
+    kube = Kube()
+    secrets = payload_secrets_module.PayloadSecrets(kube, PodCache(), sessions)  # type: ignore[arg-type]
+
+    assert await secrets.sweep("selector") == 1
+    assert list(kube.secrets) == ["slurm-payload-second"]

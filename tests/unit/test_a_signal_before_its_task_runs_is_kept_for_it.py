@@ -203,3 +203,17 @@ def test_a_proxy_waits_longer_for_its_answer_than_the_daemon_may_take_to_give_it
     pauses = sum(tasks_module.TASK_SIGNAL_RETRY_S * 2 ** attempt
                  for attempt in range(tasks_module.TASK_SIGNAL_TRIES - 1))
     assert tasks_module.TASK_SIGNAL_TRIES * EXEC_TIMEOUT_S + pauses < TASK_SIGNAL_TIMEOUT_S
+
+
+def test_one_users_kept_signals_are_bounded_across_their_jobs(monkeypatch: Any) -> None:
+    """A user with many jobs, each under the per-job quota, still may not take everybody's place."""
+    monkeypatch.setattr(tasks_module, "EARLY_SIGNAL_TASKS_PER_USER", 3)
+    tasks = Tasks(AgentInPod(), Reconciler(AgentInPod()))  # type: ignore[arg-type]
+    alice, bob = 1000, 1001
+
+    alices = [tasks.keep_early_signal((job_id, "7", "0"), USR1, alice) for job_id in (42, 43, 44, 45)]
+    bobs = tasks.keep_early_signal((46, "7", "0"), USR1, bob)
+    again = tasks.keep_early_signal((42, "7", "0"), USR1, alice)  # a task already kept for: room for it
+
+    assert alices == [True, True, True, False]
+    assert bobs and again

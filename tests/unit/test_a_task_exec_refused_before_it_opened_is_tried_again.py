@@ -151,3 +151,48 @@ def test_only_errors_that_prove_the_command_never_ran_count_as_not_started() -> 
     assert not _refused_before_running(ApiException(status=404))
     assert not _refused_before_running(TimeoutError())
     assert not _refused_before_running(aiohttp.ServerDisconnectedError())
+
+
+async def test_a_task_whose_step_ended_while_its_exec_was_refused_stops_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """srun gave up on the step (it ended, or was cancelled): its task must not go on asking for
+    a pod exec until the deadline."""
+    waits: list[float] = []
+
+    async def no_wait(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) > 20:  # the deadline is a minute of real time away; fail, do not hang
+            raise AssertionError("still waiting for a step that has ended")
+
+    monkeypatch.setattr(tasks_module, "_sleep", no_wait)
+    steps = OneStep()
+    kubelet = FlakyKubelet(refusals=10_000)
+    exec_stream = kubelet.exec_stream
+
+    def closing_on_the_second_refusal(pod: str, command: list[str]) -> AsyncIterator[tuple[int, bytes]]:
+        if kubelet.attempts == 1:
+            steps.open = False
+        return exec_stream(pod, command)
+
+    kubelet.exec_stream = closing_on_the_second_refusal  # type: ignore[method-assign]
+
+    async def write(_fd: int, _data: bytes) -> None:
+        pass
+
+    with pytest.raises(ExecNotStarted):
+        await tasks_module.Tasks(kubelet, steps).run(  # type: ignore[arg-type]
+            (42, "7", "0"), "slurm-42-0", ["agent", "task"], write)
+
+    assert kubelet.attempts == 2
+    assert len(waits) == 1
+
+
+class OneStep:
+    """Step 7 of job 42, open until `open` is cleared."""
+
+    def __init__(self) -> None:
+        self.open = True
+
+    def step_of(self, job_id: int, key: str) -> dict[str, object] | None:
+        return {"argv": [], "env": {}, "cwd": "/"} if self.open and (job_id, key) == (42, "7") else None
