@@ -1,8 +1,10 @@
 """Latency of the bridge on the sandbox: prints numbers, asserts nothing.
 
 For N sequential jobs in the `k8s` partition it measures, on one clock (this host's):
+  sbatch→running sbatch called → Slurm shows the job RUNNING (submit, job_submit.lua, scheduling)
   running→pod    Slurm shows the job RUNNING → the daemon has created its pod
   attach→pod     the waiter attached → pod created (the daemon's own share)
+  pod→end        pod created → the daemon saw the container end (the kubelet's share: start, run, report)
   end→slurm      the daemon saw the container end → Slurm no longer shows the job RUNNING
   sbatch→end     wall time of the whole job (script: `exit 0`)
 
@@ -60,7 +62,8 @@ def main() -> None:
     env = sandbox.environ()
     script = write_script(sandbox, "alice", "bench-latency.sh",
                           "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\nexit 0\n")
-    rows: dict[str, list[float]] = {"running→pod": [], "attach→pod": [], "end→slurm": [], "sbatch→end": []}
+    rows: dict[str, list[float]] = {"sbatch→running": [], "running→pod": [], "attach→pod": [], "pod→end": [],
+                                    "end→slurm": [], "sbatch→end": []}
     for _ in range(args.jobs):
         t0 = time.time()
         job_id = sandbox.sbatch("-p", "k8s", str(script))
@@ -73,16 +76,18 @@ def main() -> None:
         time.sleep(0.3)  # let the daemon flush its log
         events = log_events(job_id)
         ended = min(v for k, v in seen.items() if k not in ("PENDING", "RUNNING", "CONFIGURING"))
+        rows["sbatch→running"].append(seen.get("RUNNING", events["pod.created"]) - t0)
         rows["running→pod"].append(events["pod.created"] - seen.get("RUNNING", events["pod.created"]))
         rows["attach→pod"].append(events["pod.created"] - events["attach.accepted"])
+        rows["pod→end"].append(events["job.finished"] - events["pod.created"])
         rows["end→slurm"].append(ended - events["job.finished"])
         rows["sbatch→end"].append(ended - t0)
     print(f"{args.jobs} jobs, one at a time, partition k8s (real kubelets), times in ms")
-    print(f"{'':14}{'median':>10}{'p90':>10}{'max':>10}")
+    print(f"{'':15}{'median':>10}{'p90':>10}{'max':>10}")
     for name, values in rows.items():
         ms = sorted(v * 1000 for v in values)
         p90 = ms[min(len(ms) - 1, int(len(ms) * 0.9))]
-        print(f"{name:14}{statistics.median(ms):10.0f}{p90:10.0f}{ms[-1]:10.0f}")
+        print(f"{name:15}{statistics.median(ms):10.0f}{p90:10.0f}{ms[-1]:10.0f}")
 
 
 if __name__ == "__main__":
