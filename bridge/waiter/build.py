@@ -114,11 +114,14 @@ def staged_sources() -> dict[str, bytes]:
     return sources
 
 
-def archive_problems(archive: zipfile.ZipFile, sources: dict[str, bytes]) -> list[str]:
+def archive_problems(
+    archive: zipfile.ZipFile, sources: dict[str, bytes], *, bytecode: bool = True
+) -> list[str]:
     """How `archive` differs from a build of `sources` (staged_sources()): a source missing, added
     or not the same, or bytecode that was not compiled from the source beside it (the source hash
     its unchecked-hash header carries). Empty when it is that build. Bytecode is checked by this
-    Python, so it must be of this Python's version."""
+    Python, so it must be of this Python's version; `bytecode=False` leaves it to the Python that
+    compiled it (the slurmds' may be another version than the checker's)."""
     problems: list[str] = []
     names = {name for name in archive.namelist() if not name.endswith("/")}
     expected = set(sources) | {name + "c" for name in sources}
@@ -127,7 +130,7 @@ def archive_problems(archive: zipfile.ZipFile, sources: dict[str, bytes]) -> lis
     for name in sorted(set(sources) & names):
         if archive.read(name) != sources[name]:
             problems.append(f"{name}: not this checkout's")
-        if name + "c" not in names:
+        if name + "c" not in names or not bytecode:
             continue
         header = archive.read(name + "c")[:16]
         if header[:4] != importlib.util.MAGIC_NUMBER:
