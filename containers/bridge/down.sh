@@ -30,6 +30,8 @@ if [ -f "$ADMIN_KUBECONFIG" ]; then
     cluster=$(sed -n 's/^cluster = "\(.*\)"$/\1/p' "$config" 2>/dev/null || true)
     job_namespace=$(sed -n 's/^namespace = "\(.*\)"$/\1/p' "$config" 2>/dev/null || true)
     kc -n "${job_namespace:-slurm-jobs}" delete lease "slurm-k8s-bridge-${cluster:-sandbox}" --ignore-not-found >/dev/null
+    # The values it was installed with hold the JWT and the munge key.
+    rm -rf "$BRIDGE_STATE/deploy"
   fi
 fi
 for node in $(bridged_nodes); do stop_bg "slurmd-$node" & done

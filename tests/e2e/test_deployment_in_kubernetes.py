@@ -14,6 +14,7 @@ import tomllib
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -273,8 +274,10 @@ def test_bridge_down_uninstalls_the_release_and_leaves_nothing_behind(deployed: 
         return deployed.kubectl("get", *args, check=False).returncode != 0
 
     assert gone("namespace", NAMESPACE), "its namespace, with the release record, Secrets and ConfigMaps"
-    assert gone("clusterrole", "slurm-k8s-bridge-nodes")
-    assert gone("clusterrolebinding", "slurm-k8s-bridge-nodes")
+    assert gone("clusterrole", f"{NAMESPACE}-slurm-k8s-bridge-nodes")
+    assert gone("clusterrolebinding", f"{NAMESPACE}-slurm-k8s-bridge-nodes")
+    deploy_state = Path("/var/lib/slurm-k8s-sandbox/bridge/deploy")
+    assert not deploy_state.exists(), "the values it was installed with, with the JWT and munge key"
     assert gone("role", "-n", JOB_NAMESPACE, "slurm-k8s-bridge-jobs")
     assert gone("rolebinding", "-n", JOB_NAMESPACE, "slurm-k8s-bridge-jobs")
     assert gone("lease", "-n", JOB_NAMESPACE, LEASE)

@@ -60,7 +60,9 @@ def applied_rbac(sandbox: Sandbox, bridge_namespace: None, tmp_path: Path) -> It
     applied = _apply(sandbox, rbac)
     assert applied.returncode == 0, applied.stderr
     yield
-    sandbox.kubectl("delete", "clusterrolebinding,clusterrole", "slurm-k8s-bridge-nodes", check=False)
+    for kind, name in ((o["kind"], o["metadata"]["name"]) for o in rbac):
+        if kind in ("ClusterRole", "ClusterRoleBinding"):
+            sandbox.kubectl("delete", kind.lower(), name, check=False)
     sandbox.kubectl("delete", "rolebinding,role", "slurm-k8s-bridge-jobs", "-n", JOB_NAMESPACE, check=False)
 
 

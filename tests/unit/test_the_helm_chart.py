@@ -96,7 +96,8 @@ def test_the_default_image_tag_is_the_app_version(tmp_path: Path) -> None:
 
 def test_two_replicas_without_leader_election_are_refused(tmp_path: Path) -> None:
     values = {"replicas": 2, "leaderElection": {"enabled": False}}
-    result = helm("template", RELEASE, str(CHART), values=values, tmp_path=tmp_path)
+    result = helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, values=values,
+                  tmp_path=tmp_path)
 
     assert result.returncode != 0
     assert "leaderElection.enabled" in result.stderr
@@ -135,7 +136,8 @@ def test_the_pyslurm_backend_runs_as_slurm_user_with_slurm_conf(tmp_path: Path) 
 ])
 def test_a_pyslurm_backend_without_what_it_needs_is_refused(tmp_path: Path, slurm: dict[str, Any],
                                                             needs: str) -> None:
-    result = helm("template", RELEASE, str(CHART), values={"slurm": slurm}, tmp_path=tmp_path)
+    result = helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, values={"slurm": slurm},
+                  tmp_path=tmp_path)
 
     assert result.returncode != 0
     assert needs in result.stderr
@@ -247,3 +249,51 @@ def test_every_key_of_values_yaml_is_documented_above_itself() -> None:
             undocumented.append(match.group(2))
 
     assert undocumented == []
+
+
+def test_one_replica_without_leader_election_is_reached_by_the_release_labels(tmp_path: Path) -> None:
+    """Without an election nothing labels a leader: a Service that asked for one would have no
+    endpoint, and no waiter could attach."""
+    objects = render(tmp_path, {"replicas": 1, "leaderElection": {"enabled": False}})
+
+    selector = find(objects, "Service", RELEASE)["spec"]["selector"]
+    pod_labels = find(objects, "Deployment", RELEASE)["spec"]["template"]["metadata"]["labels"]
+    assert "slurm-k8s-bridge/role" not in selector
+    assert selector.items() <= pod_labels.items()
+
+
+def test_two_releases_of_one_name_in_two_namespaces_claim_different_cluster_objects(tmp_path: Path) -> None:
+    names = []
+    for namespace in ("cluster-a", "cluster-b"):
+        result = helm("template", RELEASE, str(CHART), "--namespace", namespace, values={}, tmp_path=tmp_path)
+        assert result.returncode == 0, result.stderr
+        names.append({(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(result.stdout)
+                      if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding")})
+    assert len(names[0]) == 2 and not names[0] & names[1]
+
+
+@pytest.mark.parametrize(("namespace", "values", "says"), [
+    ("slurm-jobs", {}, "not the job namespace"),
+    ("default", {}, "namespace of its own"),
+    (RELEASE_NAMESPACE, {"podLabels": {"slurm-k8s-bridge/role": "leader"}}, "must not set"),
+    (RELEASE_NAMESPACE, {"config": {"extraLeaderElection": 'namespace = "x"\n'}}, "namespace or lease_name"),
+    (RELEASE_NAMESPACE, {"config": {"extraTopLevel": 'namespace = "x"\n'}}, "namespace or lease_name"),
+    (RELEASE_NAMESPACE, {"runAsUser": 0}, "never run as root"),
+    (RELEASE_NAMESPACE, {"slurm": {"backend": "pyslurm", "slurmUserId": 0, "slurmConf": "x"}}, "as root"),
+], ids=["job-namespace", "default", "leader-label", "lease-namespace", "job-namespace-in-config", "root",
+        "pyslurm-root"])
+def test_values_that_would_break_the_rbac_or_run_as_root_are_refused(
+    tmp_path: Path, namespace: str, values: dict[str, Any], says: str
+) -> None:
+    result = helm("template", RELEASE, str(CHART), "--namespace", namespace, values=values, tmp_path=tmp_path)
+
+    assert result.returncode != 0
+    assert says in result.stderr
+
+
+def test_the_pyslurm_backend_does_not_wait_for_a_jwt(tmp_path: Path) -> None:
+    objects = render(tmp_path, {"slurm": {"backend": "pyslurm", "slurmUserId": 64030, "slurmConf": "x"}})
+
+    volumes = {v["name"]: v for v in _pod(objects)["volumes"]}
+    assert volumes["jwt"]["secret"].get("optional") is True
+    assert "optional" not in {v["name"]: v for v in _pod(render(tmp_path))["volumes"]}["jwt"]["secret"]

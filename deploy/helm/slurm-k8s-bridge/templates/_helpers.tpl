@@ -38,6 +38,12 @@ SlurmUser's rights). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* Name of the cluster-scoped RBAC objects: the release namespace is in it, so that two
+releases of the same name (one cluster each, in its own namespace) do not claim the same objects. */}}
+{{- define "bridge.clusterScopedName" -}}
+{{- printf "%s-%s-nodes" .Release.Namespace (include "bridge.fullname" .) | trunc 253 -}}
+{{- end -}}
+
 {{- define "bridge.jwtSecret" -}}
 {{- .Values.secrets.jwt.existingSecret | default (printf "%s-jwt" (include "bridge.fullname" .)) -}}
 {{- end -}}
@@ -74,6 +80,28 @@ needed on the slurmds' hosts), else the Service's DNS name. */}}
 {{- end -}}
 {{- if and (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) -}}
 {{- fail "replicas > 1 needs leaderElection.enabled: two daemons acting at once would run each job twice" -}}
+{{- end -}}
+{{- if eq .Release.Namespace .Values.jobNamespace.name -}}
+{{- fail "install the chart in a namespace of its own, not the job namespace: its Secrets (JWT, munge key) would sit beside the jobs' pods and Secrets" -}}
+{{- end -}}
+{{- if has .Release.Namespace (list "default" "kube-system" "kube-public") -}}
+{{- fail (printf "install the chart in a namespace of its own, not %q: the daemon may patch every pod of its namespace (the leader label)" .Release.Namespace) -}}
+{{- end -}}
+{{- if hasKey (.Values.podLabels | default dict) "slurm-k8s-bridge/role" -}}
+{{- fail "podLabels must not set slurm-k8s-bridge/role: the leader sets it, and the Service selects by it" -}}
+{{- end -}}
+{{- range $key := list "extraTopLevel" "extraSlurm" "extraLeaderElection" "extraWaiter" "extraTables" -}}
+{{- $text := index ($.Values.config | default dict) $key | default "" -}}
+{{- if regexMatch "(?m)^\\s*(namespace|lease_name)\\s*=" $text -}}
+{{- fail (printf "config.%s must not set namespace or lease_name: the job namespace and the Lease come from jobNamespace.name, so that the RBAC grants them" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq .Values.slurm.backend "pyslurm" -}}
+{{- if not (regexMatch "^[1-9][0-9]*$" (toString .Values.slurm.slurmUserId)) -}}
+{{- fail "slurm.slurmUserId must be SlurmUser's uid, a positive integer: the pods never run as root" -}}
+{{- end -}}
+{{- else if not (regexMatch "^[1-9][0-9]*$" (toString .Values.runAsUser)) -}}
+{{- fail "runAsUser must be a positive integer: the pods never run as root" -}}
 {{- end -}}
 {{- if and (eq .Values.slurm.backend "pyslurm") (not (include "bridge.slurmConfConfigMap" .)) -}}
 {{- fail "the pyslurm backend needs slurm.conf: set slurm.slurmConf or slurm.existingSlurmConfConfigMap" -}}
