@@ -7,6 +7,7 @@ Wall times are printed (run with -s), never asserted."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -20,8 +21,18 @@ TRAPPING_SCRIPT = (
 )
 
 
+SLURMSTEPD_LINE = re.compile(rb"^\[\d{4}-\d\d-\d\dT[\d:.]+\] error: .*\n", re.MULTILINE)
+"""A line slurmstepd writes into the job's file itself. Native Slurm wrote one under load as a task
+ended (`_handle_signal_container: failed signal 18 pid ... No such process`): not the script's."""
+
+
+def _script_output(raw: bytes) -> bytes:
+    """What the script wrote: the file without slurmstepd's own lines."""
+    return SLURMSTEPD_LINE.sub(b"", raw)
+
+
 def _outputs(directory: Path, array_id: int) -> dict[int, bytes]:
-    return {int(path.stem.rpartition("_")[2]): path.read_bytes()
+    return {int(path.stem.rpartition("_")[2]): _script_output(path.read_bytes())
             for path in directory.glob(f"sig-{array_id}_*.out")}
 
 
