@@ -141,16 +141,8 @@ class ExecVerbs:
                             yield channel, payload
                         elif channel == 3 and payload:
                             exit_code = _exit_code_of(payload)
-            except ApiException as error:
-                what = f"exec in pod {pod_name}"
-                refused = error_for_status(error.status or 500, error.body or b"", what)
-                if not started and _refused_before_running(error):
-                    raise ExecNotStarted(str(refused)) from error
-                raise refused from error
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                if not started and _refused_before_running(error):
-                    raise ExecNotStarted(f"cannot exec in pod {pod_name}: {error}") from error
-                raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
+            except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
+                raise _exec_failure(error, pod_name, started) from error
         finally:
             await ws_client.close()
         yield 0, exit_code
@@ -216,15 +208,8 @@ class ExecVerbs:
                             code = _exit_code_of(raw[1:])
                 finally:
                     sender.cancel()
-        except ApiException as error:
-            refused = error_for_status(error.status or 500, error.body or b"", f"exec in pod {pod_name}")
-            if not started and _refused_before_running(error):
-                raise ExecNotStarted(str(refused)) from error
-            raise refused from error
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            if not started and _refused_before_running(error):
-                raise ExecNotStarted(f"cannot exec in pod {pod_name}: {error}") from error
-            raise KubeUnavailable(f"cannot exec in pod {pod_name}: {error}") from error
+        except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise _exec_failure(error, pod_name, started) from error
         finally:
             await ws_client.close()
         return int(code)
@@ -250,3 +235,14 @@ def _status_message(status: bytes) -> str:
         return str(json.loads(status).get("message") or "")
     except (ValueError, AttributeError):
         return status.decode("utf-8", errors="replace")
+
+
+def _exec_failure(error: Exception, pod_name: str, started: bool) -> Exception:
+    """What an exec that failed raises: ExecNotStarted if the command surely never ran (tried
+    again), else the API's refusal or KubeUnavailable."""
+    what = f"exec in pod {pod_name}"
+    failure: Exception = (error_for_status(error.status or 500, error.body or b"", what)
+                          if isinstance(error, ApiException) else KubeUnavailable(f"cannot {what}: {error}"))
+    if not started and _refused_before_running(error):
+        return ExecNotStarted(str(failure))
+    return failure
