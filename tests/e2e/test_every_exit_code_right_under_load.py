@@ -46,6 +46,13 @@ Rows = dict[int, dict[int, tuple[str, str]]]
 
 
 def _all_final(sandbox: Sandbox, array_ids: list[int], count: int) -> Rows | None:
+    """The arrays' rows once Slurm lists none of their tasks any more. sacct alone is not enough:
+    a task whose launch Slurm could not send (munged down under the fault test) ends as NODE_FAIL
+    and is requeued by Slurm itself, as natively; it runs again after its BeginTime."""
+    # By array id over all jobs: `squeue -j` fails once slurmctld has forgotten a finished job.
+    listed = sandbox.slurm("squeue", "-h", "-r", "-o", "%F", check=False)
+    if listed.returncode != 0 or {str(i) for i in array_ids} & set(listed.stdout.split()):
+        return None
     result: Rows = {}
     for array_id in array_ids:
         tasks = _tasks(sandbox, array_id)
