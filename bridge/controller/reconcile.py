@@ -15,7 +15,9 @@ The reconciler owns no state of its own; it orchestrates the subsystems that do:
   by the cache is neither missing nor created twice;
 - pod creation (controller.pod_creation) and payload Secrets (controller.payload_secrets);
 - the log relay (controller.log_relay), srun steps (controller.steps), batch signals
-  (controller.batch_signals) and the tasks of steps (controller.tasks, controller.step_streams).
+  (controller.batch_signals) and the tasks of steps (controller.tasks, controller.step_streams);
+- the steps users start themselves, and the allocations without a script they open
+  (controller.user_steps).
 The API reaches them through the narrow methods of controller.facade.
 """
 
@@ -45,6 +47,7 @@ from bridge.controller.sessions import JobSession, SessionRegistry
 from bridge.controller.step_streams import StepStreams
 from bridge.controller.steps import Steps, read_step_key
 from bridge.controller.tasks import Tasks
+from bridge.controller.user_steps import UserSteps
 from bridge.controller.workqueue import DONE, Result
 from bridge.core import outcome as outcomes
 from bridge.core.config import BridgeConfig
@@ -104,6 +107,7 @@ class Reconciler(ApiFacade):
         self.batch_signals = BatchSignals(kube, self.pods)
         self.log_relay = LogRelay(kube, cache, metrics, self.steps, wake)
         self.tasks = Tasks(kube, self)
+        self.user_steps = UserSteps(cfg, self.jobs, self.pods, self.sessions, wake)
         self.step_streams = StepStreams(kube, self)
         self._background: set[asyncio.Future[None]] = set()
         self.node_is_dead = node_is_dead or (lambda _name: False)

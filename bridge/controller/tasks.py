@@ -127,10 +127,12 @@ class Tasks:
 
     async def run(
         self, task_id: TaskId, pod: str, argv: list[str], write: Callable[[int, bytes], Awaitable[None]],
+        still_wanted: Callable[[], bool] | None = None,
     ) -> bytes:
         """Run one task in its pod (`agent task`), passing its output to `write(fd, data)`; its
         exit code. An exec the kubelet refused before it opened (the pod's container still
-        starting, a busy kubelet: an HTTP 500 under load) ran nothing, so it is tried again."""
+        starting, a busy kubelet: an HTTP 500 under load) ran nothing, so it is tried again while
+        `still_wanted()` (by default: while its script step is open)."""
         job_id, key, procid = task_id
         pidfile = agent_protocol.task_pidfile(key, procid)
         self._running.add(task_id)
@@ -149,7 +151,7 @@ class Tasks:
 
         try:
             return await until_started(
-                attempt, lambda: self._steps.step_of(job_id, key) is not None,
+                attempt, still_wanted or (lambda: self._steps.step_of(job_id, key) is not None),
                 log.bind(job_id=job_id, pod=pod, step_key=key, what="task"))
         except (asyncio.CancelledError, ConnectionResetError):
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec

@@ -52,5 +52,8 @@ def task_command(pidfile: str, encoded_env: str, argv: list[str]) -> list[str]:
 
 
 def task_pidfile(key: str, procid: str) -> str:
-    """Where `task` keeps a task's pid (key and procid are digits: checked by the callers)."""
-    return f"{wellknown.AGENT_DIR}/tasks/{int(key)}-{int(procid)}.pid"
+    """Where `task` keeps a task's pid. `key` is a script step's key (digits) or a user step's
+    (`u` and its Slurm step id); procid is digits. Both checked by the callers; int() refuses
+    anything else here too."""
+    prefix = "u" if key.startswith("u") else ""
+    return f"{wellknown.AGENT_DIR}/tasks/{prefix}{int(key.removeprefix('u'))}-{int(procid)}.pid"

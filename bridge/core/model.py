@@ -76,6 +76,9 @@ class JobAllocation:
     """Start time (Unix seconds) once the job started."""
     batch_host: str = ""
     """Node that runs the batch script, i.e. the waiter."""
+    batch: bool = True
+    """The job has a batch script (sbatch); False for an allocation made by salloc or srun, whose
+    pods the daemon starts for the first step the user runs in it."""
     cluster: str = ""
     run: int = 0
     """Slurm's restart count (`restart_cnt`): 0 for the first run, one more at each requeue. The job
@@ -115,6 +118,9 @@ class JobPayload:
     """The job's stdout and stderr go to one file (no -e elsewhere than -o), as the waiter saw its
     own fds 1 and 2: the in-pod agent then gives the script one pipe for both, so their order is
     the order of the writes."""
+    allocation: bool = False
+    """An allocation without a batch script (salloc, srun): its pods only hold the nodes for the
+    user's steps, and `script` carries nothing but the #K8S directives the first step asked for."""
 
 
 def allocation_from_rest(job: Mapping[str, Any], read_at: float = 0.0) -> JobAllocation:
@@ -152,6 +158,8 @@ def allocation_from_rest(job: Mapping[str, Any], read_at: float = 0.0) -> JobAll
         work_dir=_str(job.get("current_working_directory")),
         start_time=start_time,
         batch_host=_str(job.get("batch_host")),
+        # Absent from records that predate it: a batch job, as every bridged job was.
+        batch=job.get("batch_flag") is not False,
         cluster=_str(job.get("cluster")),
         run=_number(job.get("restart_cnt")) or 0,
         read_at=read_at,
@@ -183,7 +191,8 @@ def payload_from_json(data: object) -> JobPayload:
     merged = data.get("output_merged", True)
     if not isinstance(merged, bool):
         raise ModelError("payload.output_merged must be true or false")
-    return JobPayload(script=script, environment=dict(env), work_dir=work_dir, output_merged=merged, **ids)
+    return JobPayload(script=script, environment=dict(env), work_dir=work_dir, output_merged=merged,
+                      uid=ids["uid"], gid=ids["gid"])
 
 
 def payload_to_json(payload: JobPayload) -> dict[str, Any]:

@@ -297,8 +297,8 @@ def _pod(
         mounts.append({"name": wellknown.SHM_VOLUME, "mountPath": "/dev/shm"})
 
     agent = cfg.pods.agent_image
-    if delivered and index == 0 and not part.simulated:  # a simulated pod has nothing to exec in
-        annotations[wellknown.ANNOTATION_SCRIPT_DELIVERY] = "exec"
+    if delivered and index == 0 and not part.simulated and not payload.allocation:
+        annotations[wellknown.ANNOTATION_SCRIPT_DELIVERY] = "exec"  # a simulated pod has no exec
     command = [*interpreter_of(payload.script), script_path]
     if agent:
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
@@ -307,9 +307,9 @@ def _pod(
         mode = "merged" if payload.output_merged else "split"
         agent_path = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"
         # The batch script runs once, on the first node, as on Slurm's batch host; the other
-        # nodes' pods hold their share of the allocation.
-        command = ([agent_path, "run", wellknown.AGENT_PIDFILE, mode, "--", *command] if index == 0
-                   else [agent_path, "wait"])
+        # nodes' pods hold their share of the allocation (all of them, for salloc's or srun's).
+        command = ([agent_path, "run", wellknown.AGENT_PIDFILE, mode, "--", *command]
+                   if index == 0 and not payload.allocation else [agent_path, "wait"])
     if part.simulated:
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_NONE
     container: dict[str, Any] = {

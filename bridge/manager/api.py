@@ -40,6 +40,7 @@ from bridge.manager.bodies import (
     TaskSignalBody,
     parse,
 )
+from bridge.manager.user_steps_api import UserStepsApi
 
 log = structlog.get_logger(__name__)
 
@@ -98,6 +99,7 @@ class Api:
             web.post("/v1/jobs/{job_id:\\d+}/step-done", self.step_done),
             web.post("/v1/jobs/{job_id:\\d+}/step-output", self.step_output),
             web.post("/v1/jobs/{job_id:\\d+}/task-signal", self.task_signal),
+            *UserStepsApi(self).routes(),
         ])
         return app
 

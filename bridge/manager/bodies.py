@@ -86,6 +86,27 @@ class TaskSignalBody(_Body):
     signal: int
 
 
+class UserTaskBody(_Body):
+    """POST /v1/jobs/{id}/user-task: run one task of a step the user started (srun --jobid,
+    salloc's srun) in the pod of Slurm node `node`: its argv, directory and environment."""
+
+    step: Decimal
+    node: str
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    tty: bool = False
+
+
+class UserTaskSignalBody(_Body):
+    """POST /v1/jobs/{id}/user-task-signal: pass `signal` to task `procid` of user step `step`."""
+
+    step: Decimal
+    procid: Decimal
+    node: str
+    signal: int
+
+
 class StepOutputHeader(_Body):
     """The first line of POST /v1/jobs/{id}/step-output: the step whose output follows."""
 

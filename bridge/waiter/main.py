@@ -1,8 +1,10 @@
-"""The waiter's entry point: `waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY`, as the
+"""The waiter's entry point: `waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY | step -- ARGV...`,
+as the
 slurmds run it (by default `/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py ...`,
 the zipapp bridge/waiter/build.py makes of this package; any file name works). The batch script's
 form runs the batch waiter (attach.py); `task KEY` is a task proxy (task.py) that Slurm's srun
-starts for a step of the script.
+starts for a step of the script; `step -- ARGV` is what the SPANK guard makes of a task of a step
+the user started (user_step.py).
 
 It runs on the slurmd host as the user, so it trusts nothing the user shapes: it is started by
 absolute path in isolated mode, the SPANK guard strips LD_* and PYTHON* before it is exec'd, it runs
@@ -30,8 +32,9 @@ from bridge.waiter.environment import job_environment
 from bridge.waiter.http_client import DEFAULT_API_URL
 from bridge.waiter.output import say
 from bridge.waiter.task import run_task
+from bridge.waiter.user_step import run_user_step
 
-USAGE = "usage: waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY"
+USAGE = "usage: waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY | step -- ARGV..."
 
 
 def main(argv: list[str]) -> int:
@@ -50,6 +53,8 @@ def main(argv: list[str]) -> int:
         argv = argv[2:]
     if len(argv) == 2 and argv[0] == "task":
         return run_task(api_url, ca_file, argv[1], early)
+    if len(argv) >= 3 and argv[:2] == ["step", "--"]:
+        return run_user_step(api_url, ca_file, argv[2:], environment, work_dir, early)
     if len(argv) != 1:
         say(USAGE)
         return 2

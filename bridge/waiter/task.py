@@ -61,26 +61,40 @@ def end_as_the_task(code: int) -> int:
 
 
 def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | None = None) -> int:
-    """Run task `key` of a step in the pod of this node; the task's exit code."""
+    """Run task `key` of a step of the script in the pod of this node; the task's exit code."""
     environ = dict(os.environ)
     job_id = int(environ["SLURM_JOB_ID"])
-    body = {
+    body: dict[str, object] = {
         "key": key, "node": environ.get("SLURMD_NODENAME", ""),
         "env": {k: v for k, v in environ.items()
                 if k.startswith("SLURM") and not k.startswith("SLURM_K8S_BRIDGE")},
     }
+    signal_fields: dict[str, object] = {
+        "key": key, "procid": environ.get("SLURM_PROCID", "0"), "node": body["node"]}
+    return proxy_task(api_url, ca_file, job_id, (f"/v1/jobs/{job_id}/task", body),
+                      (f"/v1/jobs/{job_id}/task-signal", signal_fields), early)
+
+
+def proxy_task(
+    api_url: str, ca_file: str | None, job_id: int, start: tuple[str, dict[str, object]],
+    signals: tuple[str, dict[str, object]], early: list[int] | None = None,
+) -> int:
+    """Have the daemon run one task in the pod of this node (POST `start`), write its output to
+    fds 1 and 2 as it comes, pass on the signals this process gets (POST `signals` with the
+    number) and end as the task ended; the task's exit code. A script step's task proxy and a
+    user step's share it."""
+    start_path, body = start
+    signal_path, signal_fields = signals
     os.chdir("/")
     url = split_url(api_url)
 
     def pass_on(signum: int, _frame: object) -> None:
         # slurmstepd signals the step's tasks (scancel -s SIG, --signal=SIG@T, a step cancel):
         # the task in the pod gets it; its output and exit still come through the stream.
-        signal_body = {"key": key, "procid": environ.get("SLURM_PROCID", "0"), "node": body["node"],
-                       "signal": int(signum)}
+        signal_body = {**signal_fields, "signal": int(signum)}
         for attempt in range(TASK_SIGNAL_ATTEMPTS):
             try:
-                post(url, f"/v1/jobs/{job_id}/task-signal", job_id, signal_body, TASK_SIGNAL_TIMEOUT_S,
-                     ca_file).close()
+                post(url, signal_path, job_id, signal_body, TASK_SIGNAL_TIMEOUT_S, ca_file).close()
                 return
             except DaemonError as error:
                 if error.status == 202:
@@ -99,7 +113,7 @@ def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | Non
     for attempt in range(60):
         started = False
         try:
-            with post(url, f"/v1/jobs/{job_id}/task", job_id, body, None, ca_file) as stream:
+            with post(url, start_path, job_id, body, None, ca_file) as stream:
                 started = True
                 for raw in stream:
                     event = json.loads(raw)

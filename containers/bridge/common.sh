@@ -131,7 +131,7 @@ slurm_side_up() {
   write_job_submit_settings "$1"
   cp "$SBX_REPO/deploy/slurm/job_submit.lua" "$SLURM_ETC/job_submit.lua"
   local node
-  for node in $(bridged_nodes); do start_slurmd "$node"; done
+  for node in $(bridged_nodes); do start_bridged_slurmd "$node"; done
   # Up means responding: a node drained (by an admin, or by Slurm after a refused launch) counts.
   for node in $(bridged_nodes); do
     wait_for "slurmd $node" 30 sh -c "'$SLURM_DIR/cli.sh' sinfo -h -n $node -o %T | grep -qE '^(idle|mixed|allocated|drain|drained|draining)'"

@@ -38,3 +38,9 @@ start_slurmd() {
   mkdir -p "$SLURM_STATE/slurmd/$1"
   start_bg "slurmd-$1" "$SLURM_DIR/in-ns.sh" slurmd -D -N "$1"
 }
+
+# start_bridged_slurmd NODE: the same where users' writable places are noexec (in-bridged-ns.sh).
+start_bridged_slurmd() {
+  mkdir -p "$SLURM_STATE/slurmd/$1"
+  start_bg "slurmd-$1" "$SLURM_DIR/in-bridged-ns.sh" slurmd -D -N "$1"
+}

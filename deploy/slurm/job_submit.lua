@@ -3,8 +3,10 @@ slurm-k8s-bridge job_submit.lua
 
 For jobs in a bridged partition (their nodes are Kubernetes nodes):
   * reject what cannot run there, with a message on sbatch's stderr:
-    jobs without a batch script (srun/salloc), heterogeneous jobs, jobs with no
-    image, bad #K8S directives, root's jobs (pods never run as root);
+    heterogeneous jobs, jobs with no image, bad #K8S directives, root's jobs
+    (pods never run as root); allocations without a script (salloc, srun) pass:
+    their pods start with their first step (the image from that step's
+    SLURM_K8S_IMAGE or the partition's default);
   * ALWAYS rewrite the batch script into the bridge's waiter, which keeps the
     original script after a marker (the waiter takes the first marker, so a
     marker inside the user's script is inert). The slurmd of a bridged node thus
@@ -174,10 +176,6 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     slurm.log_user(prefix .. "heterogeneous jobs cannot run there; submit the components as separate jobs")
     return slurm.ERROR
   end
-  if job_desc.script == nil or job_desc.script == "" then
-    slurm.log_user(prefix .. "submit a batch script with sbatch; srun/salloc cannot start a job there")
-    return slurm.ERROR
-  end
   if job_desc.container ~= nil and job_desc.container ~= "" then
     -- An OCI bundle would run as the batch step on the slurmd host, with the user's rootfs.
     slurm.log_user(prefix .. "--container cannot be used there; the job's image is '#K8S image=...'")
@@ -186,6 +184,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if job_desc.user_id == 0 or submit_uid == 0 then
     slurm.log_user(prefix .. "jobs of root are refused (pods never run as root); submit as a user")
     return slurm.ERROR
+  end
+  if job_desc.script == nil or job_desc.script == "" then
+    -- salloc or a bare srun: an allocation. Its pods start with its first step, in the image of
+    -- that step's SLURM_K8S_IMAGE (else the partition's default); the SPANK guard turns every
+    -- step's tasks into the bridge's proxies, so nothing of the user's runs on the slurmd.
+    return slurm.SUCCESS
   end
   local directives, problem = parse_directives(job_desc.script, settings.keys)
   if directives == nil then

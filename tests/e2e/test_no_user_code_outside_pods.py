@@ -177,22 +177,20 @@ def _raw_client(
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/home/alice")
 
 
-def test_srun_into_a_running_bridged_job_is_refused(bridge: Sandbox) -> None:
+def test_srun_into_a_running_bridged_job_runs_in_its_pod_never_on_the_slurmd_host(bridge: Sandbox) -> None:
+    """srun --jobid N --overlap: the guard turns the step's task into the bridge's proxy, so the
+    command runs in the job's pod, by srun with its plugin and by one without (slurmstepd
+    decides); sattach to the batch step (the waiter) gets nothing."""
     script = write_script(bridge, "alice", "long.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
     job_id = bridge.sbatch("-p", "k8s", str(script))
     try:
         _running(bridge, job_id)
         step = bridge.slurm("srun", f"--jobid={job_id}", "--overlap", "-N1", "sh", "-c", PROBE,
                             user="alice", cwd="/home/alice", check=False)
-        assert step.returncode != 0
-        assert "ON_SLURMD_HOST" not in step.stdout
-        assert f"job {job_id} runs in Kubernetes (partition k8s): job steps cannot start" in step.stderr
-        # Without srun's own check (a user's srun that loads no plugin): slurmstepd refuses.
+        assert (step.returncode, step.stdout) == (0, "IN_POD\n"), step.stderr
         raw = _raw_client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-N1",
                           "sh", "-c", PROBE)
-        assert raw.returncode != 0
-        assert "ON_SLURMD_HOST" not in raw.stdout
-        assert "launch failed" in raw.stderr
+        assert (raw.returncode, raw.stdout) == (0, "IN_POD\n"), raw.stderr
         attached = bridge.slurm("sattach", f"{job_id}.batch", user="alice", check=False)
         assert attached.returncode != 0
         assert "ON_SLURMD_HOST" not in attached.stdout
@@ -204,10 +202,14 @@ def test_a_hand_made_task_proxy_step_never_runs_anything_on_the_slurmd_host(brid
     """The one other step the guard admits is the bridge's task proxy, and only with the token the
     daemon signed for that very step: the same command line, started by the user with a task
     prolog of their own (which slurmstepd would run on the slurmd host), is refused, with a
-    forged token and without one, by srun with its plugin and by one without."""
+    forged token and without one, by srun with its plugin and by one without (such a step is
+    then the user's own: its task becomes the user-step proxy before any prolog would run).
+    The prolog sits where the bridged slurmds may execute (a user could not put it there: they
+    see what users write noexec), so that only the guard stands in its way."""
     marker = bridge.home("alice") / "PROLOG_RAN_ON_THE_SLURMD_HOST"
     marker.unlink(missing_ok=True)
-    prolog = write_script(bridge, "alice", "prolog.sh", f"#!/bin/sh\ntouch {marker}\n")
+    prolog = Path("/var/lib/slurm-k8s-sandbox/run/test-task-prolog.sh")
+    prolog.write_text(f"#!/bin/sh\ntouch {marker}\n")
     prolog.chmod(0o755)
     script = write_script(bridge, "alice", "long.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
     job_id = bridge.sbatch("-p", "k8s", str(script))

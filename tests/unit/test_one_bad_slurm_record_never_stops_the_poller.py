@@ -67,6 +67,7 @@ class FakeJob:
     working_directory: str = "/home/alice"
     start_time: int = 1764513601
     batch_host: str = "kube1"
+    is_batch_job: bool = True
     cluster: str = "sandbox"
 
 

@@ -214,6 +214,7 @@ class PyslurmSlurmClient:
             work_dir=job.working_directory or "",
             start_time=job.start_time or None,  # 0 means "not started"
             batch_host=job.batch_host or "",
+            batch=bool(job.is_batch_job),
             cluster=job.cluster or "",
             run=job.requeue_count or 0,  # pyslurm's name for restart_cnt
             read_at=read_at,

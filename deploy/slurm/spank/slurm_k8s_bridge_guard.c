@@ -12,7 +12,14 @@
  *   - lets a step through that is the bridge's own task proxy: exactly the waiter's command,
  *     then `task` and a step key (the waiter starts such steps for the script's `srun`; their
  *     tasks only stream what the daemon runs in the pods), with the environment held as below;
- *   - refuses every other step (srun --jobid, srun inside the allocation, an interactive step).
+ *   - turns every other step of the job's user (srun --jobid N --overlap, the srun of an salloc
+ *     or of a bare srun's allocation) into the bridge's user-step proxy: in the task, just before
+ *     slurmstepd would exec the user's program (and before any task prolog), it execs the
+ *     waiter's command with `step -- ARGV...` instead; the proxy has the daemon run ARGV in the
+ *     job's pod on this node. The user's program never starts here. Only where the slurmd host
+ *     mounts what users can write noexec (checked: the user's home, /tmp, /var/tmp, /dev/shm and
+ *     the step's directory if the user can write it), because slurmstepd runs a step's --task-epilog, which SPANK cannot
+ *     see, on this host; elsewhere such steps are refused, with the reason.
  *     Programs named by an `allow=` argument (absolute paths, written by the site in
  *     plugstack.conf) may run as steps: the bridge's own step launcher, if any. srun (local
  *     context) checks the same first, only to print the reason early and clearly;
@@ -33,13 +40,17 @@
  *   required /path/slurm_k8s_bridge_guard.so settings=/etc/slurm/job_submit_bridge.conf
  */
 
+#define _GNU_SOURCE /* ST_NOEXEC */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pwd.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
@@ -63,6 +74,10 @@ static char allowed[MAX_ALLOWED][NAME_LEN];
 static int allowed_count;
 /* Decided in slurm_spank_init, used by slurm_spank_user_init of the same slurmstepd. */
 static int batch_of_bridged_job;
+/* A user's step of a bridged job: its tasks exec the waiter's `step` proxy (slurm_spank_task_init). */
+static int user_step_of_bridged_job;
+static char user_step_command[4096];
+#define MAX_COMMAND_WORDS 32
 
 struct settings {
 	char partitions[MAX_PARTITIONS][NAME_LEN];
@@ -395,6 +410,94 @@ static int is_task_proxy(spank_t sp, const struct settings *settings, uint32_t j
 	return step_token_is_valid(sp, settings, job_id, argv[word + 1]);
 }
 
+/* 1 when `path` is on a filesystem mounted noexec (a missing path cannot hold a program: 1). */
+static int mounted_noexec(const char *path)
+{
+	struct statvfs fs;
+
+	if (statvfs(path, &fs) != 0)
+		return errno == ENOENT;
+	return (fs.f_flag & ST_NOEXEC) != 0;
+}
+
+/* slurmstepd runs a step's --task-epilog as the user on this host after each task, and SPANK
+ * cannot see that option: a user step is admitted only where the places its user can write are
+ * mounted noexec, so no program of theirs can start here. 0 when they are; else -1, reason logged
+ * (srun shows slurmstepd's errors). */
+static int user_writable_places_can_exec(spank_t sp, const char *where, uint32_t job_id)
+{
+	const char *fixed[] = {"/tmp", "/var/tmp", "/dev/shm"};
+	uid_t uid = 0;
+	struct passwd *pw;
+
+	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+		if (!mounted_noexec(fixed[i])) {
+			slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes: steps started here (srun "
+				    "--jobid, salloc, srun) need this slurmd host to mount %s noexec; it does "
+				    "not, so the step is refused (docs/operations.md) [%s]", job_id, fixed[i], where);
+			return -1;
+		}
+	}
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || !(pw = getpwuid(uid)) ||
+	    !pw->pw_dir || !mounted_noexec(pw->pw_dir)) {
+		slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes: steps started here (srun --jobid, "
+			    "salloc, srun) need this slurmd host to mount the user's home noexec; it does not "
+			    "(or it cannot be told), so the step is refused (docs/operations.md) [%s]", job_id, where);
+		return -1;
+	}
+	return 0;
+}
+
+/* In the task (as the user, in the step's directory, which a relative --task-epilog names): a
+ * directory the user can write must be noexec too. 0 when it is, or the user cannot write it. */
+static int step_directory_can_exec(void)
+{
+	char cwd[4096];
+
+	if (!getcwd(cwd, sizeof(cwd)))
+		return -1;
+	if (access(cwd, W_OK) == 0 && !mounted_noexec(cwd)) {
+		slurm_error("slurm-k8s-bridge: this job runs in Kubernetes: the step's directory %s is "
+			    "writable and not mounted noexec on this slurmd host, so the step is refused "
+			    "(docs/operations.md)", cwd);
+		return -1;
+	}
+	return 0;
+}
+
+/* In a user step's task, instead of the user's program: the waiter's command, `step`, `--`, then
+ * the program's argv, with the step's (held) environment. Only returns on failure. */
+static int exec_user_step_proxy(spank_t sp)
+{
+	char *words[MAX_COMMAND_WORDS + 2] = {NULL};
+	char command[4096];
+	char *save = NULL, **argv = NULL, **env = NULL, **proxy;
+	int argc = 0, count = 0;
+
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || !argv ||
+	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env)
+		return -1;
+	snprintf(command, sizeof(command), "%s", user_step_command);
+	for (char *part = strtok_r(command, " ", &save); part && count < MAX_COMMAND_WORDS;
+	     part = strtok_r(NULL, " ", &save))
+		words[count++] = part;
+	if (count == 0 || words[0][0] != '/')
+		return -1;
+	proxy = calloc((size_t) count + 2 + (size_t) argc + 1, sizeof(char *));
+	if (!proxy)
+		return -1;
+	for (int i = 0; i < count; i++)
+		proxy[i] = words[i];
+	proxy[count] = "step";
+	proxy[count + 1] = "--";
+	for (int i = 0; i < argc; i++)
+		proxy[count + 2 + i] = argv[i];
+	execve(proxy[0], proxy, env);
+	slurm_error("slurm-k8s-bridge: cannot start the user-step proxy %s: %m", proxy[0]);
+	free(proxy);
+	return -1;
+}
+
 /* Refuse a step of a bridged job (both contexts); 0 lets it through. */
 static int guard_step(spank_t sp, const char *where)
 {
@@ -404,6 +507,7 @@ static int guard_step(spank_t sp, const char *where)
 	int bridged, rc = -1;
 
 	batch_of_bridged_job = 0;
+	user_step_of_bridged_job = 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
 		return 0; /* srun before an allocation exists: checked again once it does */
 	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
@@ -435,10 +539,17 @@ static int guard_step(spank_t sp, const char *where)
 		rc = 0;
 	} else if (program_is_allowed(sp)) {
 		rc = 0;
-	} else {
-		slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes (partition %s): job steps cannot "
-			    "start on its nodes' slurmd (srun --jobid, sattach, an interactive step); run the "
-			    "command from the job's batch script [%s]", job_id, partition, where);
+	} else if (step_id > SLURM_MAX_NORMAL_STEP_ID && step_id != SLURM_INTERACTIVE_STEP) {
+		slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes (partition %s): this kind of step "
+			    "cannot start on its nodes' slurmd [%s]", job_id, partition, where);
+	} else if (spank_context() != S_CTX_REMOTE) {
+		rc = 0; /* slurmstepd decides, where it can see the host's mounts */
+	} else if (user_writable_places_can_exec(sp, where, job_id) == 0) {
+		/* Hold the environment and the early signals, as for the waiter: it is what starts. */
+		batch_of_bridged_job = 1;
+		user_step_of_bridged_job = 1;
+		snprintf(user_step_command, sizeof(user_step_command), "%s", settings->attach_command);
+		rc = 0;
 	}
 	free(settings);
 	return rc;
@@ -542,5 +653,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		sigaddset(&held, held_signals[i]);
 	if (sigprocmask(SIG_BLOCK, &held, NULL) != 0)
 		slurm_error("slurm-k8s-bridge: cannot hold signals for the waiter's start: %m");
+	/* Before the task prologs, which slurmstepd runs after this hook: they never run either. */
+	if (user_step_of_bridged_job)
+		return step_directory_can_exec() == 0 ? exec_user_step_proxy(sp) : -1;
 	return 0;
 }

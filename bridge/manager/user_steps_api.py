@@ -1,0 +1,136 @@
+"""The API of steps a user starts in a bridged job (srun --jobid N --overlap, the srun of an salloc or
+of a bare srun's allocation): authenticate the user-step proxy, parse, delegate.
+
+Each task of such a step is the waiter's user-step proxy on the slurmd host (bridge/waiter/user_step.py),
+as the job's user: munge proves it (manager.auth: the credential's uid must be the job's, made on
+a bridged slurmd's host, for this very request). It can only ever run what that user could run in
+their own job's pods anyway. controller.user_steps finds (or, for an allocation, asks for) the
+pod; controller.tasks runs the task there and passes on its signals.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+from typing import TYPE_CHECKING
+
+import structlog
+from aiohttp import web
+
+from bridge.controller.user_steps import PROCID, UserStepRefused, UserSteps, task_key
+from bridge.core import agent_protocol
+from bridge.core.errors import BridgeError, ExecOutcomeUnknown
+from bridge.core.job_environment import job_environment
+from bridge.core.waiter_protocol import FORWARDED
+from bridge.manager.bodies import UserTaskBody, UserTaskSignalBody, parse
+
+if TYPE_CHECKING:
+    from bridge.manager.api import Api
+
+log = structlog.get_logger(__name__)
+
+PASSED_ON = frozenset(int(s) for s in (*FORWARDED, signal.SIGTERM, signal.SIGINT))
+"""The signals a task proxy passes on (those slurmstepd sends a step's tasks)."""
+MAX_TASK_REQUEST_BYTES = 256 * 1024
+"""argv and environment of one task: they travel in the exec's command line."""
+
+
+class UserStepsApi:
+    def __init__(self, api: Api) -> None:
+        self._api = api
+        self._auth = api.auth
+        self._tasks = api.tasks
+
+    @property
+    def _steps(self) -> UserSteps:
+        return self._api.reconciler.user_steps
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/jobs/{job_id:\\d+}/user-task", self.user_task),
+            web.post("/v1/jobs/{job_id:\\d+}/user-task-signal", self.user_task_signal),
+        ]
+
+    async def user_task(self, request: web.Request) -> web.StreamResponse:
+        """Run one task of a user's step in the job's pod on its node; stream its output, then
+        its exit code (the last line)."""
+        job_id = int(request.match_info["job_id"])
+        raw = await request.read()
+        await self._auth.identify(request, job_id, raw)
+        if len(raw) > MAX_TASK_REQUEST_BYTES:
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=MAX_TASK_REQUEST_BYTES, actual_size=len(raw),
+                text=f"the task's command line and environment exceed {MAX_TASK_REQUEST_BYTES} bytes")
+        try:
+            body = parse(UserTaskBody, raw)
+        except ValueError:
+            raise web.HTTPBadRequest(text="user-task needs step, node, argv, cwd and env") from None
+        procid = body.env.get("SLURM_PROCID", "0")
+        if not body.argv or not PROCID.fullmatch(procid) or not body.cwd.startswith("/"):
+            raise web.HTTPBadRequest(text="user-task needs a command, SLURM_PROCID and an absolute cwd")
+        bound = log.bind(job_id=job_id, step=body.step, procid=procid)
+        try:
+            key = task_key(body.step)
+            pod, run = await self._steps.pod_for(job_id, body.node, body.env, body.cwd)
+        except UserStepRefused as error:
+            bound.info("user_task.refused", reason=str(error))
+            raise web.HTTPConflict(text=f"slurm-k8s-bridge: {error}") from None
+        # The user's variables as a batch job's pods get them (no host PATH, LD_*, ...), then the
+        # SLURM_* slurmstepd set for this very task.
+        env = {**job_environment(body.env), **{k: v for k, v in body.env.items() if k.startswith("SLURM")},
+               "SLURM_K8S_BRIDGE_TASK_CWD": body.cwd}
+        encoded = base64.b64encode(json.dumps(env).encode()).decode()
+        pidfile = agent_protocol.task_pidfile(key, procid)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+
+        async def write(fd: int, data: bytes) -> None:
+            line = {"fd": fd, "data": base64.b64encode(data).decode()}
+            await response.write(json.dumps(line).encode() + b"\n")
+
+        bound.info("user_task.started", pod=pod)
+        code = b"1"
+        try:
+            code = await self._tasks.run(
+                (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, body.argv), write,
+                still_wanted=lambda: self._steps.live(job_id, run))
+        except BridgeError as error:
+            await write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
+        bound.info("user_task.ended", pod=pod, exit_code=int(code))
+        await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    async def user_task_signal(self, request: web.Request) -> web.Response:
+        """A user step's task proxy got a signal (Ctrl-C at srun, scancel -s, a step cancel): pass
+        it to its task in the pod, or keep it for the task's start."""
+        job_id = int(request.match_info["job_id"])
+        raw = await request.read()
+        uid = await self._auth.identify(request, job_id, raw)
+        try:
+            body = parse(UserTaskSignalBody, raw)
+            key = task_key(body.step)
+        except (ValueError, UserStepRefused):
+            raise web.HTTPBadRequest(text="user-task-signal needs step, procid, node and signal") from None
+        signum = body.signal
+        if signum not in PASSED_ON:
+            raise web.HTTPBadRequest(text=f"signal {signum} is not passed on")
+        if not PROCID.fullmatch(body.procid):
+            raise web.HTTPBadRequest(text="user-task-signal needs the SLURM_PROCID of a task")
+        task_id = (job_id, key, body.procid)
+        if not self._tasks.is_running(task_id):
+            if not self._tasks.keep_early_signal(task_id, signum, uid):
+                raise web.HTTPServiceUnavailable(text="too many signals waiting for tasks to start")
+            return web.json_response({"kept": f"{key}.{body.procid}"}, status=202)
+        pod = self._api.reconciler.task_pod(job_id, body.node)
+        if pod is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {body.node}")
+        try:
+            await self._tasks.signal(pod, agent_protocol.task_pidfile(key, body.procid), signum)
+        except ExecOutcomeUnknown as error:
+            log.warning("user_task.signal_unknown", job_id=job_id, pod=pod, signal=signum, error=str(error))
+            return web.json_response({"unknown": f"{key}.{body.procid}"})
+        except BridgeError as error:
+            raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
+        return web.json_response({"signalled": f"{key}.{body.procid}"})

@@ -1,0 +1,195 @@
+"""Steps a user starts in a bridged partition (issue 18): a bare `srun`, `salloc ... srun`, and
+`srun --jobid N --overlap` into a running batch job, side by side with `native`: same output, exit
+codes and sacct steps (node names normalised), the user's command always in the job's pods.
+
+Run with -s for the wall times (printed, never asserted)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.e2e.sandbox import BRIDGE_UP, REPO, Sandbox, job_pods, wait_until, write_script
+
+STATE = Path("/var/lib/slurm-k8s-sandbox")
+
+IMAGE = "sandbox.local/busybox:1"
+PROBE = 'if [ -e /usr/sbin/slurmd ]; then echo ON_SLURMD_HOST; else echo IN_POD; fi'
+PARTITIONS = ("native", "k8s")
+
+
+def _client(bridge: Sandbox, cmd: str, *args: str, user: str = "alice",
+            timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """A Slurm client as `user` from their home, with the image a bridged allocation takes (native
+    ignores it)."""
+    env = {**bridge.environ(), "SLURM_K8S_IMAGE": IMAGE}
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"SLURM_K8S_IMAGE={IMAGE}", cmd, *args],
+                          env=env, cwd=str(bridge.home(user)), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"\b(native|kreal)[0-9]\b", "NODE", text)
+
+
+def _job_of(stderr: str) -> int | None:
+    match = re.search(r"job(?: allocation)? (\d+)", stderr)
+    return int(match.group(1)) if match else None
+
+
+def _steps(bridge: Sandbox, job_id: int) -> list[tuple[str, str, str]]:
+    """sacct's steps of a finished job: (step, state, exit code), the job id left out."""
+    def rows() -> list[tuple[str, str, str]] | None:
+        out = bridge.slurm("sacct", "-n", "-P", "-j", str(job_id), "-o", "JobID,State,ExitCode").stdout
+        found = []
+        for line in out.splitlines():
+            step, state, code = line.split("|")
+            if state in ("PENDING", "RUNNING"):
+                return None
+            found.append((re.sub(r"^\d+", "N", step), state.split()[0], code))
+        return sorted(found) or None
+    return wait_until(f"sacct rows of job {job_id}", rows, timeout=60)
+
+
+def _wait_running(bridge: Sandbox, job_id: int, with_pod: bool) -> None:
+    def running() -> bool:
+        state = bridge.slurm("squeue", "-h", "-j", str(job_id), "-o", "%T").stdout.strip()
+        return state == "RUNNING" and (not with_pod or any(
+            p["status"].get("phase") == "Running" for p in job_pods(bridge, job_id)))
+    wait_until(f"job {job_id} running", running, timeout=90)
+
+
+def _gone(bridge: Sandbox, job_id: int) -> bool:
+    return not job_pods(bridge, job_id)
+
+
+def test_a_bare_srun_runs_in_a_pod_like_native(bridge: Sandbox) -> None:
+    results = {}
+    for partition in PARTITIONS:
+        started = time.monotonic()
+        done = _client(bridge, "srun", "-p", partition, "-N1", "sh", "-c", f"echo hi; {PROBE}; exit 3")
+        results[partition] = (done.returncode, _normalised(done.stdout), time.monotonic() - started)
+    native, bridged = results["native"], results["k8s"]
+    assert native[:2] == (3, "hi\nON_SLURMD_HOST\n"), native
+    assert bridged[:2] == (3, "hi\nIN_POD\n"), bridged
+    print(f"\nsrun -N1: native {native[2]:.1f}s, k8s {bridged[2]:.1f}s")
+
+
+def test_salloc_with_srun_label_across_two_nodes_matches_native(bridge: Sandbox) -> None:
+    outputs = {}
+    for partition in PARTITIONS:
+        done = _client(bridge, "salloc", "-p", partition, "-N2", "srun", "-l", "sh", "-c",
+                       "hostname; id -u")
+        assert done.returncode == 0, (partition, done.stderr)
+        outputs[partition] = sorted(_normalised(done.stdout).splitlines())
+        job_id = _job_of(done.stderr)
+        assert job_id is not None, done.stderr
+        if partition == "k8s":
+            wait_until(f"job {job_id}'s pods gone after the allocation",
+                       functools.partial(_gone, bridge, job_id), timeout=90)
+        assert ("N.0", "COMPLETED", "0:0") in _steps(bridge, job_id), partition
+    assert outputs["k8s"] == outputs["native"] == ["0: 2001", "0: NODE", "1: 2001", "1: NODE"]
+
+
+def test_srun_jobid_overlap_runs_in_the_jobs_pod_for_its_user_only(bridge: Sandbox) -> None:
+    script = write_script(bridge, "alice", "hold.sh", f"#!/bin/sh\n#K8S image={IMAGE}\nsleep 120\n")
+    attached = {}
+    for partition in PARTITIONS:
+        job_id = bridge.sbatch("-p", partition, "-o", "/dev/null", str(script))
+        try:
+            _wait_running(bridge, job_id, with_pod=partition == "k8s")
+            mine = _client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-n1", "sh", "-c",
+                           f"echo attached; id -u; {PROBE}; exit 4")
+            attached[partition] = (mine.returncode, _normalised(mine.stdout))
+            theirs = _client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-n1", "sh", "-c",
+                             "echo BOB_RAN", user="bob")
+            assert theirs.returncode != 0 and "BOB_RAN" not in theirs.stdout, (partition, theirs)
+            assert "denied" in theirs.stderr.lower() or "invalid" in theirs.stderr.lower(), theirs.stderr
+        finally:
+            bridge.slurm("scancel", str(job_id), check=False)
+    assert attached["native"] == (4, "attached\n2001\nON_SLURMD_HOST\n")
+    assert attached["k8s"] == (4, "attached\n2001\nIN_POD\n")
+
+
+def test_concurrent_bare_sruns_each_get_their_own_pod_and_exit_code(bridge: Sandbox) -> None:
+    count = 6
+    started = time.monotonic()
+    with ThreadPoolExecutor(count) as pool:
+        done = list(pool.map(
+            lambda n: _client(bridge, "srun", "-p", "k8s", "-N1", "--mem=100M", "sh", "-c",
+                              f"echo rank-{n}; exit {n}"), range(count)))
+    took = time.monotonic() - started
+    for n, result in enumerate(done):
+        assert (result.returncode, result.stdout) == (n, f"rank-{n}\n"), (n, result.stderr)
+    print(f"\n{count} concurrent bridged srun allocations: {took:.1f}s")
+
+
+def _in_slurm_ns(*argv: str) -> subprocess.CompletedProcess[str]:
+    """Run `argv` where the slurmds' own view of the files is (their chroot and mounts)."""
+    return subprocess.run([str(REPO / "containers/slurm/in-ns.sh"), *argv], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_step_with_a_task_epilog_never_runs_it_on_the_slurmd_host(bridge: Sandbox) -> None:
+    """slurmstepd runs --task-epilog as the user where the task ran, and SPANK cannot see it: the
+    bridged slurmds see the places users write mounted noexec, so it cannot start there; the
+    step itself still runs in the pod. The control: natively the same epilog runs."""
+    stamp = int(time.time() * 1000)
+    places = [str(bridge.home("alice")), "/tmp", "/var/tmp", "/dev/shm"]
+    for place in places:
+        marker, epilog = f"{place}/epilog-ran-{stamp}", f"{place}/epilog-{stamp}.sh"
+        made = _in_slurm_ns("runuser", "-u", "alice", "--", "sh", "-c",
+                            f"printf '#!/bin/sh\\ntouch {marker}\\n' > {epilog} && chmod 755 {epilog}")
+        assert made.returncode == 0, made.stderr
+        done = _client(bridge, "srun", "-p", "k8s", "-N1", f"--task-epilog={epilog}", "sh", "-c", PROBE)
+        assert done.stdout == "IN_POD\n", (place, done)
+    time.sleep(2)
+    ran = [p for p in places if _in_slurm_ns("test", "-e", f"{p}/epilog-ran-{stamp}").returncode == 0]
+    assert not ran, f"a user's task epilog ran on a bridged slurmd's host, from: {ran}"
+    home_epilog = f"{places[0]}/epilog-{stamp}.sh"
+    native = _client(bridge, "srun", "-p", "native", "-N1", f"--task-epilog={home_epilog}", "true")
+    assert native.returncode == 0, native.stderr
+    assert wait_until("the native control's epilog", lambda: _in_slurm_ns(
+        "test", "-e", f"{places[0]}/epilog-ran-{stamp}").returncode == 0, timeout=20)
+
+
+def test_a_user_step_is_refused_where_the_slurmd_host_could_run_a_users_program(bridge: Sandbox) -> None:
+    """The guard's own check: a bridged slurmd whose host mounts a user's home executable (here:
+    one started by hand without in-bridged-ns.sh's mounts) refuses the step, saying why; nothing
+    of it runs there."""
+    script = write_script(bridge, "alice", "hold-exec.sh", f"#!/bin/sh\n#K8S image={IMAGE}\nsleep 60\n")
+    job_id = bridge.sbatch("-p", "k8s", "-w", "kreal2", "-o", "/dev/null", str(script))
+    pid_file = STATE / "run" / "slurmd-kreal2.pid"
+    try:
+        wait_until(f"job {job_id} running", lambda: bridge.slurm(
+            "squeue", "-h", "-j", str(job_id), "-o", "%T").stdout.strip() == "RUNNING", timeout=60)
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        wait_until("kreal2's slurmd stopped", lambda: not _alive(int(pid_file.read_text())), timeout=30)
+        # The same slurmd, in the sandbox's namespace where the home is executable (as a native
+        # node's is); sandbox-up starts it again the right way at the end.
+        subprocess.run(["setsid", str(REPO / "containers/slurm/in-ns.sh"), "slurmd", "-N", "kreal2"],
+                       check=True, capture_output=True, timeout=30)
+        wait_until("kreal2 answering", lambda: bridge.slurm("sinfo", "-h", "-n", "kreal2", "-o", "%T")
+                   .stdout.strip() in ("allocated", "mixed"), timeout=60)
+        done = _client(bridge, "srun", f"--jobid={job_id}", "--overlap", "-n1", "sh", "-c", PROBE)
+        assert done.returncode != 0 and "ON_SLURMD_HOST" not in done.stdout and "IN_POD" not in done.stdout
+        assert "mount the user's home noexec" in done.stderr or "noexec" in done.stderr, done.stderr
+    finally:
+        bridge.slurm("scancel", str(job_id), check=False)
+        subprocess.run(["pkill", "-f", "slurmd -N kreal2"], check=False)
+        time.sleep(1)
+        subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
