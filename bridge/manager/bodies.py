@@ -96,6 +96,9 @@ class UserTaskBody(_Body):
     cwd: str
     env: dict[str, str]
     tty: bool = False
+    rows: int = 0
+    cols: int = 0
+    """The terminal's window size (`tty`: the user-task-tty endpoint)."""
 
 
 class UserTaskSignalBody(_Body):

@@ -10,10 +10,12 @@ pod; controller.tasks runs the task there and passes on its signals.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hmac
 import json
 import signal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
@@ -22,7 +24,7 @@ from bridge.controller.user_steps import PROCID, UserStepRefused, UserSteps, tas
 from bridge.core import agent_protocol
 from bridge.core.errors import BridgeError, ExecOutcomeUnknown
 from bridge.core.job_environment import job_environment
-from bridge.core.waiter_protocol import FORWARDED
+from bridge.core.waiter_protocol import FORWARDED, MAX_OUTPUT_FRAME, sign_output_frame
 from bridge.manager.bodies import UserTaskBody, UserTaskSignalBody, parse
 
 if TYPE_CHECKING:
@@ -34,6 +36,13 @@ PASSED_ON = frozenset(int(s) for s in (*FORWARDED, signal.SIGTERM, signal.SIGINT
 """The signals a task proxy passes on (those slurmstepd sends a step's tasks)."""
 MAX_TASK_REQUEST_BYTES = 256 * 1024
 """argv and environment of one task: they travel in the exec's command line."""
+HEADER_TIMEOUT_S = 30.0
+TERMINAL_QUEUE = 64
+"""Frames typed ahead of a slow pod: the proxy's writes wait beyond it (TCP), not our memory."""
+INPUT_KIND, RESIZE_KIND = 0, 3
+"""The proxy's frame kinds (bridge/waiter/terminal.py)."""
+INPUT_CHANNEL, RESIZE_CHANNEL = 0, 4
+"""The exec protocol's stdin and resize channels."""
 
 
 class UserStepsApi:
@@ -49,6 +58,7 @@ class UserStepsApi:
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/jobs/{job_id:\\d+}/user-task", self.user_task),
+            web.post("/v1/jobs/{job_id:\\d+}/user-task-tty", self.user_task_tty),
             web.post("/v1/jobs/{job_id:\\d+}/user-task-signal", self.user_task_signal),
         ]
 
@@ -58,14 +68,28 @@ class UserStepsApi:
         job_id = int(request.match_info["job_id"])
         raw = await request.read()
         await self._auth.identify(request, job_id, raw)
-        if len(raw) > MAX_TASK_REQUEST_BYTES:
-            raise web.HTTPRequestEntityTooLarge(
-                max_size=MAX_TASK_REQUEST_BYTES, actual_size=len(raw),
-                text=f"the task's command line and environment exceed {MAX_TASK_REQUEST_BYTES} bytes")
+        return await self._run(request, job_id, _task_body(raw), None, None)
+
+    async def user_task_tty(self, request: web.Request) -> web.StreamResponse:
+        """The same for a task with a terminal (srun --pty): the first line of the body is the
+        task, then come signed frames of what is typed and of window sizes (bridge/waiter/
+        terminal.py), under the key the munge credential of the request carries."""
+        job_id = int(request.match_info["job_id"])
         try:
-            body = parse(UserTaskBody, raw)
-        except ValueError:
-            raise web.HTTPBadRequest(text="user-task needs step, node, argv, cwd and env") from None
+            header = await asyncio.wait_for(request.content.readline(), timeout=HEADER_TIMEOUT_S)
+        except (ValueError, TimeoutError):
+            raise web.HTTPBadRequest(text="user-task-tty needs a first line naming the task") from None
+        _, stream_key = await self._auth.authorise(request, job_id, header, keyed=True)
+        body = _task_body(header)
+        terminal: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(maxsize=TERMINAL_QUEUE)
+        if body.rows > 0 and body.cols > 0:
+            terminal.put_nowait((RESIZE_CHANNEL, _resize(body.rows, body.cols)))
+        return await self._run(request, job_id, body, terminal, stream_key)
+
+    async def _run(
+        self, request: web.Request, job_id: int, body: UserTaskBody,
+        terminal: asyncio.Queue[tuple[int, bytes]] | None, stream_key: bytes | None,
+    ) -> web.StreamResponse:
         procid = body.env.get("SLURM_PROCID", "0")
         if not body.argv or not PROCID.fullmatch(procid) or not body.cwd.startswith("/"):
             raise web.HTTPBadRequest(text="user-task needs a command, SLURM_PROCID and an absolute cwd")
@@ -89,14 +113,21 @@ class UserStepsApi:
             line = {"fd": fd, "data": base64.b64encode(data).decode()}
             await response.write(json.dumps(line).encode() + b"\n")
 
-        bound.info("user_task.started", pod=pod)
+        bound.info("user_task.started", pod=pod, tty=terminal is not None)
+        typing = None
+        if terminal is not None and stream_key is not None:
+            await response.write(b'{"accepted": true}\n')  # the proxy's terminal goes raw then
+            typing = asyncio.ensure_future(_read_terminal(request, stream_key, terminal, bound))
         code = b"1"
         try:
             code = await self._tasks.run(
                 (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, body.argv), write,
-                still_wanted=lambda: self._steps.live(job_id, run))
+                still_wanted=lambda: self._steps.live(job_id, run), terminal=terminal)
         except BridgeError as error:
             await write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
+        finally:
+            if typing is not None:
+                typing.cancel()
         bound.info("user_task.ended", pod=pod, exit_code=int(code))
         await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
         await response.write_eof()
@@ -134,3 +165,52 @@ class UserStepsApi:
         except BridgeError as error:
             raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
         return web.json_response({"signalled": f"{key}.{body.procid}"})
+
+
+def _task_body(raw: bytes) -> UserTaskBody:
+    if len(raw) > MAX_TASK_REQUEST_BYTES:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=MAX_TASK_REQUEST_BYTES, actual_size=len(raw),
+            text=f"the task's command line and environment exceed {MAX_TASK_REQUEST_BYTES} bytes")
+    try:
+        return parse(UserTaskBody, raw)
+    except ValueError:
+        raise web.HTTPBadRequest(text="user-task needs step, node, argv, cwd and env") from None
+
+
+def _resize(rows: int, cols: int) -> bytes:
+    """The exec protocol's resize message (channel 4)."""
+    return json.dumps({"Width": max(1, min(cols, 65535)), "Height": max(1, min(rows, 65535))}).encode()
+
+
+async def _read_terminal(
+    request: web.Request, stream_key: bytes, terminal: asyncio.Queue[tuple[int, bytes]], bound: Any,
+) -> None:
+    """Check each frame the proxy sends and queue it for the task's terminal: what is typed
+    (channel 0) and window sizes (channel 4). A frame that is not the proxy's ends the input."""
+    seq = 0
+    try:
+        while True:
+            head = await request.content.readexactly(5)
+            kind, size = head[0], int.from_bytes(head[1:], "big")
+            if kind not in (INPUT_KIND, RESIZE_KIND) or size > MAX_OUTPUT_FRAME:
+                bound.warning("user_task.bad_terminal_frame", kind=kind, size=size)
+                return
+            body = await request.content.readexactly(size + 32)
+            data, mac = body[:size], body[size:]
+            if not hmac.compare_digest(sign_output_frame(stream_key, seq, kind, data)[-32:], mac):
+                bound.warning("user_task.terminal_frame_not_signed", seq=seq)
+                return
+            seq += 1
+            if kind == RESIZE_KIND:
+                try:
+                    size_of = json.loads(data)
+                    await terminal.put((RESIZE_CHANNEL, _resize(int(size_of["rows"]), int(size_of["cols"]))))
+                except (ValueError, KeyError, TypeError):
+                    return
+            elif data:
+                await terminal.put((INPUT_CHANNEL, data))
+            else:
+                return  # the user's terminal went away: its end of input (a hang-up follows)
+    except (asyncio.IncompleteReadError, ConnectionResetError):
+        return

@@ -34,6 +34,10 @@ ENDING_SIGNALS = frozenset(int(s) for s in (
 
 PR_SET_DUMPABLE = 4
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 def end_as_the_task(code: int) -> int:
     """End the proxy as its task in the pod ended: by signal N when that ended it, so that srun
@@ -75,18 +79,12 @@ def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | Non
                       (f"/v1/jobs/{job_id}/task-signal", signal_fields), early)
 
 
-def proxy_task(
-    api_url: str, ca_file: str | None, job_id: int, start: tuple[str, dict[str, object]],
-    signals: tuple[str, dict[str, object]], early: list[int] | None = None,
-) -> int:
-    """Have the daemon run one task in the pod of this node (POST `start`), write its output to
-    fds 1 and 2 as it comes, pass on the signals this process gets (POST `signals` with the
-    number) and end as the task ended; the task's exit code. A script step's task proxy and a
-    user step's share it."""
-    start_path, body = start
+def signal_passer(
+    url: tuple[str, str, int], ca_file: str | None, job_id: int, signals: tuple[str, dict[str, object]],
+) -> Callable[[int, object], None]:
+    """A signal handler that has the daemon pass the signal to the task in the pod (POST
+    `signals` with its number)."""
     signal_path, signal_fields = signals
-    os.chdir("/")
-    url = split_url(api_url)
 
     def pass_on(signum: int, _frame: object) -> None:
         # slurmstepd signals the step's tasks (scancel -s SIG, --signal=SIG@T, a step cancel):
@@ -106,6 +104,21 @@ def proxy_task(
                 pass  # the daemon busy or restarting: ask again, briefly
             time.sleep(reconnect_delay(attempt))
 
+    return pass_on
+
+
+def proxy_task(
+    api_url: str, ca_file: str | None, job_id: int, start: tuple[str, dict[str, object]],
+    signals: tuple[str, dict[str, object]], early: list[int] | None = None,
+) -> int:
+    """Have the daemon run one task in the pod of this node (POST `start`), write its output to
+    fds 1 and 2 as it comes, pass on the signals this process gets (POST `signals` with the
+    number) and end as the task ended; the task's exit code. A script step's task proxy and a
+    user step's share it."""
+    start_path, body = start
+    os.chdir("/")
+    url = split_url(api_url)
+    pass_on = signal_passer(url, ca_file, job_id, signals)
     for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, pass_on)
     for early_signum in take_early_signals(early):

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 
-from bridge.waiter.task import proxy_task
+from bridge.waiter.early_signals import take_early_signals
+from bridge.waiter.http_client import split_url
+from bridge.waiter.task import end_as_the_task, proxy_task, signal_passer
+from bridge.waiter.terminal import run_terminal_task
 
 
 def run_user_step(
@@ -32,5 +35,14 @@ def run_user_step(
         "tty": os.isatty(0) and os.isatty(1),
     }
     signal_fields: dict[str, object] = {"step": step, "procid": procid, "node": node}
-    return proxy_task(api_url, ca_file, job_id, (f"/v1/jobs/{job_id}/user-task", body),
-                      (f"/v1/jobs/{job_id}/user-task-signal", signal_fields), early)
+    signals = (f"/v1/jobs/{job_id}/user-task-signal", signal_fields)
+    if body["tty"]:
+        # srun --pty: slurmstepd gave this task a terminal; the task in the pod gets one too.
+        os.chdir("/")
+        url = split_url(api_url)
+        pass_on = signal_passer(url, ca_file, job_id, signals)
+        for early_signum in take_early_signals(early):
+            pass_on(early_signum, None)
+        return run_terminal_task(url, ca_file, job_id, f"/v1/jobs/{job_id}/user-task-tty", body,
+                                 pass_on, end_as_the_task)
+    return proxy_task(api_url, ca_file, job_id, (f"/v1/jobs/{job_id}/user-task", body), signals, early)

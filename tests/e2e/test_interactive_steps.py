@@ -193,3 +193,65 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _drive_terminal(bridge: Sandbox, partition: str, typed: list[tuple[float, bytes]],
+                    rows: int = 33, cols: int = 101, timeout: float = 120) -> tuple[int, bytes]:
+    """`srun -p PARTITION --pty sh` as alice under a pseudo-terminal of the given size: types each
+    (pause, bytes), reads everything the terminal shows until srun ends; (exit code, output)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    env = {**bridge.environ(), "SLURM_K8S_IMAGE": IMAGE, "TERM": "dumb", "PS1": "$ "}
+    argv = ["runuser", "-u", "alice", "--", "env", f"SLURM_K8S_IMAGE={IMAGE}", "TERM=dumb", "PS1=$ ",
+            "srun", "-p", partition, "-N1", "--pty", "sh"]
+    pid, master = pty.fork()
+    if pid == 0:  # the child: its terminal is the pty's other end
+        os.chdir(str(bridge.home("alice")))
+        os.execvpe(argv[0], argv, env)
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    output = bytearray()
+    deadline = time.monotonic() + timeout
+    script = list(typed)
+    next_at = time.monotonic() + (script[0][0] if script else 0)
+    import select
+
+    while time.monotonic() < deadline:
+        if script and time.monotonic() >= next_at:
+            os.write(master, script.pop(0)[1])
+            next_at = time.monotonic() + (script[0][0] if script else 0)
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break  # the child's side closed: srun ended
+            if not data:
+                break
+            output += data
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    return os.waitstatus_to_exitcode(status), bytes(output)
+
+
+def test_srun_pty_gives_a_real_terminal_in_the_pod_like_native(bridge: Sandbox) -> None:
+    """tty, stty size, id -u, then exit 5: a pty device, the size the user's terminal has, the
+    job's uid and rc 5; Ctrl-C interrupts a sleep without ending the shell."""
+    typed = [(4.0, b"tty; stty size; id -u\n"), (2.0, b"sleep 30 && echo sleep-$((1+1))-finished\n"),
+             (2.0, b"\x03"), (1.0, b"echo after-interrupt-$((40+2))\n"), (1.0, b"exit 5\n")]
+    for partition in PARTITIONS:
+        started = time.monotonic()
+        code, raw = _drive_terminal(bridge, partition, typed)
+        text = raw.decode("utf-8", "replace").replace("\r\n", "\n")
+        took = time.monotonic() - started
+        assert code == 5, (partition, code, text)
+        assert re.search(r"^/dev/pts/\d+$", text, re.M), (partition, text)
+        assert "\n33 101\n" in text, (partition, text)
+        assert "\n2001\n" in text, (partition, text)
+        assert "after-interrupt-42" in text, (partition, text)
+        assert "sleep-2-finished" not in text, f"{partition}: Ctrl-C did not interrupt the sleep"
+        print(f"\nsrun --pty sh in {partition}: {took:.1f}s")

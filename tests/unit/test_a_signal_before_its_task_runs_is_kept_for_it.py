@@ -59,7 +59,9 @@ class AgentInPod:
         self.got_signal.set()
         return ""
 
-    async def exec_stream(self, pod: str, command: list[str]) -> AsyncIterator[tuple[int, bytes]]:
+    async def exec_stream(
+        self, pod: str, command: list[str], terminal: object = None
+    ) -> AsyncIterator[tuple[int, bytes]]:
         self.running.add(command[2])
         await asyncio.wait_for(self.got_signal.wait(), timeout=10)
         yield 1, b"task got usr1\n"

@@ -35,7 +35,9 @@ class FlakyKubelet:
     async def exec_in_pod(self, pod: str, command: list[str]) -> str:
         return ""
 
-    async def exec_stream(self, pod: str, command: list[str]) -> AsyncIterator[tuple[int, bytes]]:
+    async def exec_stream(
+        self, pod: str, command: list[str], terminal: object = None
+    ) -> AsyncIterator[tuple[int, bytes]]:
         self.attempts += 1
         if self.attempts <= self.refusals:
             raise ExecNotStarted(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
@@ -170,7 +172,9 @@ async def test_a_task_whose_step_ended_while_its_exec_was_refused_stops_waiting(
     kubelet = FlakyKubelet(refusals=10_000)
     exec_stream = kubelet.exec_stream
 
-    def closing_on_the_second_refusal(pod: str, command: list[str]) -> AsyncIterator[tuple[int, bytes]]:
+    def closing_on_the_second_refusal(
+        pod: str, command: list[str], terminal: object = None
+    ) -> AsyncIterator[tuple[int, bytes]]:
         if kubelet.attempts == 1:
             steps.open = False
         return exec_stream(pod, command)

@@ -11,6 +11,7 @@ KubeActions (bridge.clients.kube.actions).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,14 +44,14 @@ def _refused_before_running(error: BaseException) -> bool:
 
 
 async def _open_exec(ws_client: WsApiClient, pod_name: str, namespace: str, command: list[str],
-                     container: str, *, stdin: bool) -> Any:
+                     container: str, *, stdin: bool, tty: bool = False) -> Any:
     """The exec's websocket connection, to be entered with `async with`. kubernetes_asyncio's
     stubs type the call for a plain request (a str command, a str answer); over a WsApiClient
     with _preload_content=False it takes the argv list and answers a connection."""
     connect: Any = CoreV1Api(api_client=ws_client).connect_get_namespaced_pod_exec
     return await connect(
         pod_name, namespace, command=command, container=container,
-        stdout=True, stderr=True, stdin=stdin, tty=False, _preload_content=False,
+        stdout=True, stderr=not tty, stdin=stdin, tty=tty, _preload_content=False,
     )
 
 
@@ -113,10 +114,13 @@ class ExecVerbs:
         return printed
 
     async def exec_stream(
-        self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
+        self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME,
+        terminal: asyncio.Queue[tuple[int, bytes]] | None = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         """Run `command` in the container and yield (1 or 2, bytes) as it writes to stdout or
         stderr, then (0, exit code as text) once it has ended (the exec status channel).
+        With `terminal` the command gets a terminal (its output all comes as 1), fed from the
+        queue: (0, bytes typed) and (4, a resize message) as the exec protocol's channels.
 
         Raises ExecNotStarted when the exec was refused before it opened (a container not yet
         running, a kubelet or API server that failed the upgrade): the command did not run, so
@@ -124,14 +128,18 @@ class ExecVerbs:
         ws_client = self._exec_client()
         exit_code = b"1"
         started = False
+        feeding: asyncio.Future[None] | None = None
         try:
             try:
                 connection = await _open_exec(
-                    ws_client, pod_name, self.namespace, command, container, stdin=False
+                    ws_client, pod_name, self.namespace, command, container,
+                    stdin=terminal is not None, tty=terminal is not None,
                 )
                 async with connection as ws:
                     # From here on the command may be running: an error is no longer "not started".
                     started = True
+                    if terminal is not None:
+                        feeding = asyncio.ensure_future(_feed_terminal(ws, terminal))
                     async for message in ws:
                         data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
                         if not data:
@@ -144,6 +152,8 @@ class ExecVerbs:
             except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
                 raise _exec_failure(error, pod_name, started) from error
         finally:
+            if feeding is not None:
+                feeding.cancel()
             await ws_client.close()
         yield 0, exit_code
 
@@ -213,6 +223,14 @@ class ExecVerbs:
         finally:
             await ws_client.close()
         return int(code)
+
+
+async def _feed_terminal(ws: Any, terminal: asyncio.Queue[tuple[int, bytes]]) -> None:
+    """Send what the terminal queue holds to the exec's stdin (0) and resize (4) channels."""
+    with contextlib.suppress(aiohttp.ClientError, OSError, ConnectionResetError):
+        while True:
+            channel, data = await terminal.get()
+            await ws.send_bytes(bytes([channel]) + data)
 
 
 def _exit_code_of(status: bytes) -> bytes:
