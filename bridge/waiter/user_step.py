@@ -25,6 +25,10 @@ def run_user_step(
     """Run this task's `argv` in the pod of this node; the task's exit code. `environment` is the
     task's as the user exported it (held variables back under their names), `work_dir` the
     step's directory (slurmstepd's chdir)."""
+    # What slurmstepd set for this task after the guard held the environment (SLURMD_NODENAME,
+    # SLURM_PROCID, ...) is here as it is; job_environment keeps only SLURM_* of it.
+    environment = {**environment, **{k: v for k, v in os.environ.items()
+                                     if k.startswith("SLURM") and not k.startswith("SLURM_K8S_BRIDGE")}}
     job_id = int(environment["SLURM_JOB_ID"])
     node = environment.get("SLURMD_NODENAME", "")
     step = environment.get("SLURM_STEP_ID", "")
