@@ -21,7 +21,8 @@ start_bg() {
   local name=$1; shift
   ensure_dirs
   if is_running "$name"; then return 0; fi
-  setsid "$@" </dev/null >>"$SBX_LOG/$name.log" 2>&1 &
+  # No descriptor of the caller's beyond stdio: a daemon must not hold its lock or pipe open.
+  setsid "$@" </dev/null >>"$SBX_LOG/$name.log" 2>&1 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
   echo $! >"$SBX_RUN/$name.pid"
 }
 
