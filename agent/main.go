@@ -17,6 +17,8 @@
 //	slurm-k8s-bridge-agent signal PIDFILE SIG [group]
 //	    send SIG (a number) to the script run wrote to PIDFILE ("group": to the process group of
 //	    a step's task, waiting a little for its pid file)
+//	slurm-k8s-bridge-agent signal-all SIG
+//	    send SIGSTOP or SIGCONT to every process of the job in the pod (suspend, resume)
 //	slurm-k8s-bridge-agent wait                  hold a node of the job until stopped (exit 0)
 //	slurm-k8s-bridge-agent receive-script DEST SIZE
 //	    write SIZE bytes of stdin to DEST: a script too big for the payload Secret
@@ -99,7 +101,7 @@ func main() {
 	}
 	if len(os.Args) < 2 {
 		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | " +
-			"signal PIDFILE SIG [group] | wait | receive-script DEST SIZE | step-output KEY | " +
+			"signal PIDFILE SIG [group] | signal-all SIG | wait | receive-script DEST SIZE | step-output KEY | " +
 			"step-done KEY CODE | task PIDFILE ENV -- ARGV...")
 	}
 	switch os.Args[1] {
@@ -135,6 +137,11 @@ func main() {
 			fail("usage: slurm-k8s-bridge-agent task PIDFILE ENV -- ARGV...")
 		}
 		task(os.Args[2], os.Args[3], os.Args[5:])
+	case "signal-all":
+		if len(os.Args) != 3 {
+			fail("usage: slurm-k8s-bridge-agent signal-all SIG")
+		}
+		signalAll(os.Args[2])
 	case "signal":
 		if len(os.Args) != 4 && !(len(os.Args) == 5 && os.Args[4] == "group") {
 			fail("usage: slurm-k8s-bridge-agent signal PIDFILE SIG [group]")

@@ -40,6 +40,7 @@ HELP = {
     "slurm_node_polls_total": "Polls of Slurm for node changes.",
     "slurm_node_updates_total": "Slurm node updates sent (DOWN, DRAIN, RESUME).",
     "node_mass_failure_brakes_total": "DOWNs turned into DRAINs: over half the bridged nodes unhealthy.",
+    "suspend_failures_total": "Pods whose processes could not be stopped or continued (suspend/resume).",
 }
 
 HISTOGRAMS = {

@@ -17,7 +17,7 @@ The reconciler owns no state of its own; it orchestrates the subsystems that do:
 - the log relay (controller.log_relay), srun steps (controller.steps), batch signals
   (controller.batch_signals) and the tasks of steps (controller.tasks, controller.step_streams);
 - the steps users start themselves, and the allocations without a script they open
-  (controller.user_steps).
+  (controller.user_steps); suspend and resume in the pods (controller.suspension).
 The API reaches them through the narrow methods of controller.facade.
 """
 
@@ -46,6 +46,7 @@ from bridge.controller.run_pods import RunPods
 from bridge.controller.sessions import JobSession, SessionRegistry
 from bridge.controller.step_streams import StepStreams
 from bridge.controller.steps import Steps, read_step_key
+from bridge.controller.suspension import Suspension
 from bridge.controller.tasks import Tasks
 from bridge.controller.user_steps import UserSteps
 from bridge.controller.workqueue import DONE, Result
@@ -108,6 +109,7 @@ class Reconciler(ApiFacade):
         self.log_relay = LogRelay(kube, cache, metrics, self.steps, wake)
         self.tasks = Tasks(kube, self)
         self.user_steps = UserSteps(cfg, self.jobs, self.pods, self.sessions, wake)
+        self.suspension = Suspension(kube, metrics)
         self.step_streams = StepStreams(kube, self)
         self._background: set[asyncio.Future[None]] = set()
         self.node_is_dead = node_is_dead or (lambda _name: False)
@@ -154,8 +156,15 @@ class Reconciler(ApiFacade):
         if session is not None and session.cancel_requested:
             await self._stop(run_pods, session, alloc, bound.bind(run=current))
             return DONE
+        views = [pod_view(pod) for pod in run_pods]
+        suspended = alloc.state == "SUSPENDED"
+        if suspended or any(view.suspended for view in views):
+            # Slurm stopped (or continued) the job: its processes are in the pods.
+            retry = await self.suspension.follow(suspended, views, bound.bind(run=current))
+            if suspended:
+                return DONE.sooner(retry)
         if alloc.state != "RUNNING":
-            return DONE  # pending or suspended: the waiter attaches once Slurm starts the job
+            return DONE  # pending: the waiter attaches once Slurm starts the job
         if session is None or session.payload is None:
             return DONE  # pods, if any, keep running; the waiter will attach and tell us what to do
         if session.final is not None:

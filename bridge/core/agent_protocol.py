@@ -31,6 +31,11 @@ def signal_command(pidfile: str, signum: int, *, group: bool = False) -> list[st
     return [AGENT, "signal", pidfile, str(signum), *(["group"] if group else [])]
 
 
+def signal_all_command(signum: int) -> list[str]:
+    """`signal-all`: SIGSTOP or SIGCONT to every process of the job in the pod (suspend, resume)."""
+    return [AGENT, "signal-all", str(signum)]
+
+
 def step_done_command(key: str, code: int) -> list[str]:
     """`step-done`: tell the script's srun of step `key` that it ended with `code`."""
     return [AGENT, "step-done", key, str(code)]

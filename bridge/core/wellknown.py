@@ -116,6 +116,10 @@ ANNOTATION_PAYLOAD_SECRET: Final = PREFIX + "payload-secret"
 ANNOTATION_OUTPUT: Final = PREFIX + "output"
 """`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
 
+ANNOTATION_SUSPENDED: Final = PREFIX + "suspended"
+"""`true` on a pod whose job processes the daemon stopped because Slurm suspended the job; removed
+once they are continued (controller.suspension)."""
+
 OUTPUT_FRAMED: Final = "framed"
 OUTPUT_NONE: Final = "none"
 """On pods of a simulated partition: there is no output to read."""

@@ -130,6 +130,16 @@ class ObjectVerbs:
         except KubeNotFound:
             return None
 
+    async def annotate_pod(self, name: str, key: str, value: str | None) -> bool:
+        """Set (or with None remove) one annotation of the pod; False when the pod is gone."""
+        try:
+            await request_json(self._api, "PATCH", f"{self._pods}/{name}", f"annotate pod {name}",
+                               body={"metadata": {"annotations": {key: value}}},
+                               content_type="application/merge-patch+json")
+        except KubeNotFound:
+            return False
+        return True
+
     async def get_node(self, name: str) -> dict[str, Any]:
         return await request_json(self._api, "GET", f"/api/v1/nodes/{name}", f"get node {name}")
 
