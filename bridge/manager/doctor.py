@@ -32,6 +32,7 @@ NEEDED_ACCESS = (
     ("delete", "", "pods", True),
     ("list", "", "pods", True),
     ("watch", "", "pods", True),
+    ("patch", "", "pods", True),
     ("get", "", "pods/log", True),
     ("create", "", "pods/exec", True),
     ("list", "", "events", True),
