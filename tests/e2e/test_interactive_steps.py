@@ -266,3 +266,22 @@ def test_srun_pty_gives_a_real_terminal_in_the_pod_like_native(bridge: Sandbox) 
         sessions[partition] = _normalised(re.sub(r"/dev/pts/\d+", "/dev/pts/N", text))
         print(f"\nsrun --pty sh in {partition}: {time.monotonic() - started:.1f}s")
     assert sessions["k8s"] == sessions["native"]
+
+
+def test_an_allocation_whose_image_cannot_start_says_why_on_sruns_stderr_and_leaves_nothing(
+        bridge: Sandbox) -> None:
+    bad_name = subprocess.run(
+        ["runuser", "-u", "alice", "--", "env", "SLURM_K8S_IMAGE=not an image", "srun", "-p", "k8s", "-N1",
+         "true"], env=bridge.environ(), cwd=str(bridge.home("alice")), capture_output=True, text=True,
+        timeout=120)
+    assert bad_name.returncode != 0
+    assert "SLURM_K8S_IMAGE='not an image' is not an image name" in bad_name.stderr, bad_name.stderr
+    missing = subprocess.run(
+        ["runuser", "-u", "alice", "--", "env", "SLURM_K8S_IMAGE=sandbox.local/no-such-image:1", "srun", "-p",
+         "k8s", "-N1", "true"], env=bridge.environ(), cwd=str(bridge.home("alice")), capture_output=True,
+        text=True, timeout=300)
+    assert missing.returncode != 0
+    assert "cannot run steps" in missing.stderr and "no-such-image" in missing.stderr, missing.stderr
+    latest = bridge.slurm("sacct", "-u", "alice", "-X", "-nP", "-o", "JobID", "-S", "now-9minutes").stdout
+    job_id = int(latest.split()[-1])
+    wait_until(f"job {job_id}'s pods gone", functools.partial(_gone, bridge, job_id), timeout=90)
