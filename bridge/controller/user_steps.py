@@ -112,19 +112,28 @@ class UserSteps:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + POD_WAIT_S
         while True:
+            # Started: an allocation's pod may still pull its image, or never start (then the
+            # run's end says why, below).
             pod = self._pods.on_slurm_node(job_id, node)
-            if pod is not None and pod.run == alloc.run:
+            if pod is not None and pod.run == alloc.run and pod.started:
                 return pod.name, alloc.run
-            session = self._sessions.get(job_id, alloc.run)
-            final = session.final if session is not None else None
-            if final is not None:
-                reason = final.get("reason") or "its pods have ended"
+            reason = self.why_not(job_id, alloc.run)
+            if reason is not None:
                 raise UserStepRefused(f"job {job_id} cannot run steps: {reason}")
             if not self.live(job_id, alloc.run):
                 raise UserStepRefused(f"job {job_id} ended before its pod on {node} started")
             if loop.time() > deadline:
                 raise UserStepRefused(f"job {job_id} has no pod on node {node} after {POD_WAIT_S:.0f} s")
             await asyncio.sleep(POD_POLL_S)
+
+    def why_not(self, job_id: int, run: int) -> str | None:
+        """Why the run's pods cannot take steps any more (they failed to start, or ended); None
+        while they can."""
+        session = self._sessions.get(job_id, run)
+        final = session.final if session is not None else None
+        if final is None:
+            return None
+        return str(final.get("reason") or "its pods have ended")
 
     def _open_allocation(
         self, alloc: JobAllocation, environment: Mapping[str, str], cwd: str, bound: structlog.BoundLogger,

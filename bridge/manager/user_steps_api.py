@@ -124,7 +124,11 @@ class UserStepsApi:
                 (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, body.argv), write,
                 still_wanted=lambda: self._steps.live(job_id, run), terminal=terminal)
         except BridgeError as error:
-            await write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
+            # A pod that failed to start is removed: its reason is what the user needs.
+            why = self._steps.why_not(job_id, run)
+            text = (f"job {job_id} cannot run steps: {why}" if why
+                    else f"cannot run the task in pod {pod}: {error}")
+            await write(2, f"slurm-k8s-bridge: {text}\n".encode())
         finally:
             if typing is not None:
                 typing.cancel()
