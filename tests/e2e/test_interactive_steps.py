@@ -289,3 +289,24 @@ def test_an_allocation_whose_image_cannot_start_says_why_on_sruns_stderr_and_lea
     latest = bridge.slurm("sacct", "-u", "alice", "-X", "-nP", "-o", "JobID", "-S", "now-9minutes").stdout
     job_id = int(latest.split()[-1])
     wait_until(f"job {job_id}'s pods gone", functools.partial(_gone, bridge, job_id), timeout=90)
+
+
+def test_the_daemon_killed_during_a_step_ends_it_with_the_reason_and_leaves_nothing(bridge: Sandbox) -> None:
+    env = {**bridge.environ(), "SLURM_K8S_IMAGE": IMAGE}
+    step = subprocess.Popen(
+        ["runuser", "-u", "alice", "--", "env", f"SLURM_K8S_IMAGE={IMAGE}", "srun", "-p", "k8s", "-N1",
+         "sh", "-c", "echo started; sleep 20; echo not-reached"],
+        env=env, cwd=str(bridge.home("alice")), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert step.stdout is not None
+        assert step.stdout.readline() == "started\n"
+        os.kill(int((STATE / "run" / "bridge.pid").read_text()), signal.SIGKILL)
+        subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True)
+        out, err = step.communicate(timeout=120)
+    finally:
+        step.kill()
+    assert step.returncode != 0 and "not-reached" not in out
+    assert "lost the bridge while the task ran" in err, err
+    latest = bridge.slurm("sacct", "-u", "alice", "-X", "-nP", "-o", "JobID", "-S", "now-9minutes").stdout
+    job_id = int(latest.split()[-1])
+    wait_until(f"job {job_id}'s pods gone", functools.partial(_gone, bridge, job_id), timeout=120)
