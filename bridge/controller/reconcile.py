@@ -158,7 +158,7 @@ class Reconciler(ApiFacade):
             return DONE
         views = [pod_view(pod) for pod in run_pods]
         suspended = alloc.state == "SUSPENDED"
-        if suspended or any(view.suspended for view in views):
+        if suspended or any(view.suspend_mark for view in views):
             # Slurm stopped (or continued) the job: its processes are in the pods.
             retry = await self.suspension.follow(suspended, views, bound.bind(run=current))
             if suspended:
@@ -288,6 +288,9 @@ class Reconciler(ApiFacade):
         grace = None
         views = [pod_view(pod) for pod in pods]
         state = describe(alloc, views[0].run if views else session.run if session else None)
+        if any(view.suspend_mark for view in views):
+            # As slurmd continues a suspended job before it signals it: the TERM trap runs.
+            await self.suspension.follow(False, [view for view in views if view.suspend_mark], bound)
         for pod in views:
             # No kubelet will ever confirm the end of a pod on a dead node: remove it at once.
             stopped = pod.stopped or self.node_is_dead(pod.node_name)

@@ -50,8 +50,15 @@ class UserStepRefused(Exception):
     """The task cannot run; the message is for the user (srun's stderr)."""
 
 
+INTERACTIVE_STEP_ENV = "-6"
+"""SLURM_STEP_ID of salloc's interactive step (LaunchParameters=use_interactive_step): slurmstepd
+prints SLURM_INTERACTIVE_STEP, 0xfffffffa, as a signed number."""
+
+
 def task_key(step: str) -> str:
     """The controller.tasks key of a user step: its Slurm step id, apart from the script's keys."""
+    if step == INTERACTIVE_STEP_ENV:
+        return "u4294967290"
     if not STEP_ID.fullmatch(step):
         raise UserStepRefused(f"not a step id: {step[:20]!r}")
     return f"u{int(step)}"

@@ -70,8 +70,9 @@ class PodView:
     """When the job container started running, while it runs."""
     all_containers_terminated: bool = False
     """Every container of the pod reports a terminated state (and there is at least one)."""
-    suspended: bool = False
-    """ANNOTATION_SUSPENDED: the daemon stopped the job's processes in it (Slurm suspended the job)."""
+    suspend_mark: str | None = None
+    """ANNOTATION_SUSPENDED: `stopping` while the daemon stops the job's processes in it (Slurm
+    suspended the job), `true` once they are stopped; None when they run."""
 
     @property
     def runs_agent(self) -> bool:
@@ -156,7 +157,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         running_since=parse_time(running.get("startedAt")) if isinstance(running, Mapping) else None,
         all_containers_terminated=bool(statuses) and all(
             "terminated" in as_map(c.get("state")) for c in statuses),
-        suspended=annotations.get(wellknown.ANNOTATION_SUSPENDED) == "true",
+        suspend_mark=_str_or_none(annotations.get(wellknown.ANNOTATION_SUSPENDED)),
     )
 
 

@@ -117,8 +117,8 @@ ANNOTATION_OUTPUT: Final = PREFIX + "output"
 """`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
 
 ANNOTATION_SUSPENDED: Final = PREFIX + "suspended"
-"""`true` on a pod whose job processes the daemon stopped because Slurm suspended the job; removed
-once they are continued (controller.suspension)."""
+"""On a pod whose job processes the daemon stops because Slurm suspended the job: `stopping` before
+the stop, `true` once it is done; removed once they are continued (controller.suspension)."""
 
 OUTPUT_FRAMED: Final = "framed"
 OUTPUT_NONE: Final = "none"

@@ -92,9 +92,9 @@ def run_terminal_task(
     saved = termios.tcgetattr(0)
     tty.setraw(0)
     signal.signal(signal.SIGWINCH, resized)
-    # In raw mode the terminal sends no SIGINT here; slurmstepd's signals still come (scancel).
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, pass_on)
+    # In raw mode the terminal sends no SIGINT here; slurmstepd's signals still come (scancel;
+    # the others were set by the caller), and a hang-up of this end goes on too.
+    signal.signal(signal.SIGHUP, pass_on)
     threading.Thread(target=pump, daemon=True).start()
     try:
         pending = first

@@ -11,7 +11,9 @@ The user's program never runs here: only its argv travels, as data."""
 from __future__ import annotations
 
 import os
+import signal
 
+from bridge.core.waiter_protocol import FORWARDED
 from bridge.waiter.early_signals import take_early_signals
 from bridge.waiter.http_client import split_url
 from bridge.waiter.task import end_as_the_task, proxy_task, signal_passer
@@ -45,6 +47,10 @@ def run_user_step(
         os.chdir("/")
         url = split_url(api_url)
         pass_on = signal_passer(url, ca_file, job_id, signals)
+        # Every signal slurmstepd passes a task (scancel -s USR1 N.S) goes to the pod's task,
+        # those that came while this started included.
+        for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, pass_on)
         for early_signum in take_early_signals(early):
             pass_on(early_signum, None)
         return run_terminal_task(url, ca_file, job_id, f"/v1/jobs/{job_id}/user-task-tty", body,

@@ -2,9 +2,9 @@
 # in-bridged-ns.sh CMD...: run CMD as in-ns.sh does, but in a mount namespace of its own below the
 # sandbox's, where every place a user can write is mounted noexec: the shared home, /tmp,
 # /var/tmp and /dev/shm. The bridged slurmds run here. Their host must never run a user's
-# program, and slurmstepd would run one for a step's --task-epilog, which the SPANK guard cannot
-# see; the guard admits user steps (srun --jobid, salloc) only where it finds these mounts noexec.
-# In production the same comes from the slurmd unit (deploy/systemd: NoExecPaths=).
+# program; the SPANK guard is the barrier (a user's step execs only the bridge's proxy, and its
+# slurmstepd nothing after that, so no --task-epilog), these mounts are defence in depth. In
+# production the same comes from the slurmd unit (deploy/systemd: NoExecPaths=).
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 holder=$(cat "$SBX_RUN/slurm-ns.pid")

@@ -16,10 +16,10 @@ from bridge.core.errors import KubeUnavailable
 from bridge.core.pod_view import pod_view
 
 
-def _pod(name: str, suspended: bool = False, running: bool = True) -> dict[str, Any]:
+def _pod(name: str, suspended: bool = False, running: bool = True, mark: str = "true") -> dict[str, Any]:
     annotations = {wellknown.ANNOTATION_NODE_INDEX: "0"}
     if suspended:
-        annotations[wellknown.ANNOTATION_SUSPENDED] = "true"
+        annotations[wellknown.ANNOTATION_SUSPENDED] = mark
     state = {"running": {"startedAt": "2026-12-04T10:00:00Z"}} if running else {"waiting": {"reason": "x"}}
     return {"metadata": {"name": name, "annotations": annotations, "labels": {}},
             "spec": {"containers": [{"name": wellknown.CONTAINER_NAME, "image": "i"}]},
@@ -48,25 +48,33 @@ def _follow(kube: Kube, suspended: bool, pods: list[dict[str, Any]]) -> float | 
     return asyncio.run(suspension.follow(suspended, [pod_view(p) for p in pods], structlog.get_logger()))
 
 
-def test_slurm_suspends_every_running_pod_is_stopped_then_marked() -> None:
+def test_slurm_suspends_every_running_pod_is_marked_stopped_then_marked_done() -> None:
+    """Marked first: a stop whose mark failed would never be continued."""
     kube = Kube()
-    assert _follow(kube, True, [_pod("a"), _pod("b"), _pod("c", suspended=True)]) is None
+    pods = [_pod("a"), _pod("b", suspended=True, mark="stopping"), _pod("c", suspended=True)]
+    assert _follow(kube, True, pods) is None
     stop = agent_protocol.signal_all_command(19)
-    assert kube.calls == [("a", stop), ("a", (wellknown.ANNOTATION_SUSPENDED, "true")),
+    assert kube.calls == [("a", (wellknown.ANNOTATION_SUSPENDED, "stopping")), ("a", stop),
+                          ("a", (wellknown.ANNOTATION_SUSPENDED, "true")),
+                          # b's stop may not have happened: stopped again
                           ("b", stop), ("b", (wellknown.ANNOTATION_SUSPENDED, "true"))]
 
 
 def test_slurm_resumes_only_marked_pods_are_continued_then_unmarked() -> None:
     kube = Kube()
-    assert _follow(kube, False, [_pod("a", suspended=True), _pod("b")]) is None
-    assert kube.calls == [("a", agent_protocol.signal_all_command(18)),
-                          ("a", (wellknown.ANNOTATION_SUSPENDED, None))]
+    assert _follow(kube, False, [_pod("a", suspended=True), _pod("b"),
+                                 _pod("c", suspended=True, mark="stopping")]) is None
+    cont = agent_protocol.signal_all_command(18)
+    assert kube.calls == [("a", cont), ("a", (wellknown.ANNOTATION_SUSPENDED, None)),
+                          ("c", cont), ("c", (wellknown.ANNOTATION_SUSPENDED, None))]
 
 
 def test_a_pod_not_started_yet_waits_and_an_unreachable_one_is_retried() -> None:
     kube = Kube(unreachable=frozenset({"b"}))
     assert _follow(kube, True, [_pod("a", running=False), _pod("b")]) == RETRY_S
-    assert kube.calls == []  # b failed before its mark: it is stopped again next time
+    # b is marked `stopping`, its stop failed: the next pass stops it again; were Slurm to
+    # resume meanwhile, the mark makes sure it is continued.
+    assert kube.calls == [("b", (wellknown.ANNOTATION_SUSPENDED, "stopping"))]
 
 
 def test_the_agent_verb_only_takes_stop_and_cont() -> None:

@@ -16,10 +16,12 @@
  *     or of a bare srun's allocation) into the bridge's user-step proxy: in the task, just before
  *     slurmstepd would exec the user's program (and before any task prolog), it execs the
  *     waiter's command with `step -- ARGV...` instead; the proxy has the daemon run ARGV in the
- *     job's pod on this node. The user's program never starts here. Only where the slurmd host
- *     mounts what users can write noexec (checked: the user's home, /tmp, /var/tmp, /dev/shm and
- *     the step's directory if the user can write it), because slurmstepd runs a step's --task-epilog, which SPANK cannot
- *     see, on this host; elsewhere such steps are refused, with the reason.
+ *     job's pod on this node. The user's program never starts here. slurmstepd would still run a
+ *     step's --task-epilog (a program of the user's, as the user, on this host) after each task,
+ *     and SPANK cannot see that option: once the step's tasks are forked, the guard forbids
+ *     slurmstepd to exec anything more (a seccomp filter on execve/execveat, in
+ *     slurm_spank_task_post_fork), so no epilog, the user's or the site's, starts for such a
+ *     step. The tasks, forked before, exec the proxy as above.
  *     Programs named by an `allow=` argument (absolute paths, written by the site in
  *     plugstack.conf) may run as steps: the bridge's own step launcher, if any. srun (local
  *     context) checks the same first, only to print the reason early and clearly;
@@ -40,17 +42,19 @@
  *   required /path/slurm_k8s_bridge_guard.so settings=/etc/slurm/job_submit_bridge.conf
  */
 
-#define _GNU_SOURCE /* ST_NOEXEC */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pwd.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
+#include <sys/syscall.h>
 
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
@@ -410,56 +414,30 @@ static int is_task_proxy(spank_t sp, const struct settings *settings, uint32_t j
 	return step_token_is_valid(sp, settings, job_id, argv[word + 1]);
 }
 
-/* 1 when `path` is on a filesystem mounted noexec (a missing path cannot hold a program: 1). */
-static int mounted_noexec(const char *path)
+/* slurmstepd of a user's step, once its tasks are forked: every execve/execveat fails (EPERM).
+ * What it would still exec is the step's --task-epilog (the user's program, as the user, here)
+ * and the site's TaskEpilog; the tasks themselves were forked before and exec the proxy. 0 when
+ * the filter is on. */
+static int forbid_further_execs(void)
 {
-	struct statvfs fs;
+	struct sock_filter filter[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS), /* another ABI: nothing runs */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_execve, 2, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_execveat, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+	};
+	struct sock_fprog program = {.len = sizeof(filter) / sizeof(filter[0]), .filter = filter};
 
-	if (statvfs(path, &fs) != 0)
-		return errno == ENOENT;
-	return (fs.f_flag & ST_NOEXEC) != 0;
-}
-
-/* slurmstepd runs a step's --task-epilog as the user on this host after each task, and SPANK
- * cannot see that option: a user step is admitted only where the places its user can write are
- * mounted noexec, so no program of theirs can start here. 0 when they are; else -1, reason logged
- * (srun shows slurmstepd's errors). */
-static int user_writable_places_can_exec(spank_t sp, const char *where, uint32_t job_id)
-{
-	const char *fixed[] = {"/tmp", "/var/tmp", "/dev/shm"};
-	uid_t uid = 0;
-	struct passwd *pw;
-
-	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
-		if (!mounted_noexec(fixed[i])) {
-			slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes: steps started here (srun "
-				    "--jobid, salloc, srun) need this slurmd host to mount %s noexec; it does "
-				    "not, so the step is refused (docs/operations.md) [%s]", job_id, fixed[i], where);
-			return -1;
-		}
-	}
-	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || !(pw = getpwuid(uid)) ||
-	    !pw->pw_dir || !mounted_noexec(pw->pw_dir)) {
-		slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes: steps started here (srun --jobid, "
-			    "salloc, srun) need this slurmd host to mount the user's home noexec; it does not "
-			    "(or it cannot be told), so the step is refused (docs/operations.md) [%s]", job_id, where);
-		return -1;
-	}
-	return 0;
-}
-
-/* In the task (as the user, in the step's directory, which a relative --task-epilog names): a
- * directory the user can write must be noexec too. 0 when it is, or the user cannot write it. */
-static int step_directory_can_exec(void)
-{
-	char cwd[4096];
-
-	if (!getcwd(cwd, sizeof(cwd)))
-		return -1;
-	if (access(cwd, W_OK) == 0 && !mounted_noexec(cwd)) {
-		slurm_error("slurm-k8s-bridge: this job runs in Kubernetes: the step's directory %s is "
-			    "writable and not mounted noexec on this slurmd host, so the step is refused "
-			    "(docs/operations.md)", cwd);
+	/* Without CAP_SYS_ADMIN in effect the kernel asks for no_new_privs first; slurmstepd never
+	 * gains privileges by exec (and now execs nothing). */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+		slurm_error("slurm-k8s-bridge: cannot forbid slurmstepd further execs for a user's step "
+			    "(seccomp: %m): the step is refused");
 		return -1;
 	}
 	return 0;
@@ -542,9 +520,7 @@ static int guard_step(spank_t sp, const char *where)
 	} else if (step_id > SLURM_MAX_NORMAL_STEP_ID && step_id != SLURM_INTERACTIVE_STEP) {
 		slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes (partition %s): this kind of step "
 			    "cannot start on its nodes' slurmd [%s]", job_id, partition, where);
-	} else if (spank_context() != S_CTX_REMOTE) {
-		rc = 0; /* slurmstepd decides, where it can see the host's mounts */
-	} else if (user_writable_places_can_exec(sp, where, job_id) == 0) {
+	} else {
 		/* Hold the environment and the early signals, as for the waiter: it is what starts. */
 		batch_of_bridged_job = 1;
 		user_step_of_bridged_job = 1;
@@ -655,6 +631,17 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		slurm_error("slurm-k8s-bridge: cannot hold signals for the waiter's start: %m");
 	/* Before the task prologs, which slurmstepd runs after this hook: they never run either. */
 	if (user_step_of_bridged_job)
-		return step_directory_can_exec() == 0 ? exec_user_step_proxy(sp) : -1;
+		return exec_user_step_proxy(sp);
 	return 0;
+}
+
+/* In slurmstepd, after the step's tasks are forked (all of them, before the first call): for a
+ * user's step, slurmstepd execs nothing more (forbid_further_execs). */
+int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
+{
+	(void) ac;
+	(void) av;
+	if (spank_remote(sp) != 1 || !user_step_of_bridged_job)
+		return 0;
+	return forbid_further_execs();
 }
