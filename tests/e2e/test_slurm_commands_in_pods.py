@@ -82,7 +82,8 @@ def test_slurm_commands_in_a_busybox_pod_answer_as_natively(bridge: Sandbox) -> 
     # What the parity holds to, so that two equally broken sides cannot pass.
     hostnames = outcomes[("hostnames", "k8s")][1][".out"]
     assert hostnames == b"NODE\nNODE\nrc 0\nfirst: NODE\n", hostnames
-    assert outcomes[("squeue_itself", "k8s")][1][".out"] == b"RUNNING\nrc 0\nRUNNING   \nup\n"
+    squeue = outcomes[("squeue_itself", "k8s")][1][".out"]
+    assert re.fullmatch(rb"RUNNING\nrc 0\nRUNNING *\nup\n", squeue), squeue
     assert outcomes[("scancel_itself", "k8s")][0] is not None
     assert ("N", "CANCELLED", "0:0") in outcomes[("scancel_itself", "k8s")][0]
     assert b"never" not in outcomes[("scancel_itself", "k8s")][1][".out"]
@@ -131,7 +132,7 @@ def test_another_users_job_is_as_untouchable_as_natively(bridge: Sandbox) -> Non
         assert not found, "\n".join(found)
         err = outcomes[(case.name, "k8s")][1][".err"]
         assert b"scancel: error: Kill job error on job id" in err and b"denied" in err, err
-        said = b"scancel said 1\nhold said 1\nsbatch --uid said 1\n"
+        said = b"scancel said 1\nhold said 1\nsbatch --uid said 255\n"  # Slurm's own codes
         assert outcomes[(case.name, "k8s")][1][".out"] == said
         state = bridge.slurm("squeue", "-h", "-j", str(bob_job), "-o", "%T", check=False).stdout.strip()
         assert state in ("RUNNING", "PENDING"), f"bob's job {bob_job} is {state!r}"
@@ -152,10 +153,10 @@ def _refused_case(marker: Path, host_script: Path) -> str:
         "scontrol\necho \"interactive: $?\"\n"
         "squeue --no-such-option\necho \"unknown option: $?\"\n"
         "sacct --file=/etc/shadow\necho \"sacct file: $?\"\n"
-        # Frames written straight into the agent's log: a used key replayed with another command,
-        # and a command that is not Slurm's.
+        # Frames written straight into the agent's log (the script's parent; PID 1 is the pod's
+        # pause): a used key replayed with another command, and a command that is not Slurm's.
         "squeue -h -j $SLURM_JOB_ID -o %T >/dev/null\n"
-        "frame() { printf 'c %s\\n' \"$(printf '%s' \"$1\" | base64 | tr -d '\\n')\" > /proc/1/fd/1; }\n"
+        "frame() { printf 'c %s\\n' \"$(printf '%s' \"$1\" | base64 | tr -d '\\n')\" > /proc/$PPID/fd/1; }\n"
         f"frame '{{\"key\":\"1\",\"command\":\"sbatch\",\"argv\":[\"-p\",\"native\",\"--wrap\","
         f"\"touch {marker}.replayed\"],\"cwd\":\"/\"}}'\n"
         f"frame '{{\"key\":\"900\",\"command\":\"sh\",\"argv\":[\"-c\",\"touch {marker}.sh\"],"
