@@ -8,6 +8,9 @@ package main
 // come back as a step's do (`agent step-output`, `agent step-done`).
 
 import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -18,8 +21,13 @@ import (
 var slurmCommands = map[string]bool{"scontrol": true, "squeue": true, "sbatch": true, "scancel": true,
 	"sacct": true, "sinfo": true}
 
-// maxScriptBytes bounds what sbatch reads here (a script, stdin): the daemon refuses more.
-const maxScriptBytes = 1 << 20
+// maxScriptBytes bounds what sbatch reads here (a script, stdin): the daemon refuses more
+// (bridge/core/slurm_commands.py MAX_SCRIPT_BYTES).
+const maxScriptBytes = 512 << 10
+
+// maxFrameData bounds a request's framed (base64) size: one log line the daemon reads whole
+// (= MAX_REQUEST_BYTES there). A bigger one is refused here, never sent in pieces.
+const maxFrameData = 1<<20 - 4096
 
 // commandClient is `NAME ARGS...` for one of slurmCommands: it exits with the code of Slurm's
 // binary, having written its output to its own stdout and stderr.
@@ -51,6 +59,11 @@ func commandClient(name string, args []string) {
 			data, _ := io.ReadAll(io.LimitReader(os.Stdin, maxScriptBytes+1))
 			request.Stdin = data
 		}
+	}
+	if data, _ := json.Marshal(request); base64.StdEncoding.EncodedLen(len(data)) > maxFrameData {
+		fmt.Fprintf(os.Stderr, "%s: error: the arguments, script and environment exceed %d KiB\n", name,
+			maxFrameData*3/4>>10)
+		os.Exit(1)
 	}
 	key := ask(dir, name, request)
 	awaitResult(dir, key)

@@ -26,10 +26,13 @@ BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 """Where the waiter looks for Slurm's binaries, by absolute path (never the job's PATH)."""
 MAX_ARGS = 256
 MAX_ARGV_BYTES = 64 * 1024
-MAX_SCRIPT_BYTES = 1024 * 1024
-"""A script sbatch gets from the pod (Slurm's own default limit is 4 MB; one log line carries it)."""
-MAX_REQUEST_BYTES = 3 * 1024 * 1024
-"""A whole request as framed in the pod's log (base64 of the script, the environment, the argv)."""
+MAX_SCRIPT_BYTES = 512 * 1024
+"""A script sbatch gets from the pod (Slurm's own default limit is 4 MB): base64 twice over (in
+the JSON, then the frame), with the environment, it must fit one log line the daemon reads whole."""
+MAX_REQUEST_BYTES = (1 << 20) - 4096
+"""A whole request as framed in the pod's log: below the 1 MiB at which the daemon's log reader
+(clients/kube/lines.py MAX_LINE) hands a line out in pieces, less the line's timestamp. The agent
+refuses a bigger one itself (agent/commands.go maxFrameData), so that none is ever cut."""
 
 _HELP = {"help": NO, "usage": NO, "version": NO}
 

@@ -353,3 +353,22 @@ def test_a_command_in_a_pod_without_the_script_agent_fails_with_why(agent: Path,
     assert proc.returncode == 1
     why = b"squeue: error: cannot reach the job's batch script agent (only the batch script's pod"
     assert why in proc.stderr
+
+
+def test_a_request_too_big_for_one_log_line_is_refused_in_the_pod(agent: Path, tmp_path: Path) -> None:
+    """The daemon reads a log line whole only up to 1 MiB: a bigger request would arrive in pieces,
+    so the pod's command refuses it itself, without asking."""
+    home, _ = installed_agent(agent, tmp_path)
+    (tmp_path / "big.sh").write_bytes(b"#!/bin/sh\n" + b"#" * (400 << 10))
+    env = {"PATH": "/usr/bin:/bin", **{f"BIG{i}": "x" * (100 << 10) for i in range(4)}}
+    proc = subprocess.run([str(home / "bin" / "sbatch"), "big.sh"], capture_output=True, timeout=30,
+                          check=False, cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    assert b"sbatch: error: the arguments, script and environment exceed 765 KiB" in proc.stderr
+
+
+def test_the_agents_limits_are_the_daemons() -> None:
+    source = (Path(__file__).resolve().parents[2] / "agent" / "commands.go").read_text()
+    assert "const maxScriptBytes = 512 << 10" in source and slurm_commands.MAX_SCRIPT_BYTES == 512 << 10
+    assert "const maxFrameData = 1<<20 - 4096" in source
+    assert slurm_commands.MAX_REQUEST_BYTES == (1 << 20) - 4096
