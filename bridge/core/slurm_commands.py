@@ -150,6 +150,9 @@ _INFO_ONLY = {c: frozenset({"help", "h", "usage", "version", "V"}) for c in ("sb
 """Options with which sbatch and scontrol only print their help or version."""
 
 
+_PLUGIN_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,+_-")
+
+
 class Refused(ValueError):
     """The request is not run; str() is the line for the command's stderr."""
 
@@ -250,7 +253,10 @@ def parse(command: str, argv: list[str]) -> tuple[list[tuple[str, str | None]], 
                 break
         else:
             positionals.append(arg)
-    for name, _ in options:
+    for name, value in options:
+        if name in ("json", "yaml") and value is not None and not set(value) <= _PLUGIN_NAME:
+            # It names a data_parser plugin, which the binary loads: a name, never a path.
+            raise Refused(f"{command}: --{name}={value!r}: not a data_parser plugin name")
         long_name = _SHORT_LONG.get(command, {}).get(name, name)
         reason = REFUSED.get(command, {}).get(long_name)
         if reason is not None:

@@ -44,6 +44,7 @@ STAMP = "2025-12-01T12:00:00.000000000Z"
     ("sacct", ["-nXPj", "5", "-o", "State"], ["-n", "-X", "-P", "-j5", "-oState"]),
     ("sinfo", ["-h", "-p", "k8s", "-o", "%a"], ["-h", "-pk8s", "-o%a"]),
     ("sbatch", ["--help"], ["--help"]),
+    ("sinfo", ["--json=v0.0.44"], ["--json=v0.0.44"]),
 ])
 def test_arguments_are_given_back_canonical(command: str, argv: list[str], want: list[str]) -> None:
     assert prepare(command, argv, "/home/alice").argv == want
@@ -79,6 +80,7 @@ def test_arguments_are_given_back_canonical(command: str, argv: list[str], want:
     ("squeue", ["--noheader=yes"], "doesn't allow an argument"),
     ("squeue", ["stray"], "Unrecognized option: stray"),
     ("squeue", ["-o", "bad\0byte"], "NUL byte"),
+    ("squeue", ["--json=../../../dev/shm/x"], "not a data_parser plugin name"),
     ("squeue", ["-h"] * (slurm_commands.MAX_ARGS + 1), "more than"),
 ])
 def test_what_would_touch_the_slurmd_host_is_refused_with_its_reason(
