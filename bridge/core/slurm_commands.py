@@ -253,10 +253,10 @@ def parse(command: str, argv: list[str]) -> tuple[list[tuple[str, str | None]], 
                 break
         else:
             positionals.append(arg)
-    for name, value in options:
-        if name in ("json", "yaml") and value is not None and not set(value) <= _PLUGIN_NAME:
+    for name, plugin in options:
+        if name in ("json", "yaml") and plugin is not None and not set(plugin) <= _PLUGIN_NAME:
             # It names a data_parser plugin, which the binary loads: a name, never a path.
-            raise Refused(f"{command}: --{name}={value!r}: not a data_parser plugin name")
+            raise Refused(f"{command}: --{name}={plugin!r}: not a data_parser plugin name")
         long_name = _SHORT_LONG.get(command, {}).get(name, name)
         reason = REFUSED.get(command, {}).get(long_name)
         if reason is not None:
