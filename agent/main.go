@@ -28,6 +28,8 @@
 //	slurm-k8s-bridge-agent task PIDFILE ENV -- ARGV
 //	    run one task of a step (ENV: its environment, base64 JSON), writing its pid to PIDFILE
 //	srun ARGS                                    (as argv[0] "srun") ask the daemon for a step
+//	scontrol|squeue|sbatch|scancel|sacct|sinfo ARGS
+//	    (as argv[0]) have the job's waiter run Slurm's own command (commands.go)
 //
 // Exit codes of the agent's own failures are named in exitcodes.go.
 //
@@ -97,6 +99,10 @@ func receiveScript(dest, size string) {
 func main() {
 	if filepath.Base(os.Args[0]) == "srun" {
 		srunClient(os.Args[1:])
+		return
+	}
+	if name := filepath.Base(os.Args[0]); slurmCommands[name] {
+		commandClient(name, os.Args[1:])
 		return
 	}
 	if len(os.Args) < 2 {
@@ -184,12 +190,15 @@ func install(dest string) {
 	if err := os.Rename(tmp, dest); err != nil {
 		fail(err.Error())
 	}
-	// `srun` in the job is this binary too (see steps.go).
+	// `srun` in the job is this binary too (see steps.go), and so are Slurm's commands
+	// (commands.go).
 	bin := filepath.Join(filepath.Dir(dest), "bin")
 	_ = os.MkdirAll(bin, 0o755)
-	_ = os.Remove(filepath.Join(bin, "srun"))
-	if err := os.Symlink(dest, filepath.Join(bin, "srun")); err != nil {
-		fail(err.Error())
+	for _, name := range []string{"srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo"} {
+		_ = os.Remove(filepath.Join(bin, name))
+		if err := os.Symlink(dest, filepath.Join(bin, name)); err != nil {
+			fail(err.Error())
+		}
 	}
 }
 

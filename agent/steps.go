@@ -34,6 +34,11 @@ type stepRequest struct {
 	// A signal the script's srun got, for Slurm's srun of step SignalKey (no step is asked for).
 	SignalKey string `json:"signal_key,omitempty"`
 	Signal    int    `json:"signal,omitempty"`
+	// One of Slurm's commands (commands.go) instead of a step: its name, what it read on stdin,
+	// and the contents of the arguments that name files here (sbatch's script).
+	Command string            `json:"command,omitempty"`
+	Stdin   []byte            `json:"stdin,omitempty"`
+	Files   map[string][]byte `json:"files,omitempty"`
 }
 
 type stepSignal struct {
@@ -82,18 +87,19 @@ func serveSteps(dir string, out *frames) {
 				}
 				request.Key = strconv.FormatInt(counter.Add(1), 10)
 				data, _ := json.Marshal(request)
-				out.writeRaw('s', data)
+				tag := byte('s')
+				if request.Command != "" {
+					tag = 'c' // one of Slurm's commands: the same keys, its own frame
+				}
+				out.writeRaw(tag, data)
 				_, _ = conn.Write([]byte(request.Key + "\n"))
 			}()
 		}
 	}()
 }
 
-// srunClient is `srun ARGS...` inside the pod: it waits for Slurm to run the step and exits
-// with srun's exit code.
-func srunClient(args []string) {
-	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
-	cwd, _ := os.Getwd()
+// environ is the process's environment as a map.
+func environ() map[string]string {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		for i := 0; i < len(kv); i++ {
@@ -103,27 +109,44 @@ func srunClient(args []string) {
 			}
 		}
 	}
+	return env
+}
+
+// ask hands a request to the agent that runs the batch script and returns its key. `name` is
+// the command's own name, for its error messages.
+func ask(dir, name string, request stepRequest) string {
 	conn, err := net.Dial("unix", socketPath(dir))
 	for attempt := 0; err != nil && attempt < 50; attempt++ {
 		time.Sleep(100 * time.Millisecond) // the agent may still be starting up
 		conn, err = net.Dial("unix", socketPath(dir))
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "srun: error: cannot reach the job's step launcher: %v\n", err)
+		// Only the batch script's pod has the agent's socket (the other pods' agents only hold
+		// their node): say so instead of waiting.
+		fmt.Fprintf(os.Stderr, "%s: error: cannot reach the job's batch script agent (only the batch "+
+			"script's pod, the job's first node, runs Slurm commands): %v\n", name, err)
 		os.Exit(1)
 	}
-	data, _ := json.Marshal(stepRequest{Argv: args, Cwd: cwd, Env: env})
+	data, _ := json.Marshal(request)
 	if _, err := conn.Write(append(data, '\n')); err != nil {
-		fmt.Fprintf(os.Stderr, "srun: error: %v\n", err)
+		fmt.Fprintf(os.Stderr, "%s: error: %v\n", name, err)
 		os.Exit(1)
 	}
 	key, err := bufio.NewReader(conn).ReadString('\n')
 	conn.Close()
 	if err != nil || len(key) < 2 {
-		fmt.Fprintln(os.Stderr, "srun: error: the job's step launcher did not answer")
+		fmt.Fprintf(os.Stderr, "%s: error: the job's batch script agent did not answer\n", name)
 		os.Exit(1)
 	}
-	key = key[:len(key)-1]
+	return key[:len(key)-1]
+}
+
+// srunClient is `srun ARGS...` inside the pod: it waits for Slurm to run the step and exits
+// with srun's exit code.
+func srunClient(args []string) {
+	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
+	cwd, _ := os.Getwd()
+	key := ask(dir, "srun", stepRequest{Argv: args, Cwd: cwd, Env: environ()})
 	signals := make(chan os.Signal, 8)
 	signal.Notify(signals, forwardedToSrun...)
 	go func() {
@@ -146,6 +169,11 @@ func srunClient(args []string) {
 			}
 		}
 	}()
+	awaitResult(dir, key)
+}
+
+// awaitResult waits for the output and exit code of request `key` and exits with that code.
+func awaitResult(dir, key string) {
 	// Slurm's srun output comes back here (`agent step-output`, run by the daemon), so that it
 	// goes where this srun's own stdout and stderr go: a pipe, a file, $(...), as natively.
 	relayed := make(chan int, 1)

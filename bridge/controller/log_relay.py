@@ -2,7 +2,8 @@
 
 With the agent in the pod, log lines are frames: "o <base64>" the script's stdout, "e <base64>"
 its stderr, "s <base64>" a step request of the script's srun and "k <base64>" a signal it got (these
-two only from the first node's pod; they go to controller.steps). Without it, each line is output.
+two only from the first node's pod; they go to controller.steps), "c <base64>" one of Slurm's
+commands run in that pod (to controller.commands). Without it, each line is output.
 
 Owns the relay tasks, the pods whose log is fully relayed, and the position (timestamp of the last
 line relayed) per pod index: LogBook, held by each JobSession and written only here (the position
@@ -22,6 +23,7 @@ import structlog
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.errors import KubeNotFound
+from bridge.controller.commands import Commands
 from bridge.controller.metrics import Metrics
 from bridge.controller.steps import Steps, check_step_signal
 from bridge.core.errors import PermanentError
@@ -74,6 +76,7 @@ class LogRelay:
         self._cache = cache
         self._metrics = metrics
         self._steps = steps
+        self._commands = Commands(steps)
         self._wake = wake
 
     def ensure(self, session: JobSession, pods: Iterable[PodView]) -> None:
@@ -121,6 +124,8 @@ class LogRelay:
                         self._steps.register(session, event, bound)
                     elif event["type"] == "step-signal":
                         check_step_signal(session, event, bound)
+                    elif event["type"] == "command":
+                        self._commands.register(session, event, bound)
                     await session.publish_output(event)
                     self._metrics.inc("log_lines_total")
                     pauses = 0
@@ -162,6 +167,8 @@ def output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
         return {"type": "out", "pod": index, "ts": stamp, "fd": 1 if tag == "o" else 2, "data": data}
     if sep and tag == "s" and index == 0:
         return {"type": "step", "pod": index, "ts": stamp, "data": data}
+    if sep and tag == "c" and index == 0:
+        return {"type": "command", "pod": index, "ts": stamp, "data": data}
     if sep and tag == "k" and index == 0:
         return {"type": "step-signal", "pod": index, "ts": stamp, "data": data}
     text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()

@@ -144,6 +144,18 @@ class Steps:
         event["token"] = step_token(self._step_key, session.job_id, session.run, key)
         bound.info("step.requested", key=key)
 
+    def answered(self, session: JobSession, key: str) -> bool:
+        """Key `key` of the run was answered once already (a step, or a Slurm command)."""
+        return session.steps.was_answered(key)
+
+    def open_count(self, session: JobSession) -> int:
+        return len(session.steps)
+
+    def open_command(self, session: JobSession, key: str, command: str, cwd: str) -> None:
+        """Book one of Slurm's commands (controller.commands) under its key: its output and end
+        come back as a step's do. It carries no argv, so no task can ever run under its key."""
+        session.steps.answer(key, {"argv": [], "cwd": cwd, "env": {}, "command": command})
+
     async def _finish_refused(self, job_id: int, key: str, bound: Any) -> None:
         """Tell the script's srun its refused step ended (1), trying a few times: else it waits
         for ever. Nobody awaits this, so its failure is logged here."""

@@ -208,7 +208,7 @@ class Api:
         key = body.key
         task_env = {k: v for k, v in (body.env or {}).items() if k.startswith("SLURM")}
         step = self.reconciler.step_of(job_id, key)
-        if step is None:
+        if step is None or step.get("command"):  # a Slurm command's key runs no task
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
         pod = self.reconciler.task_pod(job_id, body.node)
         if pod is None:

@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 
+from bridge.waiter.commands import ScriptCommands
 from bridge.waiter.http_client import DaemonError, post, reconnect_delay, split_url
 from bridge.waiter.output import output_merged, say, write_all
 from bridge.waiter.script_signals import ScriptSignals
@@ -75,6 +76,7 @@ class Waiter:
         # How this waiter was started, less its batch script (the task proxies' command).
         own_command = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", *sys.argv]))[:-1]
         self._steps = ScriptSteps(self._url, job_id, ca_file, own_command, self._post)
+        self._commands = ScriptCommands(self._url, job_id, ca_file, self._steps.done)
 
     def _post(self, action: str, body: dict[str, Any], timeout: float | None) -> IO[bytes]:
         path = f"/v1/jobs/{self._job_id}/{action}"
@@ -162,6 +164,9 @@ class Waiter:
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "step":
                     self._steps.start(event["data"], str(event.get("token", "")))
+                    self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "command":
+                    self._commands.start(event)
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "step-signal":
                     self._steps.signal(str(event.get("key")), event.get("signal"))

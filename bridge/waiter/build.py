@@ -1,7 +1,7 @@
 """Builds the waiter's one installed file: a zipapp of this package and the pure core modules it
-imports (bridge/core/waiter_protocol.py, srun_options.py), nothing else, which the slurmds run as
-`/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py ...` (the default attach_command;
-a zipapp runs under any file name). Called by
+imports (bridge/core/waiter_protocol.py, srun_options.py, slurm_commands.py), nothing else, which
+the slurmds run as `/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py ...` (the
+default attach_command; a zipapp runs under any file name). Called by
 `slurm-k8s-bridge waiter-build DEST`, by `python3 -m bridge.waiter.build DEST` from a checkout, and
 by the sandbox's install_waiter (containers/bridge/common.sh). Not itself part of the archive.
 

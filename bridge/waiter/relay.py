@@ -149,17 +149,28 @@ class StepOutputRelay:
         self._sock = self._reader = None
 
 
+class Bounds:
+    """What a Slurm command (commands.py) may take: output bytes and seconds; None, no bound."""
+
+    def __init__(self, output: int | None = None, seconds: float | None = None) -> None:
+        self.output, self.seconds = output, seconds
+
+
 def run_relayed(
     command: list[str], env: dict[str, str], relay: StepOutputRelay,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    stdin: int = subprocess.DEVNULL, pass_fds: tuple[int, ...] = (), bounds: Bounds | None = None,
 ) -> int:
-    """Run Slurm's srun with its stdout and stderr through `relay`; its exit code, as a shell
-    reports it (128+N when a signal ended it)."""
+    """Run Slurm's srun (or one of its commands) with its stdout and stderr through `relay`; its
+    exit code, as a shell reports it (128+N when a signal ended it)."""
     import queue
     import threading
 
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd="/")
+    proc = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd="/", pass_fds=pass_fds)
+    bounds = bounds or Bounds()
+    deadline = None if bounds.seconds is None else time.monotonic() + bounds.seconds
+    sent = 0
     if started is not None:
         started(proc)
     chunks: queue.Queue[tuple[int, bytes]] = queue.Queue(maxsize=32)  # holds srun when full
@@ -184,7 +195,21 @@ def run_relayed(
             if not data:
                 open_streams -= 1
                 continue
+            if bounds.output is not None and sent + len(data) > bounds.output:
+                data = data[:max(0, bounds.output - sent)]
+                if not terminated:
+                    relay.send(fd, data)
+                    relay.send(2, f"slurm-k8s-bridge: output beyond {bounds.output} bytes: "
+                                  "the command was stopped\n".encode())
+                    proc.kill()
+                    terminated = True
+                continue
+            sent += len(data)
             relay.send(fd, data)
+        if deadline is not None and time.monotonic() > deadline and not terminated:
+            relay.send(2, f"slurm-k8s-bridge: the command ran {bounds.seconds:.0f} s: stopped\n".encode())
+            proc.terminate()
+            terminated = True
         if relay.gone and not terminated and proc.poll() is None:
             proc.terminate()  # the script's srun is gone: so is the step, as natively
             terminated = True

@@ -19,7 +19,7 @@ MAY_IMPORT = {
     "manager": {"core", "clients", "controller", "manager"},
     "waiter": {"waiter"},
 }
-WAITER_SHARES = {"bridge.core.waiter_protocol", "bridge.core.srun_options"}
+WAITER_SHARES = {"bridge.core.waiter_protocol", "bridge.core.srun_options", "bridge.core.slurm_commands"}
 """The core modules the waiter imports: pure and standard library only, as the waiter is."""
 WAITER_IMPORTERS = {"manager/cli.py"}
 

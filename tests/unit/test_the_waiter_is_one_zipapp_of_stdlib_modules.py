@@ -52,7 +52,8 @@ def test_the_archive_holds_the_waiters_modules_and_nothing_else(waiter_pyz: Path
     sources = {name for name in names if name.endswith(".py")}
     assert sources == {*build.modules(), "bridge/__init__.py", "__main__.py"}
     assert {name for name in sources if name.startswith("bridge/core/")} == {
-        "bridge/core/__init__.py", "bridge/core/waiter_protocol.py", "bridge/core/srun_options.py"}
+        "bridge/core/__init__.py", "bridge/core/waiter_protocol.py", "bridge/core/srun_options.py",
+        "bridge/core/slurm_commands.py"}
     assert "bridge/waiter/build.py" not in sources and "bridge/core/config.py" not in sources
     assert names - sources == {name + "c" for name in sources}, "each module's bytecode beside it"
     assert waiter_pyz.stat().st_mode & 0o777 == 0o644
