@@ -118,6 +118,8 @@ class JobPayload:
     """The job's stdout and stderr go to one file (no -e elsewhere than -o), as the waiter saw its
     own fds 1 and 2: the in-pod agent then gives the script one pipe for both, so their order is
     the order of the writes."""
+    arguments: tuple[str, ...] = ()
+    """What sbatch passed the script after its name (`sbatch job.sh a b`), as natively."""
     allocation: bool = False
     """An allocation without a batch script (salloc, srun): its pods only hold the nodes for the
     user's steps, and `script` carries nothing but the #K8S directives the first step asked for."""
@@ -191,8 +193,11 @@ def payload_from_json(data: object) -> JobPayload:
     merged = data.get("output_merged", True)
     if not isinstance(merged, bool):
         raise ModelError("payload.output_merged must be true or false")
+    arguments = data.get("arguments", [])
+    if not isinstance(arguments, list) or not all(isinstance(a, str) for a in arguments):
+        raise ModelError("payload.arguments must be a list of strings")
     return JobPayload(script=script, environment=dict(env), work_dir=work_dir, output_merged=merged,
-                      uid=ids["uid"], gid=ids["gid"])
+                      uid=ids["uid"], gid=ids["gid"], arguments=tuple(arguments))
 
 
 def payload_to_json(payload: JobPayload) -> dict[str, Any]:

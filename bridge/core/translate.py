@@ -51,6 +51,10 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
+MAX_ARGUMENT_BYTES = 128 * 1024
+"""The script's arguments travel in the pod's command (the pod object is at most ~1.5 MB)."""
+
+
 class TranslateError(PermanentError, ValueError):
     """The job cannot be expressed as pods (no image, root job, unknown node, ...)."""
 
@@ -121,6 +125,8 @@ def desired_objects(
         raise TranslateError(
             f"the job script has {script_bytes} bytes; at most {MAX_DELIVERED_SCRIPT_BYTES} are accepted"
         )
+    if sum(len(a.encode("utf-8", "surrogateescape")) + 1 for a in payload.arguments) > MAX_ARGUMENT_BYTES:
+        raise TranslateError(f"the script's arguments exceed {MAX_ARGUMENT_BYTES} bytes")
     image = resolve_image(directives, part)
     k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
@@ -299,7 +305,7 @@ def _pod(
     agent = cfg.pods.agent_image
     if delivered and index == 0 and not part.simulated and not payload.allocation:
         annotations[wellknown.ANNOTATION_SCRIPT_DELIVERY] = "exec"  # a simulated pod has no exec
-    command = [*interpreter_of(payload.script), script_path]
+    command = [*interpreter_of(payload.script), script_path, *payload.arguments]
     if agent:
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
         volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})

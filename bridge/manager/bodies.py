@@ -46,6 +46,7 @@ class AttachBody(_Body):
     uid: Any = None
     gid: Any = None
     output_merged: Any = None
+    arguments: Any = None
     last_log: dict[str, str] | None = None
     """Timestamp of the last log line printed, by pod index."""
     cancel: bool = False

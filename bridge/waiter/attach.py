@@ -62,9 +62,11 @@ class Waiter:
 
     def __init__(
         self, api_url: str, job_id: int, script: str, environment: dict[str, str], work_dir: str,
-        ca_file: str | None = None,
+        ca_file: str | None = None, arguments: list[str] | None = None,
     ) -> None:
         self._url = split_url(api_url)
+        self._arguments = list(arguments or [])
+        """What sbatch passed the script (`sbatch job.sh a b`): the pod's script gets them."""
         self._job_id = job_id
         self._script = script
         self._environment = environment
@@ -73,8 +75,10 @@ class Waiter:
         self._state = AttachState()
         self._merged = output_merged()
         self._signals = ScriptSignals(self._post)
-        # How this waiter was started, less its batch script (the task proxies' command).
-        own_command = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", *sys.argv]))[:-1]
+        # How this waiter was started, less its batch script and its arguments (the task proxies'
+        # command).
+        started_as = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", *sys.argv]))
+        own_command = started_as[:len(started_as) - 1 - len(self._arguments)]
         self._steps = ScriptSteps(self._url, job_id, ca_file, own_command, self._post)
         self._commands = ScriptCommands(self._url, job_id, ca_file, self._steps.done)
 
@@ -140,6 +144,7 @@ class Waiter:
             "uid": os.getuid(),
             "gid": os.getgid(),
             "output_merged": self._merged,
+            **({"arguments": self._arguments} if self._arguments else {}),
             "last_log": self._state.last_log,
             "cancel": self._state.cancel_requested,
             "signals": signals,

@@ -1,4 +1,5 @@
-"""The waiter's entry point: `waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY | step -- ARGV...`,
+"""The waiter's entry point: `waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT [ARG...] | task KEY |
+step -- ARGV...`,
 as the
 slurmds run it (by default `/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py ...`,
 the zipapp bridge/waiter/build.py makes of this package; any file name works). The batch script's
@@ -34,7 +35,7 @@ from bridge.waiter.output import say
 from bridge.waiter.task import run_task
 from bridge.waiter.user_step import run_user_step
 
-USAGE = "usage: waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY | step -- ARGV..."
+USAGE = "usage: waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT [ARG...] | task KEY | step -- ARGV..."
 
 
 def main(argv: list[str]) -> int:
@@ -55,14 +56,16 @@ def main(argv: list[str]) -> int:
         return run_task(api_url, ca_file, argv[1], early)
     if len(argv) >= 3 and argv[:2] == ["step", "--"]:
         return run_user_step(api_url, ca_file, argv[2:], environment, work_dir, early)
-    if len(argv) != 1:
+    if not argv:
         say(USAGE)
         return 2
+    # The batch script (slurmd's copy), then the arguments sbatch gave it ("$@" of the wrapper).
+    arguments = argv[1:]
     job_id = int(environment["SLURM_JOB_ID"])
     with open(argv[0], encoding="utf-8", errors="surrogateescape") as file:
         script = original_script(file.read())
     os.chdir("/")
-    waiter = Waiter(api_url, job_id, script, environment, work_dir, ca_file)
+    waiter = Waiter(api_url, job_id, script, environment, work_dir, ca_file, arguments)
 
     def on_terminate(signum: int, _frame: object) -> None:
         # Silent, as a native batch script is: slurmstepd reports a cancel or a time limit itself.

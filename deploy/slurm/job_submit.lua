@@ -217,7 +217,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   job_desc.script = "#!/bin/sh\n"
     .. WRAPPER_HEADER .. ": this job runs in Kubernetes pods. The waiter\n"
     .. "# streams their output here and exits with their exit code.\n"
-    .. "exec " .. settings.attach_command .. " \"$0\"\n"
+    .. "exec " .. settings.attach_command .. " \"$0\" \"$@\"\n"
     .. MARKER .. "\n"
     .. job_desc.script
   return slurm.SUCCESS

@@ -119,7 +119,7 @@ def test_it_runs_isolated_and_says_how_to_call_it(waiter_pyz: Path) -> None:
     result = _run(waiter_pyz)
     assert result.returncode == 2
     assert result.stderr == f"slurm-k8s-bridge: {USAGE}\n"
-    assert "[--api URL] [--ca CA_FILE] BATCH_SCRIPT | task KEY" in USAGE
+    assert "[--api URL] [--ca CA_FILE] BATCH_SCRIPT [ARG...] | task KEY" in USAGE
 
 
 def test_it_refuses_a_batch_script_job_submit_did_not_rewrite(waiter_pyz: Path, tmp_path: Path) -> None:

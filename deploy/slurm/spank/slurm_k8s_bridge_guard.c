@@ -207,26 +207,37 @@ static int program_is_allowed(spank_t sp)
 	return 0;
 }
 
-/* Does the batch script start with exactly the wrapper job_submit.lua writes? Its fourth line
- * execs the waiter, so nothing after it is ever run by the shell. */
+/* Does the batch script start with exactly the wrapper job_submit.lua writes (with the script's
+ * arguments, or, as written before they were passed on, without)? Its fourth line execs the
+ * waiter, so nothing after it is ever run by the shell. */
 static int is_wrapped_batch_script(spank_t sp, const struct settings *settings)
 {
+	static const char *const exec_lines[] = {"exec %s \"$0\" \"$@\"\n", "exec %s \"$0\"\n"};
 	char expected[8192];
 	char head[8192];
 	const char *script = program_of(sp);
 	size_t want, got;
 	FILE *file;
 
-	want = (size_t) snprintf(expected, sizeof(expected), "%s%s%sexec %s \"$0\"\n", WRAPPER_LINE1,
-				 WRAPPER_LINE2, WRAPPER_LINE3, settings->attach_command);
-	if (!script || want >= sizeof(expected))
+	if (!script)
 		return 0;
-	file = fopen(script, "r");
-	if (!file)
-		return 0;
-	got = fread(head, 1, want, file);
-	fclose(file);
-	return got == want && memcmp(head, expected, want) == 0;
+	for (size_t i = 0; i < sizeof(exec_lines) / sizeof(exec_lines[0]); i++) {
+		char exec_line[4200];
+
+		snprintf(exec_line, sizeof(exec_line), exec_lines[i], settings->attach_command);
+		want = (size_t) snprintf(expected, sizeof(expected), "%s%s%s%s", WRAPPER_LINE1, WRAPPER_LINE2,
+					 WRAPPER_LINE3, exec_line);
+		if (want >= sizeof(expected))
+			return 0;
+		file = fopen(script, "r");
+		if (!file)
+			return 0;
+		got = fread(head, 1, want, file);
+		fclose(file);
+		if (got == want && memcmp(head, expected, want) == 0)
+			return 1;
+	}
+	return 0;
 }
 
 /* --- HMAC-SHA256, to check the step token (no crypto library is needed on the slurmd host) --- */
