@@ -14,6 +14,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -352,17 +354,41 @@ func task(pidfile, encodedEnv string, argv []string) {
 	if json.Unmarshal(raw, &env) != nil {
 		fail("bad task environment")
 	}
+	if size := env["SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"]; size != "" {
+		taskStdin(pidfile+".in", size) // srun --input=FILE: the file's bytes follow on stdin
+	}
+	searchPath := os.Getenv("PATH")
+	if env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] != "" {
+		// srun --export without ALL: the environment is exactly the one given, not the
+		// container's; srun still found the command by its own PATH.
+		os.Clearenv()
+		searchPath = env["SLURM_K8S_BRIDGE_TASK_PATH"]
+	}
 	for key, value := range env {
 		_ = os.Setenv(key, value)
 	}
-	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
-		_ = os.Chdir(cwd)
+	if path, ok := env["PATH"]; ok {
+		searchPath = path
 	}
-	_ = os.Unsetenv("SLURM_K8S_BRIDGE_TASK_CWD")
-	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT") // the payload Secret's key (see run)
+	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
+		if err := os.Chdir(cwd); err != nil {
+			// As slurmstepd does with a --chdir it cannot enter.
+			fmt.Fprintf(os.Stderr, "slurmstepd: error: couldn't chdir to `%s': %s: going to /tmp instead\n",
+				cwd, errnoText(err))
+			_ = os.Chdir("/tmp")
+		}
+	}
+	if env["SLURM_K8S_BRIDGE_TASK_MULTI_PROG"] != "" {
+		argv = multiProgLine(argv[0], env["SLURM_PROCID"])
+	}
+	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD", "SLURM_K8S_BRIDGE_SCRIPT", // the payload Secret's key (see run)
+		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_PATH", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
+		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"} {
+		_ = os.Unsetenv(key)
+	}
 	path := argv[0]
-	if filepath.Base(path) == path {
-		if found, err := lookPath(path); err == nil {
+	if !strings.Contains(path, "/") {
+		if found, err := lookPath(path, searchPath); err == nil {
 			path = found
 		}
 	}
@@ -372,8 +398,45 @@ func task(pidfile, encodedEnv string, argv []string) {
 	os.Exit(2)
 }
 
-func lookPath(name string) (string, error) {
-	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+func errnoText(err error) string {
+	var pathErr *os.PathError
+	if errors.As(err, &pathErr) {
+		err = pathErr.Err
+	}
+	text := err.Error()
+	if text != "" {
+		text = strings.ToUpper(text[:1]) + text[1:]
+	}
+	return text
+}
+
+// taskStdin makes the task's stdin a file of exactly SIZE bytes read from the exec's stdin (the
+// daemon sends the --input file's bytes; the exec protocol cannot close stdin, so the length says
+// where it ends), as slurmstepd gives a task its --input file.
+func taskStdin(path, size string) {
+	n, err := strconv.Atoi(size)
+	if err != nil || n < 0 {
+		fail("bad task input size")
+	}
+	file, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		fail("cannot keep the task's input: " + err.Error())
+	}
+	_ = os.Remove(path)
+	if _, err := io.CopyN(file, os.Stdin, int64(n)); err != nil {
+		fail("short task input: " + err.Error())
+	}
+	if _, err := file.Seek(0, io.SeekStart); err != nil {
+		fail(err.Error())
+	}
+	if err := syscall.Dup2(int(file.Fd()), 0); err != nil {
+		fail(err.Error())
+	}
+	_ = file.Close()
+}
+
+func lookPath(name, searchPath string) (string, error) {
+	for _, dir := range filepath.SplitList(searchPath) {
 		candidate := filepath.Join(dir, name)
 		if info, err := os.Stat(candidate); err == nil && !info.IsDir() && info.Mode()&0o111 != 0 {
 			return candidate, nil

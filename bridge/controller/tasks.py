@@ -127,10 +127,12 @@ class Tasks:
 
     async def run(
         self, task_id: TaskId, pod: str, argv: list[str], write: Callable[[int, bytes], Awaitable[None]],
+        stdin: bytes | None = None,
     ) -> bytes:
         """Run one task in its pod (`agent task`), passing its output to `write(fd, data)`; its
         exit code. An exec the kubelet refused before it opened (the pod's container still
-        starting, a busy kubelet: an HTTP 500 under load) ran nothing, so it is tried again."""
+        starting, a busy kubelet: an HTTP 500 under load) ran nothing, so it is tried again.
+        `stdin`: the task's stdin (srun --input=FILE), fed to the agent, which reads that much."""
         job_id, key, procid = task_id
         pidfile = agent_protocol.task_pidfile(key, procid)
         self._running.add(task_id)
@@ -141,7 +143,9 @@ class Tasks:
 
         async def attempt() -> bytes:
             # Always this pod: the step belongs to its run (a requeue's pods are another run's).
-            async for channel, data in self._kube.exec_stream(pod, argv):
+            stream = (self._kube.exec_stream(pod, argv) if stdin is None
+                      else self._kube.exec_stream(pod, argv, stdin=stdin))
+            async for channel, data in stream:
                 if channel == 0:
                     return data
                 await write(channel, data)

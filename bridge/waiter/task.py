@@ -33,6 +33,32 @@ ENDING_SIGNALS = frozenset(int(s) for s in (
     signal.SIGPIPE, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
 
 PR_SET_DUMPABLE = 4
+MAX_TASK_INPUT = 4 * 1024 * 1024
+"""The most of a task's --input file a proxy sends along (it goes in the task request's body)."""
+
+
+def task_input() -> bytes | None:
+    """The task's stdin when slurmstepd made it a file (srun --input=FILE), read whole; None when it
+    is srun's stream or /dev/null (the task in the pod reads nothing then, as before). ValueError
+    for a file larger than MAX_TASK_INPUT."""
+    import stat
+
+    try:
+        info = os.fstat(0)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    data = os.read(0, MAX_TASK_INPUT + 1) if info.st_size else b""
+    while data and len(data) <= MAX_TASK_INPUT:
+        more = os.read(0, MAX_TASK_INPUT + 1 - len(data))
+        if not more:
+            break
+        data += more
+    if len(data) > MAX_TASK_INPUT:
+        raise ValueError(f"the task's --input file is larger than the {MAX_TASK_INPUT >> 20} MiB a task "
+                         "of a job that runs in Kubernetes can be given")
+    return data
 
 
 def end_as_the_task(code: int) -> int:
@@ -69,6 +95,13 @@ def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | Non
         "env": {k: v for k, v in environ.items()
                 if k.startswith("SLURM") and not k.startswith("SLURM_K8S_BRIDGE")},
     }
+    try:
+        stdin = task_input()
+    except (OSError, ValueError) as error:
+        say(str(error))
+        return 1
+    if stdin is not None:
+        body["stdin"] = binascii.b2a_base64(stdin, newline=False).decode()
     os.chdir("/")
     url = split_url(api_url)
 

@@ -113,10 +113,12 @@ class ExecVerbs:
         return printed
 
     async def exec_stream(
-        self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME
+        self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME,
+        stdin: bytes | None = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         """Run `command` in the container and yield (1 or 2, bytes) as it writes to stdout or
-        stderr, then (0, exit code as text) once it has ended (the exec status channel).
+        stderr, then (0, exit code as text) once it has ended (the exec status channel). `stdin`
+        is written to its stdin first (the command must know its length: v4 cannot close stdin).
 
         Raises ExecNotStarted when the exec was refused before it opened (a container not yet
         running, a kubelet or API server that failed the upgrade): the command did not run, so
@@ -127,11 +129,13 @@ class ExecVerbs:
         try:
             try:
                 connection = await _open_exec(
-                    ws_client, pod_name, self.namespace, command, container, stdin=False
+                    ws_client, pod_name, self.namespace, command, container, stdin=stdin is not None
                 )
                 async with connection as ws:
                     # From here on the command may be running: an error is no longer "not started".
                     started = True
+                    for start in range(0, len(stdin or b""), 65536):
+                        await ws.send_bytes(b"\x00" + (stdin or b"")[start:start + 65536])
                     async for message in ws:
                         data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
                         if not data:
