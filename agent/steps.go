@@ -357,19 +357,15 @@ func task(pidfile, encodedEnv string, argv []string) {
 	if size := env["SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"]; size != "" {
 		taskStdin(pidfile+".in", size) // srun --input=FILE: the file's bytes follow on stdin
 	}
-	searchPath := os.Getenv("PATH")
 	if env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] != "" {
 		// srun --export without ALL: the environment is exactly the one given, not the
-		// container's; srun still found the command by its own PATH.
+		// container's. Without a PATH in it a command must be named by its path, as natively.
 		os.Clearenv()
-		searchPath = env["SLURM_K8S_BRIDGE_TASK_PATH"]
 	}
 	for key, value := range env {
 		_ = os.Setenv(key, value)
 	}
-	if path, ok := env["PATH"]; ok {
-		searchPath = path
-	}
+	searchPath := os.Getenv("PATH")
 	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
 		if err := os.Chdir(cwd); err != nil {
 			// As slurmstepd does with a --chdir it cannot enter.
@@ -382,7 +378,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 		argv = multiProgLine(argv[0], env["SLURM_PROCID"])
 	}
 	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD", "SLURM_K8S_BRIDGE_SCRIPT", // the payload Secret's key (see run)
-		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_PATH", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
+		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
 		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"} {
 		_ = os.Unsetenv(key)
 	}

@@ -23,8 +23,6 @@ TASK_CWD = "SLURM_K8S_BRIDGE_TASK_CWD"
 TASK_EXACT_ENV = "SLURM_K8S_BRIDGE_TASK_EXACT_ENV"
 """Set: the task's environment is exactly the one given (--export without ALL), not the container's
 with it on top."""
-TASK_PATH = "SLURM_K8S_BRIDGE_TASK_PATH"
-"""srun's PATH in the script: where a command without a slash is looked up (srun looks it up so)."""
 TASK_MULTI_PROG = "SLURM_K8S_BRIDGE_TASK_MULTI_PROG"
 """Set: the command is a --multi-prog config file; the agent runs the task's own line of it."""
 TASK_STDIN_SIZE = "SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"
@@ -93,9 +91,8 @@ def task_environment(
         env = dict(step_env)
     else:
         env = {k: v for k, v in step_env.items() if k.startswith("SLURM")}
+        # No PATH then either: natively a command must be named by its path (execve fails).
         env[TASK_EXACT_ENV] = "1"
-        if "PATH" in step_env:
-            env[TASK_PATH] = step_env["PATH"]
     for word, up in zip(words, upper, strict=True):
         if up in ("ALL", "NONE"):
             continue
