@@ -25,9 +25,11 @@ pytestmark = pytest.mark.e2e
 SCRIPT = r"""#!/bin/sh
 #K8S image=sandbox.local/busybox:1
 printf 'line1\nline2\nno newline' > in.txt
-srun --output=%x-%j-%t.out --error=%x-%j-%t.err --unbuffered sh -c 'echo out $SLURM_PROCID; echo err $SLURM_PROCID >&2; printf "partial $SLURM_PROCID"'
+srun --output=%x-%j-%t.out --error=%x-%j-%t.err --unbuffered \
+  sh -c 'echo out $SLURM_PROCID; echo err $SLURM_PROCID >&2; printf "partial $SLURM_PROCID"'
 echo "srun said $?"
-srun --output=%x-%j-%t.out --error=%x-%j-%t.err --open-mode=append sh -c 'echo appended $SLURM_PROCID; echo appended-err >&2'
+srun --output=%x-%j-%t.out --error=%x-%j-%t.err --open-mode=append \
+  sh -c 'echo appended $SLURM_PROCID; echo appended-err >&2'
 srun --input=in.txt --output=%x-%j-in-%t.out sh -c 'cat; echo; echo rank $SLURM_PROCID'
 srun -n 1 -N 1 -o %x-%j-single.out -e %x-%j-single.err sh -c 'echo one; echo two >&2; exit 3'
 echo "srun said $?"

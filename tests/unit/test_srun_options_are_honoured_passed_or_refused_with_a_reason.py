@@ -28,11 +28,13 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "srun-options.md"
 @pytest.mark.parametrize(("argv", "io", "mode"), [
     (["--output=%x-%j-%t.out", "--error=%x-%j-%t.err", "-u", "x"],
      {"output": "%x-%j-%t.out", "error": "%x-%j-%t.err"}, ""),
-    (["-o", "o", "-e", "e", "-i", "in.txt", "--open-mode=append", "x"], {"output": "o", "error": "e", "input": "in.txt"},
-     "append"),
+    (["-o", "o", "-e", "e", "-i", "in.txt", "--open-mode=append", "x"],
+     {"output": "o", "error": "e", "input": "in.txt"}, "append"),
     (["--open-mode", "t", "-ofile", "x"], {"output": "file"}, "truncate"),
 ])
-def test_per_step_file_options_are_kept_for_the_bridge(argv: list[str], io: dict[str, str], mode: str) -> None:
+def test_per_step_file_options_are_kept_for_the_bridge(
+    argv: list[str], io: dict[str, str], mode: str,
+) -> None:
     args = parse_srun_args(argv)
     assert args.io == io
     assert args.open_mode == mode
@@ -64,7 +66,7 @@ def test_every_refused_option_has_its_own_reason() -> None:
 def test_a_refused_option_cannot_hide_behind_an_abbreviation_or_a_cluster() -> None:
     with pytest.raises(ValueError, match="--task-prolog"):
         parse_srun_args(["--task-pr=/x", "true"])
-    with pytest.raises(ValueError, match="-Z|--no-allocate"):
+    with pytest.raises(ValueError, match=r"-Z|--no-allocate"):
         parse_srun_args(["-lZ", "true"])
 
 
@@ -99,7 +101,9 @@ def test_the_step_files_reach_slurms_srun_as_the_hosts_absolute_paths() -> None:
     assert host_io_options(options) == options  # the waiter's check takes what the daemon makes
 
 
-@pytest.mark.parametrize("argv", [["-o", "/tmp/x", "y"], ["-e", "../../etc/x", "y"], ["-i", "/root/secret", "y"]])
+@pytest.mark.parametrize("argv", [
+    ["-o", "/tmp/x", "y"], ["-e", "../../etc/x", "y"], ["-i", "/root/secret", "y"],
+])
 def test_a_file_outside_the_shared_volumes_is_refused_with_the_reason(argv: list[str]) -> None:
     with pytest.raises(ValueError, match=r"is not on a volume the pods share with the slurmd host \(shared: "
                                          r"/home, /scratch\)"):
@@ -111,7 +115,7 @@ def test_a_file_outside_the_shared_volumes_is_refused_with_the_reason(argv: list
     ["--chdir=/"], "--output=/x",
 ])
 def test_the_waiter_takes_only_absolute_file_options_from_the_daemon(words: object) -> None:
-    with pytest.raises(ValueError, match="^srun: error: the bridge sent"):
+    with pytest.raises(ValueError, match=r"^srun: error: the bridge sent"):
         host_io_options(words)
 
 

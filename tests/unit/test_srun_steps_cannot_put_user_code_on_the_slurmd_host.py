@@ -119,7 +119,8 @@ def test_options_that_would_run_or_place_something_on_the_host_are_refused(refus
 
 
 @pytest.mark.parametrize(("argv", "why"), [
-    (["--label=1", "x"], "takes no value"), (["--input"], "requires an argument"), (["-n"], "requires an argument"),
+    (["--label=1", "x"], "takes no value"), (["--input"], "requires an argument"),
+    (["-n"], "requires an argument"),
     (["--open-mode=sideways", "x"], "Invalid --open-mode"), (["--output=", "x"], "needs a file name"),
 ])
 def test_malformed_options_are_srun_s_errors(argv: list[str], why: str) -> None:
