@@ -355,7 +355,12 @@ func task(pidfile, encodedEnv string, argv []string) {
 		fail("bad task environment")
 	}
 	if size := env["SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"]; size != "" {
-		taskStdin(pidfile+".in", size) // srun --input=FILE: the file's bytes follow on stdin
+		taskStdin(pidfile+".in", size) // srun --input: the bytes follow on stdin
+	}
+	if env["SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"] != "" {
+		// One per-task file for both streams: natively fds 1 and 2 are that one file, so the
+		// order between them is the order of the writes; one stream here keeps it.
+		_ = syscall.Dup2(1, 2)
 	}
 	if env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] != "" {
 		// srun --export without ALL: the environment is exactly the one given, not the
@@ -379,7 +384,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 	}
 	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD", "SLURM_K8S_BRIDGE_SCRIPT", // the payload Secret's key (see run)
 		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
-		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"} {
+		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"} {
 		_ = os.Unsetenv(key)
 	}
 	path := argv[0]

@@ -27,6 +27,34 @@ TASK_MULTI_PROG = "SLURM_K8S_BRIDGE_TASK_MULTI_PROG"
 """Set: the command is a --multi-prog config file; the agent runs the task's own line of it."""
 TASK_STDIN_SIZE = "SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"
 """The task's stdin (--input=FILE) follows on the exec's stdin: this many bytes."""
+TASK_STDERR_TO_STDOUT = "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"
+"""Set: the task's stderr is its stdout (one per-task file for both), so their order is the writes'."""
+
+
+def per_task(pattern: str) -> bool:
+    """A file pattern with a task's or node's part (%t, %n, %N, with an optional width: %3t): each
+    task's slurmstepd opens its own file. Otherwise Slurm's srun opens the one file itself and
+    writes what the tasks send it (a relative name is then relative to srun's directory)."""
+    i = 0
+    while i < len(pattern) - 1:
+        if pattern[i] == "%":
+            j = i + 1
+            while j < len(pattern) and pattern[j].isdigit():
+                j += 1
+            if j < len(pattern) and pattern[j] in "tnN":
+                return True
+            i = j + 1 if j < len(pattern) and pattern[j] == "%" else j
+        else:
+            i += 1
+    return False
+
+
+def stderr_to_stdout(args: SrunArgs) -> bool:
+    """The task's stdout and stderr are one file its slurmstepd opens (--output with a per-task
+    pattern and no other --error): natively both fds are that file, so the lines keep their order."""
+    output = args.io.get("output")
+    error = args.io.get("error", output)
+    return output is not None and error == output and not special_io(output) and per_task(output)
 
 
 def absolute(path: str, cwd: str) -> str:
@@ -58,7 +86,6 @@ def host_io_options(args: SrunArgs, cwd: str, volumes: Volumes) -> list[str]:
     """Slurm's srun options for the step's files, with each file as the slurmd host sees it.
     ValueError (the reason, in srun's words) for a file outside the partition's volumes."""
     options: list[str] = []
-    base = task_cwd(args, cwd)
     for name in ("output", "error", "input"):
         value = args.io.get(name)
         if value is None:
@@ -66,7 +93,8 @@ def host_io_options(args: SrunArgs, cwd: str, volumes: Volumes) -> list[str]:
         if special_io(value):
             options.append(f"--{name}={value}")
             continue
-        path = absolute(value, base)
+        # slurmstepd opens a per-task file in the task's directory (--chdir); srun its own in its own.
+        path = absolute(value, task_cwd(args, cwd) if per_task(value) else cwd)
         mapped = on_host(path, volumes)
         if mapped is None:
             shared = ", ".join(sorted(m for m, _ in volumes)) or "none"

@@ -220,6 +220,8 @@ class Api:
         env[step_request.TASK_CWD] = step_request.task_cwd(args, step["cwd"])
         if args.multi_prog:
             env[step_request.TASK_MULTI_PROG] = "1"
+        if step_request.stderr_to_stdout(args):
+            env[step_request.TASK_STDERR_TO_STDOUT] = "1"
         if stdin is not None:
             env[step_request.TASK_STDIN_SIZE] = str(len(stdin))
         encoded = base64.b64encode(json.dumps(env).encode()).decode()

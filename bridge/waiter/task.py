@@ -38,27 +38,24 @@ MAX_TASK_INPUT = 4 * 1024 * 1024
 
 
 def task_input() -> bytes | None:
-    """The task's stdin when slurmstepd made it a file (srun --input=FILE), read whole; None when it
-    is srun's stream or /dev/null (the task in the pod reads nothing then, as before). ValueError
-    for a file larger than MAX_TASK_INPUT."""
-    import stat
-
+    """The task's stdin as slurmstepd gave it to this proxy (srun --input: a file, or what srun
+    read and sends), read to its end; None when there is none (/dev/null, or srun's own stdin, which
+    is /dev/null here). ValueError for more than MAX_TASK_INPUT."""
     try:
-        info = os.fstat(0)
+        if os.isatty(0):
+            return None
+        data = b""
+        while len(data) <= MAX_TASK_INPUT:
+            more = os.read(0, MAX_TASK_INPUT + 1 - len(data))
+            if not more:
+                break
+            data += more
     except OSError:
         return None
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    data = os.read(0, MAX_TASK_INPUT + 1) if info.st_size else b""
-    while data and len(data) <= MAX_TASK_INPUT:
-        more = os.read(0, MAX_TASK_INPUT + 1 - len(data))
-        if not more:
-            break
-        data += more
     if len(data) > MAX_TASK_INPUT:
-        raise ValueError(f"the task's --input file is larger than the {MAX_TASK_INPUT >> 20} MiB a task "
+        raise ValueError(f"the task's input is larger than the {MAX_TASK_INPUT >> 20} MiB a task "
                          "of a job that runs in Kubernetes can be given")
-    return data
+    return data or None
 
 
 def end_as_the_task(code: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -155,3 +156,49 @@ def test_each_refused_option_says_why_on_sruns_stderr_and_fails_as_natively(brid
         assert (row["State"], row["ExitCode"]) == (native_row["State"], native_row["ExitCode"]), context
         steps = bridge.slurm("sacct", "-n", "-P", "-j", str(jobs[option]), "-o", "JobID").stdout.split()
         assert not [s for s in steps if re.fullmatch(rf"{jobs[option]}\.\d+", s)], f"{option}: a step ran"
+
+
+PROBE = 'if [ -e /usr/sbin/slurmd ]; then echo ON_SLURMD_HOST; else echo IN_POD; fi'
+
+
+def test_step_files_open_nothing_the_user_could_not_and_run_nothing_on_the_host(bridge: Sandbox) -> None:
+    """Hostile alice: bob's private file as --input (by name and through her own symlink), --output
+    into bob's home (by name and through a symlink), a --multi-prog line and a --chdir that probe
+    where they run. slurmstepd and srun open the files as alice on the slurmd host, so each fails
+    as it would natively; every program runs in a pod."""
+    stamp = int(time.time() * 1000)
+    secret = bridge.home("bob") / f"secret-{stamp}"
+    planted = [bridge.home("bob") / f"planted-{stamp}{suffix}" for suffix in ("", "-0", "-link")]
+    subprocess.run(["runuser", "-u", "bob", "--", "sh", "-c", f"umask 077; echo BOB-SECRET > {secret}"],
+                   check=True, timeout=30)
+    workdir = _directory(bridge, f"srunhostile-{stamp}")
+    script = write_script(bridge, "alice", f"srunhostile-{stamp}/job.sh", f"""#!/bin/sh
+#K8S image=sandbox.local/busybox:1
+ln -s {secret} link-in
+ln -s {planted[2]} link-out
+srun -n 1 --input={secret} cat; echo "by name $?"
+srun -n 1 --input=link-in cat; echo "by link $?"
+srun -n 1 --output={planted[0]} echo planted; echo "out by name $?"
+srun -n 1 --output={bridge.home("bob")}/planted-{stamp}-%t echo planted; echo "per-task by name $?"
+srun -n 1 --output=link-out echo planted; echo "out by link $?"
+cat > probe.sh <<'X'
+{PROBE}
+X
+printf '* sh probe.sh\\n' > mp.conf
+srun --multi-prog mp.conf
+srun -n 1 -D / sh -c '{PROBE}'
+""")
+    job = bridge.sbatch("-p", "k8s", "-n", "2", "-D", str(workdir), "-o", "out.txt", str(script))
+    bridge.wait_job_final(job, timeout=180)
+    out = (workdir / "out.txt").read_text()
+    context = f"{out}\n{job_trail(job)}"
+    assert "BOB-SECRET" not in out, context
+    for path in workdir.rglob("*"):
+        if path.is_file():
+            assert "BOB-SECRET" not in path.read_text(errors="replace"), path
+    for path in planted:
+        assert not path.exists(), f"{path} was written: {context}"
+    assert "ON_SLURMD_HOST" not in out, context
+    assert out.count("IN_POD") == 3, context  # two --multi-prog tasks and the --chdir one
+    for what in ("by name", "by link", "out by name", "per-task by name", "out by link"):
+        assert re.search(rf"^{what} [1-9][0-9]*$", out, re.M), f"{what}: {context}"
