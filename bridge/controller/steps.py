@@ -36,7 +36,7 @@ from bridge.controller.run_pods import RunPods
 from bridge.core import agent_protocol
 from bridge.core.config import ConfigError
 from bridge.core.errors import BridgeError, PermanentError
-from bridge.core.srun_options import parse_srun_args
+from bridge.core.srun_options import parse_srun_args, refused_exit_code
 from bridge.core.step_request import Volumes, host_io_options
 
 if TYPE_CHECKING:
@@ -146,13 +146,14 @@ class Steps:
             args = parse_srun_args(argv)
             io = host_io_options(args, str(request.get("cwd") or "/"), self._volumes_of(session.job_id))
         except ValueError as error:
-            # An option the bridge cannot honour: the script's srun says why on its own stderr,
-            # as srun says it of a bad option natively, and ends with 1.
+            # An option the bridge cannot honour: the script's srun says why on its own stderr
+            # and ends with 255, as srun does natively with an option it cannot take.
             book.answer(key, None)
             bound.warning("step.refused", key=key, reason=str(error))
             event.clear()
             event.update(type="heartbeat")
-            self._spawn(self._finish_refused(session.job_id, key, bound, str(error)))
+            self._spawn(self._finish_refused(session.job_id, key, bound, str(error),
+                                             refused_exit_code(error)))
             return
         book.answer(key, {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env})
         # The waiter passes it to its srun; the SPANK guard lets only steps with it through.
@@ -161,12 +162,14 @@ class Steps:
         event["io"] = io
         bound.info("step.requested", key=key, io=io)
 
-    async def _finish_refused(self, job_id: int, key: str, bound: Any, reason: str = "") -> None:
-        """Tell the script's srun that its refused step ended (1), with `reason` on its stderr,
+    async def _finish_refused(
+        self, job_id: int, key: str, bound: Any, reason: str = "", code: int = 1,
+    ) -> None:
+        """Tell the script's srun that its refused step ended (`code`), with `reason` on its stderr,
         trying a few times: else it waits for ever. Nobody awaits this, so its failure is logged here."""
         pod = self._pods.of_index(job_id, 0) if reason else None
         if pod is not None:
-            frames = _output_frame(2, f"{reason}\n".encode()) + _output_frame(0, b"1")
+            frames = _output_frame(2, f"{reason}\n".encode()) + _output_frame(0, str(code).encode())
             try:
                 command = agent_protocol.step_output_command(key)
                 code = await self._kube.exec_with_input(pod.name, command, frames)
@@ -183,7 +186,7 @@ class Steps:
                 sleep=_sleep, reraise=True,
             ):
                 with attempt:
-                    await self.finish(job_id, key, 1)
+                    await self.finish(job_id, key, code)
         except BridgeError as error:
             bound.warning("step.done_not_told", key=key, error=str(error))
 

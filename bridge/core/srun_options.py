@@ -196,6 +196,12 @@ def _take(args: SrunArgs, name: str, value: str | None) -> None:
         args.passed.append(f"--{name}" if value is None else f"--{name}={value}")
 
 
+def refused_exit_code(error: ValueError) -> int:
+    """srun's exit code natively for what parse_srun_args refused: 255 for an option it cannot
+    take, 1 for its fatal errors (no command)."""
+    return 1 if str(error).startswith("srun: fatal:") else 255
+
+
 def split_srun_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """The options Slurm's srun gets as given, and the command; ValueError as parse_srun_args."""
     args = parse_srun_args(argv)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 
-from bridge.core.srun_options import host_io_options, split_srun_args
+from bridge.core.srun_options import host_io_options, refused_exit_code, split_srun_args
 from bridge.waiter.environment import SAFE_ENVIRONMENT
 from bridge.waiter.http_client import DaemonError, reconnect_delay
 from bridge.waiter.output import write_all
@@ -120,7 +120,7 @@ class ScriptSteps:
             options += host_io_options(list(io) if isinstance(io, list | tuple) else None)
         except ValueError as error:
             write_all(2, f"{error}\n".encode())
-            threading.Thread(target=self.done, args=(key, 1), daemon=True).start()
+            threading.Thread(target=self.done, args=(key, refused_exit_code(error)), daemon=True).start()
             return
         if key in self._started:
             return  # seen before a reconnect

@@ -151,7 +151,7 @@ def test_each_refused_option_says_why_on_sruns_stderr_and_fails_as_natively(brid
         assert said.startswith(f"srun: error: option {name} is not available in a job that runs in "
                                "Kubernetes: "), context
         assert reason in said, context
-        assert out == "before\nsrun said 1\n", context
+        assert out == "before\nsrun said 255\n", context  # srun's code for an option it cannot take
         assert reason in err, context  # the last srun's stderr is the job's
         assert (row["State"], row["ExitCode"]) == (native_row["State"], native_row["ExitCode"]), context
         steps = bridge.slurm("sacct", "-n", "-P", "-j", str(jobs[option]), "-o", "JobID").stdout.split()
@@ -165,7 +165,8 @@ def test_step_files_open_nothing_the_user_could_not_and_run_nothing_on_the_host(
     """Hostile alice: bob's private file as --input (by name and through her own symlink), --output
     into bob's home (by name and through a symlink), a --multi-prog line and a --chdir that probe
     where they run. slurmstepd and srun open the files as alice on the slurmd host, so each fails
-    as it would natively; every program runs in a pod."""
+    as it would natively; every program runs in a pod. (--overlap: natively too, a step whose srun
+    could not open its --input stays RUNNING in slurmctld and holds its CPUs until the job ends.)"""
     stamp = int(time.time() * 1000)
     secret = bridge.home("bob") / f"secret-{stamp}"
     planted = [bridge.home("bob") / f"planted-{stamp}{suffix}" for suffix in ("", "-0", "-link")]
@@ -176,11 +177,11 @@ def test_step_files_open_nothing_the_user_could_not_and_run_nothing_on_the_host(
 #K8S image=sandbox.local/busybox:1
 ln -s {secret} link-in
 ln -s {planted[2]} link-out
-srun -n 1 --input={secret} cat; echo "by name $?"
-srun -n 1 --input=link-in cat; echo "by link $?"
-srun -n 1 --output={planted[0]} echo planted; echo "out by name $?"
-srun -n 1 --output={bridge.home("bob")}/planted-{stamp}-%t echo planted; echo "per-task by name $?"
-srun -n 1 --output=link-out echo planted; echo "out by link $?"
+srun --overlap -n 1 --input={secret} cat; echo "by name $?"
+srun --overlap -n 1 --input=link-in cat; echo "by link $?"
+srun --overlap -n 1 --output={planted[0]} echo planted; echo "out by name $?"
+srun --overlap -n 1 --output={bridge.home("bob")}/planted-{stamp}-%t echo planted; echo "per-task by name $?"
+srun --overlap -n 1 --output=link-out echo planted; echo "out by link $?"
 cat > probe.sh <<'X'
 {PROBE}
 X

@@ -758,15 +758,17 @@ def test_the_waiters_srun_runs_the_task_proxy_with_the_layout_only(waiter: Any) 
     assert done == [("9", 0)]
 
 
-@pytest.mark.parametrize("argv", [["--task-prolog=/home/alice/x", "id"], ["--container=x", "id"], []])
+@pytest.mark.parametrize(("argv", "code"), [
+    (["--task-prolog=/home/alice/x", "id"], 255), (["--container=x", "id"], 255), ([], 1),
+])
 def test_the_waiter_runs_no_srun_for_a_refused_step(waiter: Any, capfd: pytest.CaptureFixture[str],
-                                                    argv: list[str]) -> None:
+                                                    argv: list[str], code: int) -> None:
     instance, done, calls = waiter
 
     _start_and_join(instance, _data({"key": 4, "argv": argv}), "t" * 64)
 
     assert calls == []
-    assert done == [("4", 1)]
+    assert done == [("4", code)]
     assert "srun: " in capfd.readouterr().err
 
 
