@@ -172,8 +172,7 @@ class Steps:
             frames = _output_frame(2, f"{reason}\n".encode()) + _output_frame(0, str(code).encode())
             try:
                 command = agent_protocol.step_output_command(key)
-                code = await self._kube.exec_with_input(pod.name, command, frames)
-                if code == 0:
+                if await self._kube.exec_with_input(pod.name, command, frames) == 0:
                     self.close(job_id, key)
                     return
             except BridgeError as error:

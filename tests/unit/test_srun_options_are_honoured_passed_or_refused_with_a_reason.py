@@ -6,11 +6,14 @@ docs/srun-options.md, which must name every option the policy knows."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bridge.core import srun_options
+from bridge.core.config_sections import VolumeConfig
 from bridge.core.srun_options import host_io_options, parse_srun_args
 from bridge.core.step_request import (
     TASK_EXACT_ENV,
@@ -20,6 +23,15 @@ from bridge.core.step_request import (
     task_environment,
 )
 from bridge.core.step_request import host_io_options as daemon_io_options
+
+from .test_srun_steps_cannot_put_user_code_on_the_slurmd_host import (
+    AGENT,
+    STEP_KEY,
+    Log,
+    _key_file,
+    _reconciler,
+    _step_event,
+)
 
 VOLUMES = [("/home", "/home"), ("/scratch", "/var/lib/sandbox/scratch")]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "srun-options.md"
@@ -149,3 +161,66 @@ def test_the_documented_table_names_every_option_the_policy_knows() -> None:
              **{n: "honoured" for n in srun_options.HONOURED},
              **{n: "refused" for n in srun_options.REFUSED}}
     assert rows == known
+
+
+# -- the daemon: a refused option is said by the script's srun, and no step is signed -------------
+async def test_a_refused_option_is_told_to_the_scripts_srun_on_its_stderr_with_255(tmp_path: Path) -> None:
+    reconciler, kube, session = _signing_reconciler(tmp_path)
+    fed: list[tuple[str, list[str], bytes]] = []
+
+    async def exec_with_input(pod: str, command: list[str], data: bytes) -> int:
+        fed.append((pod, list(command), data))
+        return 0
+
+    kube.exec_with_input = exec_with_input  # type: ignore[attr-defined]
+    event = _step_event(5, argv=["--task-prolog=/home/alice/p.sh", "hostname"])
+    reconciler.steps.register(session, event, Log())
+    await _background_done(reconciler)
+
+    assert event == {"type": "heartbeat"}  # no token, nothing for the waiter to run
+    assert "5" not in session.steps
+    reason = (b"srun: error: option --task-prolog is not available in a job that runs in Kubernetes: "
+              b"it would run a program on the slurmd host, outside the job's pods\n")
+    assert fed == [("slurm-42-0", [AGENT, "step-output", "5"],
+                    b"\x02" + len(reason).to_bytes(4, "big") + reason + b"\x00\x00\x00\x00\x03255")]
+    assert kube.execs == []  # told by the relay: no step-done as well
+
+
+async def test_a_refusal_the_relay_cannot_tell_still_ends_the_scripts_srun(tmp_path: Path) -> None:
+    reconciler, kube, session = _signing_reconciler(tmp_path)
+
+    async def srun_gone(pod: str, command: list[str], data: bytes) -> int:
+        return 3  # agent_protocol.EXIT_SRUN_GONE
+
+    kube.exec_with_input = srun_gone  # type: ignore[attr-defined]
+    reconciler.steps.register(session, _step_event(6, argv=["--output=/etc/x", "true"]), Log())
+    await _background_done(reconciler)
+
+    assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "6", "255"])]
+
+
+async def test_an_allowed_step_carries_its_files_as_the_hosts_paths(tmp_path: Path) -> None:
+    reconciler, _kube, session = _signing_reconciler(tmp_path)
+    event = _step_event(7, argv=["-o", "%x-%t.out", "-e", "/scratch/e", "--open-mode=append", "true"],
+                        cwd="/home/alice/run")
+    reconciler.steps.register(session, event, Log())
+
+    assert event["token"]
+    assert event["io"] == ["--output=/home/alice/run/%x-%t.out", "--error=/var/lib/sandbox/scratch/e",
+                           "--open-mode=append"]
+
+
+def _signing_reconciler(tmp_path: Path) -> tuple[Any, Any, Any]:
+    """The unit suite's reconciler of job 42 (partition k8s), whose partition mounts /home and
+    /scratch (from /var/lib/sandbox/scratch)."""
+    reconciler, kube = _reconciler(_key_file(tmp_path, STEP_KEY))
+    volumes = (VolumeConfig(name="home", host_path="/home", mount_path="/home"),
+               VolumeConfig(name="scratch", host_path="/var/lib/sandbox/scratch", mount_path="/scratch"))
+    partition = replace(reconciler.cfg.partitions["k8s"], volumes=volumes)
+    reconciler.cfg = replace(reconciler.cfg, partitions={"k8s": partition})
+    return reconciler, kube, reconciler.sessions.open(42, 0)
+
+
+async def _background_done(reconciler: Any) -> None:
+    for task in list(reconciler._background):
+        await task
