@@ -154,8 +154,8 @@ def test_each_refused_option_says_why_on_sruns_stderr_and_fails_as_natively(brid
         out = (workdir / f"refused-{i}.out").read_text()
         err = (workdir / f"refused-{i}.err").read_text()
         context = f"{option}: srun's stderr {said!r}, out {out!r}, err {err!r}\n{job_trail(jobs[option])}"
-        assert said.startswith(f"srun: error: option {name} is not available in a job that runs in "
-                               "Kubernetes: "), context
+        assert said.startswith(f"srun: error: option {name}"), context
+        assert " is not available in a job that runs in Kubernetes: " in said, context
         assert reason in said, context
         assert out == "before\nsrun said 255\n", context  # srun's code for an option it cannot take
         assert reason in err, context  # the last srun's stderr is the job's
@@ -201,7 +201,7 @@ srun -n 1 -D / sh -c '{PROBE}'
     context = f"{out}\n{job_trail(job)}"
     assert "BOB-SECRET" not in out, context
     for path in workdir.rglob("*"):
-        if path.is_file():
+        if path.is_file() and not path.is_symlink():  # alice's links to bob's file: root reads them
             assert "BOB-SECRET" not in path.read_text(errors="replace"), path
     for path in planted:
         assert not path.exists(), f"{path} was written: {context}"
