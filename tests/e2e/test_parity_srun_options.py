@@ -43,14 +43,16 @@ srun -n 1 -N 1 -D sub -o rel-%j.out sh -c 'basename $(pwd)'
 printf '0 echo zero %%t %%o\n1 echo one %%t %%o\n' > mp.conf
 srun --multi-prog --output=%x-%j-mp-%t.out mp.conf
 export FOO=foo
-srun -n 1 -N 1 --export=NONE /bin/sh -c 'echo "none: FOO=${FOO-unset} PATH=${PATH-unset} HOME=${HOME-unset}"'
+srun -n 1 -N 1 --export=NONE /bin/sh -c 'echo "none: FOO=${FOO-unset} HOME=${HOME-unset}"'
 srun -n 1 -N 1 --export=NONE sh -c true 2>/dev/null; echo "none without a path: $?"
-srun -n 1 -N 1 --export=FOO,BAZ=baz /bin/sh -c 'echo "list: $FOO $BAZ PATH=${PATH-unset}"'
+srun -n 1 -N 1 --export=FOO,BAZ=baz /bin/sh -c 'echo "list: $FOO $BAZ HOME=${HOME-unset}"'
+srun -n 1 -N 1 --export=FOO sh -c true 2>/dev/null; echo "list without a path: $?"
 srun -n 1 -N 1 --export=ALL,BAZ=baz sh -c 'echo "all: $FOO $BAZ"'
 echo done
 """
-"""Each srun line is one per-step-file habit (and --export's three forms); -N 2 -n 2 puts a task
-on each node."""
+"""Each srun line is one per-step-file habit (and --export's three forms: without ALL there is no
+PATH, so `sh` is not found; a shell's own default PATH differs by image, so it is not printed);
+-N 2 -n 2 puts a task on each node."""
 
 
 def _normalise(text: str, job: int) -> str:
