@@ -11,7 +11,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -356,58 +355,6 @@ func stepDone(key, code string) {
 	if err := os.Rename(path+".tmp", path); err != nil {
 		fail(err.Error())
 	}
-}
-
-// task is `agent task PIDFILE ENV -- ARGV`: one task of a step, run by the daemon in this pod. ENV is
-// base64 JSON of the variables the task gets on top of the container's (srun's environment in
-// the script, and the SLURM_* slurmstepd set for this task).
-func task(pidfile, encodedEnv string, argv []string) {
-	_ = os.MkdirAll(filepath.Dir(pidfile), 0o755)
-	// Its own process group: a signal for the step reaches every process of the task, as
-	// slurmstepd signals all of a step's processes. Made before the pid file is, so that a group
-	// signal sent as soon as the file exists finds the group.
-	_ = syscall.Setpgid(0, 0)
-	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
-	// --signal=SIG@T for steps, and the kill of a task whose proxy died). Renamed into place, so
-	// a reader never sees half of it.
-	_ = os.WriteFile(pidfile+".tmp", []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
-	_ = os.Rename(pidfile+".tmp", pidfile)
-	raw, err := base64.StdEncoding.DecodeString(encodedEnv)
-	if err != nil {
-		fail("bad task environment")
-	}
-	env := map[string]string{}
-	if json.Unmarshal(raw, &env) != nil {
-		fail("bad task environment")
-	}
-	for key, value := range env {
-		_ = os.Setenv(key, value)
-	}
-	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
-		_ = os.Chdir(cwd)
-	}
-	_ = os.Unsetenv("SLURM_K8S_BRIDGE_TASK_CWD")
-	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT") // the payload Secret's key (see run)
-	path := argv[0]
-	if filepath.Base(path) == path {
-		if found, err := lookPath(path); err == nil {
-			path = found
-		}
-	}
-	err = syscall.Exec(path, argv, os.Environ())
-	// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
-	fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
-	os.Exit(2)
-}
-
-func lookPath(name string) (string, error) {
-	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
-		candidate := filepath.Join(dir, name)
-		if info, err := os.Stat(candidate); err == nil && !info.IsDir() && info.Mode()&0o111 != 0 {
-			return candidate, nil
-		}
-	}
-	return "", os.ErrNotExist
 }
 
 func mustExecutable() string {

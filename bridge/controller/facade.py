@@ -136,6 +136,13 @@ class ApiFacade:
         """Tell the script's srun how the step ended (Slurm's srun exit code)."""
         await self.steps.finish(job_id, key, code)
 
+    def volumes_of(self, job_id: int) -> list[tuple[str, str]]:
+        """(mount_path, host_path) of the job's partition's volumes: where its per-step files land."""
+        view = self.jobs.get(job_id)
+        alloc = view.alloc if view is not None else None
+        part = self.cfg.partition(alloc.partition) if alloc is not None else None
+        return [(v.mount_path, v.host_path) for v in part.volumes] if part is not None else []
+
     def task_pod(self, job_id: int, slurm_node: str) -> str | None:
         """The pod of the job's current run on Slurm node `slurm_node`."""
         pod = self.pods.on_slurm_node(job_id, slurm_node)

@@ -104,7 +104,7 @@ class Reconciler(ApiFacade):
         self.payload_secrets = PayloadSecrets(kube, cache, self.sessions)
         self.creation = PodCreation(cfg, kube, metrics, self.expectations, self.payload_secrets, nodes)
         self.steps = Steps(kube, self.pods, self.sessions, read_step_key(cfg.waiter.step_key_file),
-                           self._spawn)
+                           self._spawn, self.volumes_of)
         self.batch_signals = BatchSignals(kube, self.pods)
         self.log_relay = LogRelay(kube, cache, metrics, self.steps, wake)
         self.tasks = Tasks(kube, self)

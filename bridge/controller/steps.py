@@ -36,6 +36,8 @@ from bridge.controller.run_pods import RunPods
 from bridge.core import agent_protocol
 from bridge.core.config import ConfigError
 from bridge.core.errors import BridgeError, PermanentError
+from bridge.core.srun_options import parse_srun_args, refused_exit_code
+from bridge.core.step_request import Volumes, host_io_options
 
 if TYPE_CHECKING:
     from bridge.controller.sessions import JobSession, SessionRegistry
@@ -96,9 +98,11 @@ class StepBook:
 class Steps:
     def __init__(
         self, kube: KubeActions, pods: RunPods, sessions: SessionRegistry, step_key: bytes | None,
-        spawn: Callable[[Awaitable[None]], None],
+        spawn: Callable[[Awaitable[None]], None], volumes_of: Callable[[int], Volumes] = lambda _job: (),
     ) -> None:
         self._kube = kube
+        self._volumes_of = volumes_of
+        """The job's partition's volumes (mount_path, host_path): where per-step files land."""
         self._pods = pods
         self._sessions = sessions
         self._step_key = step_key
@@ -138,11 +142,25 @@ class Steps:
             event.update(type="message", text=f"srun: error: {refusal}")
             self._spawn(self._finish_refused(session.job_id, key, bound))
             return
+        try:
+            args = parse_srun_args(argv)
+            io = host_io_options(args, str(request.get("cwd") or "/"), self._volumes_of(session.job_id))
+        except ValueError as error:
+            # An option the bridge cannot honour: the script's srun says why on its own stderr
+            # and ends with 255, as srun does natively with an option it cannot take.
+            book.answer(key, None)
+            bound.warning("step.refused", key=key, reason=str(error))
+            event.clear()
+            event.update(type="heartbeat")
+            self._spawn(self._finish_refused(session.job_id, key, bound, str(error),
+                                             refused_exit_code(error)))
+            return
         book.answer(key, {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env})
         # The waiter passes it to its srun; the SPANK guard lets only steps with it through.
         assert self._step_key is not None
         event["token"] = step_token(self._step_key, session.job_id, session.run, key)
-        bound.info("step.requested", key=key)
+        event["io"] = io
+        bound.info("step.requested", key=key, io=io)
 
     def answered(self, session: JobSession, key: str) -> bool:
         """Key `key` of the run was answered once already (a step, or a Slurm command)."""
@@ -156,9 +174,21 @@ class Steps:
         come back as a step's do. It carries no argv, so no task can ever run under its key."""
         session.steps.answer(key, {"argv": [], "cwd": cwd, "env": {}, "command": command})
 
-    async def _finish_refused(self, job_id: int, key: str, bound: Any) -> None:
-        """Tell the script's srun its refused step ended (1), trying a few times: else it waits
-        for ever. Nobody awaits this, so its failure is logged here."""
+    async def _finish_refused(
+        self, job_id: int, key: str, bound: Any, reason: str = "", code: int = 1,
+    ) -> None:
+        """Tell the script's srun that its refused step ended (`code`), with `reason` on its stderr,
+        trying a few times: else it waits for ever. Nobody awaits this, so its failure is logged here."""
+        pod = self._pods.of_index(job_id, 0) if reason else None
+        if pod is not None:
+            frames = _output_frame(2, f"{reason}\n".encode()) + _output_frame(0, str(code).encode())
+            try:
+                command = agent_protocol.step_output_command(key)
+                if await self._kube.exec_with_input(pod.name, command, frames) == 0:
+                    self.close(job_id, key)
+                    return
+            except BridgeError as error:
+                bound.info("step.refusal_not_relayed", key=key, error=str(error))
         try:
             # The agent's step-done is idempotent: again is safe.
             async for attempt in AsyncRetrying(
@@ -167,7 +197,7 @@ class Steps:
                 sleep=_sleep, reraise=True,
             ):
                 with attempt:
-                    await self.finish(job_id, key, 1)
+                    await self.finish(job_id, key, code)
         except BridgeError as error:
             bound.warning("step.done_not_told", key=key, error=str(error))
 
@@ -214,6 +244,11 @@ def check_step_signal(session: JobSession, event: dict[str, Any], bound: Any) ->
         return
     event.update(key=key, signal=signum)
     bound.info("step.signal", key=key, signal=signum)
+
+
+def _output_frame(fd: int, data: bytes) -> bytes:
+    """One frame of `agent step-output`'s input: fd (0: the end, data = srun's exit code), length, data."""
+    return bytes([fd]) + len(data).to_bytes(4, "big") + data
 
 
 async def _sleep(seconds: float) -> None:

@@ -129,12 +129,14 @@ class Tasks:
         self, task_id: TaskId, pod: str, argv: list[str], write: Callable[[int, bytes], Awaitable[None]],
         still_wanted: Callable[[], bool] | None = None,
         terminal: asyncio.Queue[tuple[int, bytes]] | None = None,
+        stdin: bytes | None = None,
     ) -> bytes:
         """Run one task in its pod (`agent task`), passing its output to `write(fd, data)`; its
         exit code. An exec the kubelet refused before it opened (the pod's container still
         starting, a busy kubelet: an HTTP 500 under load) ran nothing, so it is tried again while
         `still_wanted()` (by default: while its script step is open). With `terminal`, the task
-        gets a terminal fed from that queue (KubeActions.exec_stream)."""
+        gets a terminal fed from that queue (KubeActions.exec_stream). `stdin`: the task's stdin
+        (srun --input=FILE), fed to the agent, which reads that much."""
         job_id, key, procid = task_id
         pidfile = agent_protocol.task_pidfile(key, procid)
         self._running.add(task_id)
@@ -145,7 +147,10 @@ class Tasks:
 
         async def attempt() -> bytes:
             # Always this pod: the step belongs to its run (a requeue's pods are another run's).
-            async for channel, data in self._kube.exec_stream(pod, argv, terminal=terminal):
+            stream = (self._kube.exec_stream(pod, argv) if stdin is None and terminal is None
+                      else self._kube.exec_stream(pod, argv, stdin=stdin) if terminal is None
+                      else self._kube.exec_stream(pod, argv, terminal=terminal))
+            async for channel, data in stream:
                 if channel == 0:
                     return data
                 await write(channel, data)

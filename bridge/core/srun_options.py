@@ -1,56 +1,232 @@
 """The srun options a step of a bridged job may use, and how srun reads its command line. The
 waiter refuses a step with any other before it runs Slurm's srun (bridge/waiter/steps.py); the
-daemon checks the same before it runs the step's command in the pods (bridge/manager/api.py).
+daemon checks the same when it takes the request (bridge/controller/steps.py) and before it runs the
+step's command in the pods (bridge/manager/api.py). docs/srun-options.md is the table of them all.
+
+Slurm's srun runs on the slurmd host with the task proxies as its program, so an option reaches
+the pods in one of three ways: Slurm's srun gets it as the user gave it (layout, labels, exit
+handling: PASSED); the bridge does what slurmstepd would with it (the per-step files, --chdir,
+--export, --multi-prog: HONOURED, see bridge/core/step_request.py); or it is refused with its
+reason, because it would run or read something on the slurmd host (REFUSED).
 
 Pure and standard library only: the waiter imports it at every job start (see waiter_protocol).
 """
 
 from __future__ import annotations
 
-# Layout, labels and exit handling only. Anything else (--prolog, --task-prolog, --bcast,
-# --export, ...) would run or place something on the slurmd host, or has no meaning for pods; it
-# is refused with srun's own wording.
-SRUN_VALUE_OPTIONS = frozenset({
-    "-N", "--nodes", "-n", "--ntasks", "--ntasks-per-node", "-c", "--cpus-per-task", "-w", "--nodelist",
-    "-x", "--exclude", "-J", "--job-name", "-t", "--time", "--mem", "--mem-per-cpu", "--gres", "--gpus",
-    "--gpus-per-node", "--gpus-per-task", "-m", "--distribution", "--mpi", "--cpu-bind", "--network",
-})
-SRUN_FLAG_OPTIONS = frozenset({
-    "--overlap", "--exclusive", "-l", "--label", "-K", "--kill-on-bad-exit", "-u", "--unbuffered",
-    "-Q", "--quiet", "-v", "--verbose", "-X", "--disable-status", "--whole",
-    "--external-launcher",  # what mpirun (Open MPI, MPICH hydra) adds to start its daemons
-})
+NOT_HERE = "is not available in a job that runs in Kubernetes"
+
+# name -> how many values it takes: 0 none, 1 one (attached or next word), 2 optional (attached).
+PASSED = {
+    "nodes": 1, "ntasks": 1, "ntasks-per-node": 1, "cpus-per-task": 1, "nodelist": 1, "exclude": 1,
+    "job-name": 1, "time": 1, "time-min": 1, "mem": 1, "mem-per-cpu": 1, "mem-per-gpu": 1, "gres": 1,
+    "gres-flags": 1, "gpus": 1, "gpus-per-node": 1, "gpus-per-task": 1, "gpus-per-socket": 1,
+    "cpus-per-gpu": 1, "distribution": 1, "mpi": 1, "cpu-bind": 1, "gpu-bind": 1, "mem-bind": 1,
+    "hint": 1, "ntasks-per-gpu": 1, "ntasks-per-core": 1, "ntasks-per-socket": 1, "network": 1,
+    "relative": 1, "wait": 1, "constraint": 1, "mincpus": 1, "sockets-per-node": 1,
+    "cores-per-socket": 1, "threads-per-core": 1, "extra-node-info": 1, "tres-per-task": 1,
+    "tres-bind": 1, "comment": 1, "signal": 1, "threads": 1, "ignore-signals": 1, "acctg-freq": 1,
+    "account": 1, "partition": 1, "qos": 1, "reservation": 1, "wckey": 1, "overlap": 0,
+    "exclusive": 2, "label": 0, "kill-on-bad-exit": 2, "unbuffered": 0, "quiet": 0, "verbose": 0,
+    "disable-status": 0, "whole": 0, "exact": 0, "overcommit": 0, "oversubscribe": 0,
+    "contiguous": 0, "spread-job": 0, "use-min-nodes": 0, "wait-for-children": 0,
+    "quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 0, "immediate": 2, "preserve-env": 0,
+    "propagate": 2, "oom-kill-step": 2,
+    "external-launcher": 0,  # what mpirun (Open MPI, MPICH hydra) adds to start its daemons
+}
+HONOURED = {"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
+_ON_HOST = "it would run a program on the slurmd host, outside the job's pods"
+REFUSED = {
+    "prolog": _ON_HOST, "epilog": _ON_HOST, "task-prolog": _ON_HOST, "task-epilog": _ON_HOST,
+    "bcast": "it copies a file onto the step's nodes, which here are the slurmd hosts, not the pods",
+    "bcast-exclude": "it belongs to --bcast, which copies files onto the slurmd hosts",
+    "send-libs": "it copies libraries onto the slurmd hosts, not the pods",
+    "compress": "it belongs to --bcast, which copies files onto the slurmd hosts",
+    "container": "it runs the task in an OCI container on the slurmd host; the task runs in the job's "
+                 "pod image already",
+    "container-id": "it runs the task in an OCI container on the slurmd host",
+    "container-type": "it runs the task in an OCI container on the slurmd host",
+    "x11": "it forwards X11 through the slurmd host",
+    "cpu-freq": "slurmstepd would set the slurmd host's CPU frequency, not the pods' node's",
+    "gpu-freq": "slurmstepd would set the slurmd host's GPU frequency, not the pods' node's",
+    "bb": "burst buffers are staged by Slurm on its own hosts, not in the pods",
+    "bbf": "it reads a burst buffer file on the slurmd host",
+    "profile": "slurmstepd would profile the slurmd host's proxies, not the pods' tasks",
+    "slurmd-debug": "slurmstepd's own debug log describes the slurmd host",
+    "pty": "a terminal for a step's task is not available in a bridged job yet",
+    "jobid": "a step of a bridged job runs in that job (the bridge names it to Slurm's srun)",
+    "no-allocate": "it is for Slurm's administrators",
+    "het-group": "heterogeneous steps are not available in a bridged job",
+    "async": "the bridge relays a step's output and end through its srun, which must wait",
+    "parsable": "it belongs to --async",
+    "spread-segments": "it places a job, and a step of a bridged job runs in its allocation",
+    "begin": "it places a job, and a step of a bridged job runs in its allocation",
+    "dependency": "it places a job, and a step of a bridged job runs in its allocation",
+    "hold": "it places a job, and a step of a bridged job runs in its allocation",
+}
+# Options srun takes only for allocations that no step of a running job can use.
+for _name in ("deadline", "delay-boot", "licenses", "clusters", "mail-type", "mail-user", "mcs-label",
+              "nice", "priority", "power", "reboot", "tmp", "core-spec", "thread-spec", "switches",
+              "cluster-constraint", "uid", "gid", "get-user-env"):
+    REFUSED[_name] = "it places a job, and a step of a bridged job runs in its allocation"
+SHORT = {
+    "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "w": "nodelist", "x": "exclude", "J": "job-name",
+    "t": "time", "G": "gpus", "m": "distribution", "r": "relative", "W": "wait", "C": "constraint",
+    "B": "extra-node-info", "T": "threads", "A": "account", "p": "partition", "q": "qos", "l": "label",
+    "K": "kill-on-bad-exit", "u": "unbuffered", "Q": "quiet", "v": "verbose", "X": "disable-status",
+    "O": "overcommit", "s": "oversubscribe", "k": "no-kill", "I": "immediate", "E": "preserve-env",
+    "o": "output", "e": "error", "i": "input", "D": "chdir", "Z": "no-allocate", "b": "begin",
+    "d": "dependency", "H": "hold", "L": "licenses", "M": "clusters", "S": "core-spec",
+}
+_REFUSED_TAKES = {"no-allocate": 0, "async": 0, "parsable": 0, "spread-segments": 0, "hold": 0, "reboot": 0,
+                  "x11": 2, "pty": 2, "get-user-env": 2, "send-libs": 2, "compress": 2, "bcast": 2,
+                  "nice": 2}
+_TAKES = {**PASSED, **HONOURED, **{name: _REFUSED_TAKES.get(name, 1) for name in REFUSED}}
+OPEN_MODES = ("append", "truncate")
 
 
-def split_srun_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """srun's own options and the command, as srun reads them; ValueError for an option a
-    bridged step cannot take, or no command."""
-    options: list[str] = []
+class SrunArgs:
+    """A step request's srun command line, read as srun reads it."""
+
+    __slots__ = ("chdir", "command", "export", "io", "multi_prog", "open_mode", "passed")
+
+    def __init__(self) -> None:
+        self.passed: list[str] = []
+        """Options for Slurm's srun, each one word, `--name[=value]` (never the user's spelling)."""
+        self.io: dict[str, str] = {}
+        """"output", "error", "input" -> the file pattern as given (Slurm's %-patterns kept)."""
+        self.open_mode = ""
+        self.chdir = ""
+        self.export = ""
+        self.multi_prog = False
+        self.command: list[str] = []
+
+
+def _long_name(word: str) -> str:
+    """The option a `--word` names: itself, or the one option it is a prefix of (as getopt_long
+    reads abbreviations); a word that names none or several is returned unchanged (refused)."""
+    if word in _TAKES:
+        return word
+    matches = [name for name in _TAKES if name.startswith(word)]
+    return matches[0] if len(matches) == 1 else word
+
+
+def refusal(option: str, reason: str) -> ValueError:
+    return ValueError(f"srun: error: option {option} {NOT_HERE}: {reason}")
+
+
+def parse_srun_args(argv: list[str]) -> SrunArgs:
+    """srun's own options and the command, as srun reads them; ValueError (srun's wording and the
+    reason) for an option a bridged step cannot take, or no command."""
+    args = SrunArgs()
     i = 0
     while i < len(argv):
         word = argv[i]
+        i += 1
         if word == "--":
-            i += 1
             break
         if not word.startswith("-") or word == "-":
+            i -= 1
             break
-        name, eq, value = word.partition("=")
-        attached = len(name) > 2 and not name.startswith("--") and name[:2] in SRUN_VALUE_OPTIONS  # -n4
-        if name == "--mpi":
-            # slurmstepd's PMI server lives on the slurmd host, out of the pods' reach.
-            mpi = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            if mpi != "none":
-                raise ValueError(f"srun: error: --mpi={mpi} is not available in a job that runs in "
-                                 "Kubernetes: start MPI programs with mpirun (it starts its daemons by srun)")
-        if (name in SRUN_FLAG_OPTIONS and not eq) or (name in SRUN_VALUE_OPTIONS and eq) or attached:
-            options.append(word)
-        elif name in SRUN_VALUE_OPTIONS and i + 1 < len(argv):
-            options += [word, argv[i + 1]]
-            i += 1
-        else:
-            raise ValueError(f"srun: error: option {word} is not available in a job that runs in Kubernetes")
-        i += 1
-    command = argv[i:]
-    if not command:
+        if word.startswith("--"):
+            given, eq, value = word[2:].partition("=")
+            name = _long_name(given)
+            takes = _TAKES.get(name)
+            if takes is None:
+                raise ValueError(f"srun: error: option --{given} {NOT_HERE}: srun has no such option")
+            if takes == 0 and eq:
+                raise ValueError(f"srun: error: option --{name} takes no value ({word})")
+            has_value = bool(eq)
+            if takes == 1 and not eq:
+                if i >= len(argv):
+                    raise ValueError(f"srun: error: option --{name} requires an argument")
+                value, has_value = argv[i], True
+                i += 1
+            _take(args, name, value if has_value else None)
+            continue
+        # -abc: flags in a cluster, the first option with a value takes the rest of the word
+        j = 1
+        while j < len(word):
+            name = SHORT.get(word[j], "")
+            if not name:
+                raise ValueError(f"srun: error: option -{word[j]} {NOT_HERE}: srun has no such option")
+            rest = word[j + 1:]
+            takes = _TAKES[name]
+            if takes == 0 or (takes == 2 and not rest):
+                _take(args, name, None)
+                j += 1
+                continue
+            if takes == 2 or rest:
+                _take(args, name, rest)
+            elif i < len(argv):
+                _take(args, name, argv[i])
+                i += 1
+            else:
+                raise ValueError(f"srun: error: option -{word[j]} requires an argument")
+            break
+    args.command = argv[i:]
+    if not args.command:
         raise ValueError("srun: fatal: No command given to execute.")
-    return options, command
+    return args
+
+
+def _take(args: SrunArgs, name: str, value: str | None) -> None:
+    if name in REFUSED:
+        raise refusal(f"--{name}", REFUSED[name])
+    if name == "mpi" and value != "none":
+        # slurmstepd's PMI server lives on the slurmd host, out of the pods' reach.
+        raise ValueError(f"srun: error: --mpi={value} {NOT_HERE}: start MPI programs with mpirun "
+                         "(it starts its daemons by srun)")
+    if name in ("output", "error", "input"):
+        if not value:
+            raise ValueError(f"srun: error: option --{name} needs a file name")
+        args.io[name] = str(value)
+    elif name == "open-mode":
+        mode = next((m for m in OPEN_MODES if value and m.startswith(value.lower())), "")
+        if not mode:
+            raise ValueError(f"srun: error: Invalid --open-mode argument: {value}. Ignored")
+        args.open_mode = mode
+    elif name == "chdir":
+        args.chdir = str(value)
+    elif name == "export":
+        args.export = str(value)
+    elif name == "multi-prog":
+        args.multi_prog = True
+    else:
+        args.passed.append(f"--{name}" if value is None else f"--{name}={value}")
+
+
+def refused_exit_code(error: ValueError) -> int:
+    """srun's exit code natively for what parse_srun_args refused: 255 for an option it cannot
+    take, 1 for its fatal errors (no command)."""
+    return 1 if str(error).startswith("srun: fatal:") else 255
+
+
+def split_srun_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The options Slurm's srun gets as given, and the command; ValueError as parse_srun_args."""
+    args = parse_srun_args(argv)
+    return args.passed, args.command
+
+
+def special_io(value: str) -> bool:
+    """An --output/--error/--input value that names no file: "none" (/dev/null), "all", or a task
+    number (that task's stream only); Slurm's srun takes these as they are."""
+    return value.lower() in ("none", "all") or value.isdigit()
+
+
+def host_io_options(io_words: object) -> list[str]:
+    """The daemon's per-step file options for Slurm's srun (--output=/abs, --open-mode=...), checked
+    again here: only those options, and a file name only as an absolute path without '..'.
+    ValueError otherwise."""
+    if not isinstance(io_words, list):
+        raise ValueError("srun: error: the bridge sent no valid file options for this step")
+    for word in io_words:
+        name, eq, value = str(word).partition("=")
+        ok = eq and name in ("--output", "--error", "--input", "--open-mode")
+        if ok and name == "--open-mode":
+            ok = value in OPEN_MODES
+        elif ok:
+            ok = special_io(value) or (value.startswith("/") and "/../" not in value + "/")
+        if not ok:
+            raise ValueError(f"srun: error: the bridge sent an unusable file option for this step: {word}")
+    return [str(w) for w in io_words]

@@ -25,10 +25,10 @@ from aiohttp import web
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.step_streams import AlreadyStreaming, Answer, Feed, relay_ended
-from bridge.core import agent_protocol
+from bridge.core import agent_protocol, step_request
 from bridge.core.errors import BridgeError, ExecOutcomeUnknown
 from bridge.core.model import ModelError, payload_from_json
-from bridge.core.srun_options import split_srun_args
+from bridge.core.srun_options import parse_srun_args
 from bridge.core.waiter_protocol import FORWARDED, MAX_OUTPUT_FRAME, request_digest, sign_output_frame
 from bridge.manager import auth
 from bridge.manager.bodies import (
@@ -214,10 +214,18 @@ class Api:
         if pod is None:
             raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod on node {body.node} (yet)")
         try:
-            _, command = split_srun_args(step["argv"])
+            args = parse_srun_args(step["argv"])
+            stdin = base64.b64decode(body.stdin, validate=True) if body.stdin is not None else None
         except ValueError as error:
             raise web.HTTPBadRequest(text=str(error)) from None
-        env = {**step["env"], **task_env, "SLURM_K8S_BRIDGE_TASK_CWD": step["cwd"]}
+        env = step_request.task_environment(args, step["env"], task_env)
+        env[step_request.TASK_CWD] = step_request.task_cwd(args, step["cwd"])
+        if args.multi_prog:
+            env[step_request.TASK_MULTI_PROG] = "1"
+        if step_request.stderr_to_stdout(args):
+            env[step_request.TASK_STDERR_TO_STDOUT] = "1"
+        if stdin is not None:
+            env[step_request.TASK_STDIN_SIZE] = str(len(stdin))
         encoded = base64.b64encode(json.dumps(env).encode()).decode()
         procid = task_env.get("SLURM_PROCID", "0")
         if not re.fullmatch(r"[0-9]{1,9}", procid) or not re.fullmatch(r"[0-9]{1,19}", key):
@@ -233,7 +241,8 @@ class Api:
         code = b"1"
         try:
             code = await self.tasks.run(
-                (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, command), write)
+                (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, args.command),
+                write, stdin=stdin)
         except BridgeError as error:
             await write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
         await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")

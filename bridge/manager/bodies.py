@@ -76,6 +76,8 @@ class TaskBody(_Body):
     node: str
     env: dict[str, str] | None = None
     """The task's SLURM* variables (others are dropped)."""
+    stdin: str | None = None
+    """The task's stdin, base64, when slurmstepd gave it a file (srun --input=FILE)."""
 
 
 class TaskSignalBody(_Body):

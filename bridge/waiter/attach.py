@@ -168,7 +168,7 @@ class Waiter:
                     sys.stdout.flush()
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "step":
-                    self._steps.start(event["data"], str(event.get("token", "")))
+                    self._steps.start(event["data"], str(event.get("token", "")), event.get("io", []))
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "command":
                     self._commands.start(event)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 
-from bridge.core.srun_options import split_srun_args
+from bridge.core.srun_options import host_io_options, refused_exit_code, split_srun_args
 from bridge.waiter.environment import SAFE_ENVIRONMENT
 from bridge.waiter.http_client import DaemonError, reconnect_delay
 from bridge.waiter.output import write_all
@@ -103,9 +103,10 @@ class ScriptSteps:
         self.active = 0
         self.sruns: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, data: str, token: str) -> None:
+    def start(self, data: str, token: str, io: object = ()) -> None:
         """The script ran srun: run Slurm's srun for it here; its output goes where the script's
-        goes, and its exit code back to the script's srun."""
+        goes, and its exit code back to the script's srun. `io`: the step's file options as the
+        daemon made them (the files' paths on this host, see bridge/core/step_request.py)."""
         import threading  # only for jobs that use srun
 
         try:
@@ -116,9 +117,10 @@ class ScriptSteps:
             return  # not a step request of the agent's: nothing to run
         try:
             options, _command = split_srun_args(argv)
+            options += host_io_options(list(io) if isinstance(io, list | tuple) else None)
         except ValueError as error:
             write_all(2, f"{error}\n".encode())
-            threading.Thread(target=self.done, args=(key, 1), daemon=True).start()
+            threading.Thread(target=self.done, args=(key, refused_exit_code(error)), daemon=True).start()
             return
         if key in self._started:
             return  # seen before a reconnect

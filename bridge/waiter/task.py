@@ -33,10 +33,33 @@ ENDING_SIGNALS = frozenset(int(s) for s in (
     signal.SIGPIPE, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
 
 PR_SET_DUMPABLE = 4
+MAX_TASK_INPUT = 4 * 1024 * 1024
+"""The most of a task's --input file a proxy sends along (it goes in the task request's body)."""
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+
+def task_input() -> bytes | None:
+    """The task's stdin as slurmstepd gave it to this proxy (srun --input: a file, or what srun
+    read and sends), read to its end; None when there is none (/dev/null, or srun's own stdin, which
+    is /dev/null here). ValueError for more than MAX_TASK_INPUT."""
+    try:
+        if os.isatty(0):
+            return None
+        data = b""
+        while len(data) <= MAX_TASK_INPUT:
+            more = os.read(0, MAX_TASK_INPUT + 1 - len(data))
+            if not more:
+                break
+            data += more
+    except OSError:
+        return None
+    if len(data) > MAX_TASK_INPUT:
+        raise ValueError(f"the task's input is larger than the {MAX_TASK_INPUT >> 20} MiB a task "
+                         "of a job that runs in Kubernetes can be given")
+    return data or None
 
 
 def end_as_the_task(code: int) -> int:
@@ -73,6 +96,13 @@ def run_task(api_url: str, ca_file: str | None, key: str, early: list[int] | Non
         "env": {k: v for k, v in environ.items()
                 if k.startswith("SLURM") and not k.startswith("SLURM_K8S_BRIDGE")},
     }
+    try:
+        stdin = task_input()
+    except (OSError, ValueError) as error:
+        say(str(error))
+        return 1
+    if stdin is not None:
+        body["stdin"] = binascii.b2a_base64(stdin, newline=False).decode()
     signal_fields: dict[str, object] = {
         "key": key, "procid": environ.get("SLURM_PROCID", "0"), "node": body["node"]}
     return proxy_task(api_url, ca_file, job_id, (f"/v1/jobs/{job_id}/task", body),

@@ -115,10 +115,11 @@ class ExecVerbs:
 
     async def exec_stream(
         self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME,
-        terminal: asyncio.Queue[tuple[int, bytes]] | None = None,
+        terminal: asyncio.Queue[tuple[int, bytes]] | None = None, stdin: bytes | None = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         """Run `command` in the container and yield (1 or 2, bytes) as it writes to stdout or
-        stderr, then (0, exit code as text) once it has ended (the exec status channel).
+        stderr, then (0, exit code as text) once it has ended (the exec status channel). `stdin`
+        is written to its stdin first (the command must know its length: v4 cannot close stdin).
         With `terminal` the command gets a terminal (its output all comes as 1), fed from the
         queue: (0, bytes typed) and (4, a resize message) as the exec protocol's channels.
 
@@ -133,11 +134,13 @@ class ExecVerbs:
             try:
                 connection = await _open_exec(
                     ws_client, pod_name, self.namespace, command, container,
-                    stdin=terminal is not None, tty=terminal is not None,
+                    stdin=terminal is not None or stdin is not None, tty=terminal is not None,
                 )
                 async with connection as ws:
                     # From here on the command may be running: an error is no longer "not started".
                     started = True
+                    for start in range(0, len(stdin or b""), 65536):
+                        await ws.send_bytes(b"\x00" + (stdin or b"")[start:start + 65536])
                     if terminal is not None:
                         feeding = asyncio.ensure_future(_feed_terminal(ws, terminal))
                     async for message in ws:

@@ -1,0 +1,132 @@
+package main
+
+// One task of a step, run by the daemon in its pod (`agent task`): its environment (srun's
+// --export), directory (--chdir), stdin (--input), one stream for a per-task file's stdout and
+// stderr, and --multi-prog's line (multiprog.go), then the exec of the task itself.
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// task is `agent task PIDFILE ENV -- ARGV`: one task of a step, run by the daemon in this pod. ENV is
+// base64 JSON of the variables the task gets on top of the container's (srun's environment in
+// the script, and the SLURM_* slurmstepd set for this task).
+func task(pidfile, encodedEnv string, argv []string) {
+	_ = os.MkdirAll(filepath.Dir(pidfile), 0o755)
+	// Its own process group: a signal for the step reaches every process of the task, as
+	// slurmstepd signals all of a step's processes. Made before the pid file is, so that a group
+	// signal sent as soon as the file exists finds the group.
+	_ = syscall.Setpgid(0, 0)
+	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
+	// --signal=SIG@T for steps, and the kill of a task whose proxy died). Renamed into place, so
+	// a reader never sees half of it.
+	_ = os.WriteFile(pidfile+".tmp", []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+	_ = os.Rename(pidfile+".tmp", pidfile)
+	raw, err := base64.StdEncoding.DecodeString(encodedEnv)
+	if err != nil {
+		fail("bad task environment")
+	}
+	env := map[string]string{}
+	if json.Unmarshal(raw, &env) != nil {
+		fail("bad task environment")
+	}
+	if size := env["SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"]; size != "" {
+		taskStdin(pidfile+".in", size) // srun --input: the bytes follow on stdin
+	}
+	if env["SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"] != "" {
+		// One per-task file for both streams: natively fds 1 and 2 are that one file, so the
+		// order between them is the order of the writes; one stream here keeps it.
+		_ = syscall.Dup2(1, 2)
+	}
+	if env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] != "" {
+		// srun --export without ALL: the environment is exactly the one given, not the
+		// container's. Without a PATH in it a command must be named by its path, as natively.
+		os.Clearenv()
+	}
+	for key, value := range env {
+		_ = os.Setenv(key, value)
+	}
+	searchPath := os.Getenv("PATH")
+	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
+		if err := os.Chdir(cwd); err != nil {
+			// As slurmstepd does with a --chdir it cannot enter.
+			fmt.Fprintf(os.Stderr, "slurmstepd: error: couldn't chdir to `%s': %s: going to /tmp instead\n",
+				cwd, errnoText(err))
+			_ = os.Chdir("/tmp")
+		}
+	}
+	if env["SLURM_K8S_BRIDGE_TASK_MULTI_PROG"] != "" {
+		argv = multiProgLine(argv[0], env["SLURM_PROCID"])
+	}
+	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD", "SLURM_K8S_BRIDGE_SCRIPT", // the payload Secret's key (see run)
+		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
+		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"} {
+		_ = os.Unsetenv(key)
+	}
+	path := argv[0]
+	if !strings.Contains(path, "/") {
+		if found, err := lookPath(path, searchPath); err == nil {
+			path = found
+		}
+	}
+	err = syscall.Exec(path, argv, os.Environ())
+	// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
+	fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
+	os.Exit(2)
+}
+
+func errnoText(err error) string {
+	var pathErr *os.PathError
+	if errors.As(err, &pathErr) {
+		err = pathErr.Err
+	}
+	text := err.Error()
+	if text != "" {
+		text = strings.ToUpper(text[:1]) + text[1:]
+	}
+	return text
+}
+
+// taskStdin makes the task's stdin a file of exactly SIZE bytes read from the exec's stdin (the
+// daemon sends the --input file's bytes; the exec protocol cannot close stdin, so the length says
+// where it ends), as slurmstepd gives a task its --input file.
+func taskStdin(path, size string) {
+	n, err := strconv.Atoi(size)
+	if err != nil || n < 0 {
+		fail("bad task input size")
+	}
+	file, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		fail("cannot keep the task's input: " + err.Error())
+	}
+	_ = os.Remove(path)
+	if _, err := io.CopyN(file, os.Stdin, int64(n)); err != nil {
+		fail("short task input: " + err.Error())
+	}
+	if _, err := file.Seek(0, io.SeekStart); err != nil {
+		fail(err.Error())
+	}
+	if err := syscall.Dup2(int(file.Fd()), 0); err != nil {
+		fail(err.Error())
+	}
+	_ = file.Close()
+}
+
+func lookPath(name, searchPath string) (string, error) {
+	for _, dir := range filepath.SplitList(searchPath) {
+		candidate := filepath.Join(dir, name)
+		if info, err := os.Stat(candidate); err == nil && !info.IsDir() && info.Mode()&0o111 != 0 {
+			return candidate, nil
+		}
+	}
+	return "", os.ErrNotExist
+}
