@@ -217,7 +217,9 @@ def _alive(pid: int) -> bool:
 def _drive_terminal(bridge: Sandbox, partition: str, typed: list[tuple[float, bytes]],
                     rows: int = 33, cols: int = 101, timeout: float = 120) -> tuple[int, bytes]:
     """`srun -p PARTITION --pty sh` as alice under a pseudo-terminal of the given size: types each
-    (pause, bytes), reads everything the terminal shows until srun ends; (exit code, output)."""
+    (pause, bytes) once the shell has shown a prompt for it (a line typed ahead of a shell still
+    starting would echo elsewhere), a control character after its pause alone; reads everything
+    the terminal shows until srun ends; (exit code, output)."""
     import fcntl
     import pty
     import struct
@@ -237,10 +239,20 @@ def _drive_terminal(bridge: Sandbox, partition: str, typed: list[tuple[float, by
     next_at = time.monotonic() + (script[0][0] if script else 0)
     import select
 
+    lines_sent = 0
+
+    def prompts() -> int:
+        return len(re.findall(rb"\$ (?!\()", bytes(output)))
+
     while time.monotonic() < deadline:
         if script and time.monotonic() >= next_at:
-            os.write(master, script.pop(0)[1])
-            next_at = time.monotonic() + (script[0][0] if script else 0)
+            text = script[0][1]
+            is_line = text.endswith(b"\n")
+            # A line waits for its prompt (one per line sent before, plus the first).
+            if not is_line or prompts() > lines_sent:
+                os.write(master, script.pop(0)[1])
+                lines_sent += is_line
+                next_at = time.monotonic() + (script[0][0] if script else 0)
         ready, _, _ = select.select([master], [], [], 0.2)
         if ready:
             try:
@@ -261,7 +273,7 @@ def test_srun_pty_gives_a_real_terminal_in_the_pod_like_native(bridge: Sandbox) 
     """tty, stty size, id -u, then exit 5: a pty device, the size the user's terminal has, the
     job's uid and rc 5; the whole session reads the same in both partitions (pty numbers and node
     names normalised)."""
-    typed = [(4.0, b"tty; stty size; id -u\n"), (1.0, b"echo done-$((40+2))\n"), (1.0, b"exit 5\n")]
+    typed = [(0.5, b"tty; stty size; id -u\n"), (1.0, b"echo done-$((40+2))\n"), (1.0, b"exit 5\n")]
     sessions = {}
     for partition in PARTITIONS:
         started = time.monotonic()
@@ -285,7 +297,7 @@ def test_ctrl_c_at_a_bridged_srun_pty_interrupts_a_sleep_and_keeps_the_shell(bri
     """The ^C byte reaches the pod's terminal, whose line discipline interrupts the foreground
     sleep; the shell goes on. (Native srun --pty on this sandbox does not interrupt it: the sleep
     runs to its end there; the issue asks for the interrupt, as a terminal user expects.)"""
-    typed = [(4.0, b"sleep 20 && echo sleep-$((1+1))-finished\n"), (2.0, b"\x03"),
+    typed = [(0.5, b"sleep 20 && echo sleep-$((1+1))-finished\n"), (2.0, b"\x03"),
              (1.0, b"echo after-interrupt-$((40+2))\n"), (1.0, b"exit 5\n")]
     code, raw = _drive_terminal(bridge, "k8s", typed)
     text = raw.decode("utf-8", "replace")
