@@ -137,6 +137,22 @@ def signal_passer(
     return pass_on
 
 
+def start_signal_passing(
+    api_url: str, ca_file: str | None, job_id: int, signals: tuple[str, dict[str, object]],
+    early: list[int] | None,
+) -> tuple[tuple[str, str, int], Callable[[int, object], None]]:
+    """Leave the user's directory, pass every signal slurmstepd sends a task on to the task in
+    the pod (those that came while this started included); the daemon's URL and the handler."""
+    os.chdir("/")
+    url = split_url(api_url)
+    pass_on = signal_passer(url, ca_file, job_id, signals)
+    for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, pass_on)
+    for early_signum in take_early_signals(early):
+        pass_on(early_signum, None)
+    return url, pass_on
+
+
 def proxy_task(
     api_url: str, ca_file: str | None, job_id: int, start: tuple[str, dict[str, object]],
     signals: tuple[str, dict[str, object]], early: list[int] | None = None,
@@ -146,13 +162,7 @@ def proxy_task(
     number) and end as the task ended; the task's exit code. A script step's task proxy and a
     user step's share it."""
     start_path, body = start
-    os.chdir("/")
-    url = split_url(api_url)
-    pass_on = signal_passer(url, ca_file, job_id, signals)
-    for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, pass_on)
-    for early_signum in take_early_signals(early):
-        pass_on(early_signum, None)
+    url, _ = start_signal_passing(api_url, ca_file, job_id, signals, early)
     for attempt in range(60):
         started = False
         try:

@@ -11,12 +11,8 @@ The user's program never runs here: only its argv travels, as data."""
 from __future__ import annotations
 
 import os
-import signal
 
-from bridge.core.waiter_protocol import FORWARDED
-from bridge.waiter.early_signals import take_early_signals
-from bridge.waiter.http_client import split_url
-from bridge.waiter.task import end_as_the_task, proxy_task, signal_passer
+from bridge.waiter.task import end_as_the_task, proxy_task, start_signal_passing
 from bridge.waiter.terminal import run_terminal_task
 
 
@@ -44,15 +40,7 @@ def run_user_step(
     signals = (f"/v1/jobs/{job_id}/user-task-signal", signal_fields)
     if body["tty"]:
         # srun --pty: slurmstepd gave this task a terminal; the task in the pod gets one too.
-        os.chdir("/")
-        url = split_url(api_url)
-        pass_on = signal_passer(url, ca_file, job_id, signals)
-        # Every signal slurmstepd passes a task (scancel -s USR1 N.S) goes to the pod's task,
-        # those that came while this started included.
-        for signum in (*FORWARDED, signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, pass_on)
-        for early_signum in take_early_signals(early):
-            pass_on(early_signum, None)
+        url, pass_on = start_signal_passing(api_url, ca_file, job_id, signals, early)
         return run_terminal_task(url, ca_file, job_id, f"/v1/jobs/{job_id}/user-task-tty", body,
                                  pass_on, end_as_the_task)
     return proxy_task(api_url, ca_file, job_id, (f"/v1/jobs/{job_id}/user-task", body), signals, early)
