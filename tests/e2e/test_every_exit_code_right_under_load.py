@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.sandbox import BRIDGE_UP, REPO, Sandbox, job_pods, wait_until, write_script
+from tests.e2e.sandbox import BRIDGE_UP, REPO, Sandbox, job_pods, job_trail, wait_until, write_script
 from tests.e2e.test_bridge_survives_and_scales import PodCounter
 
 STATE = Path("/var/lib/slurm-k8s-sandbox")
@@ -79,11 +79,11 @@ def _metric(name: str) -> float:
 
 def _run_arrays(
     sandbox: Sandbox, partition: str, arrays: list[tuple[str, ...]], count: int,
-    during: Callable[[], None] | None = None,
+    during: Callable[[], None] | None = None, output: str = "/dev/null",
 ) -> tuple[float, Rows, PodCounter | None]:
     script = write_script(sandbox, "alice", f"load-{partition}.sh", ARRAY_SCRIPT)
     started = time.monotonic()
-    ids = [sandbox.sbatch("-p", partition, *args, "-o", "/dev/null", str(script)) for args in arrays]
+    ids = [sandbox.sbatch("-p", partition, *args, "-o", output, str(script)) for args in arrays]
     counter = None
     if partition != "native":
         counter = PodCounter(sandbox, "app.kubernetes.io/managed-by=slurm-k8s-bridge")
@@ -163,6 +163,22 @@ def _kill_and_restart(name: str) -> None:
         subprocess.run(["make", "-s", "-C", str(REPO), "sandbox-up"], check=True, capture_output=True)
 
 
+def _what_happened(sandbox: Sandbox, array_id: int, tasks: list[int]) -> str:
+    """Each failed task's -o file and what the logs say about its job: CI's machine is gone after."""
+    raw = sandbox.slurm("sacct", "-X", "-n", "-P", "-j", str(array_id), "-o", "JobID,JobIDRaw",
+                        check=False).stdout
+    ids = dict(line.split("|") for line in raw.splitlines() if "|" in line)
+    parts = []
+    for task in tasks:
+        out = sandbox.home("alice") / f"faults-{array_id}_{task}.out"
+        text = out.read_text(errors="replace")[-2000:] if out.exists() else "(no -o file)"
+        parts.append(f"=== task {task}: -o file\n{text}")
+        job_id = ids.get(f"{array_id}_{task}", "")
+        if job_id.isdigit():
+            parts.append(job_trail(int(job_id)))
+    return "\n".join(parts)
+
+
 def test_faults_during_a_round_fail_no_task(bridge: Sandbox) -> None:
     faults_done: list[str] = []
 
@@ -174,13 +190,15 @@ def test_faults_during_a_round_fail_no_task(bridge: Sandbox) -> None:
             faults_done.append(name)
 
     worker = threading.Thread(target=faults, daemon=True)
+    # Each task's output kept: a failure below shows what the failed task's waiter said.
+    output = str(bridge.home("alice") / "faults-%A_%a.out")
     seconds, rows, counter = _run_arrays(bridge, "k8s", [("--array=0-63%8", "--mem=100M")], TASKS,
-                                         during=worker.start)
+                                         during=worker.start, output=output)
     worker.join(timeout=300)
     assert faults_done == ["bridge", "slurmrestd", "munged", "kube-apiserver"]
     (array_id,) = rows
     wrong = {t: r for t, r in rows[array_id].items() if r != _expected(t % 5)}
-    assert not wrong, f"tasks failed by the faults: {wrong}"
+    assert not wrong, f"tasks failed by the faults: {wrong}\n" + _what_happened(bridge, array_id, list(wrong))
     _assert_pods_once(counter)
     print(f"\n64 tasks with 4 faults: {seconds:.1f}s")
 
