@@ -55,6 +55,13 @@ func task(pidfile, encodedEnv string, argv []string) {
 	for key, value := range env {
 		_ = os.Setenv(key, value)
 	}
+	// What slurmstepd unsets for this task (the GPU ordinals of a step without GPUs): gone from
+	// the container's environment too, not merely empty.
+	for _, key := range strings.Split(env["SLURM_K8S_BRIDGE_TASK_UNSET"], ",") {
+		if key != "" {
+			_ = os.Unsetenv(key)
+		}
+	}
 	searchPath := os.Getenv("PATH")
 	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
 		if err := os.Chdir(cwd); err != nil {
@@ -69,7 +76,8 @@ func task(pidfile, encodedEnv string, argv []string) {
 	}
 	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD", "SLURM_K8S_BRIDGE_SCRIPT", // the payload Secret's key (see run)
 		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
-		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"} {
+		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT",
+		"SLURM_K8S_BRIDGE_TASK_UNSET"} {
 		_ = os.Unsetenv(key)
 	}
 	path := argv[0]

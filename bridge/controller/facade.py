@@ -148,6 +148,17 @@ class ApiFacade:
         pod = self.pods.on_slurm_node(job_id, slurm_node)
         return None if pod is None else pod.name
 
+    def node_gpus(self, job_id: int, slurm_node: str) -> tuple[int, ...] | None:
+        """The physical indices of the GPUs the job holds on `slurm_node`, in the order its pod there
+        numbers them; None while the store has no record of the job."""
+        view = self.jobs.get(job_id)
+        if view is None or view.alloc is None:
+            return None
+        for node in view.alloc.nodes:
+            if node.name == slurm_node:
+                return node.gpu_indices
+        return None
+
     def task_pod_of_index(self, job_id: int, index: int) -> str | None:
         pod = self.pods.of_index(job_id, index)
         return None if pod is None else pod.name

@@ -152,6 +152,11 @@ def node_environment(
     return env
 
 
+GPU_ORDINAL_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+"""What Slurm's gres/gpu plugin sets to the devices' ordinals (gres.conf's default Flags: all four)."""
+
+
 def gpu_environment(indices: tuple[int, ...], gpu_mode: str) -> dict[str, str]:
     """GPU variables for a container given the node's GPU indices Slurm allocated.
 
@@ -170,9 +175,30 @@ def gpu_environment(indices: tuple[int, ...], gpu_mode: str) -> dict[str, str]:
     env = {
         "SLURM_JOB_GPUS": ",".join(map(str, indices)),
         "SLURM_GPUS_ON_NODE": str(len(indices)),
-        "CUDA_VISIBLE_DEVICES": local,
-        "GPU_DEVICE_ORDINAL": local,
+        **dict.fromkeys(GPU_ORDINAL_VARIABLES, local),
     }
     if gpu_mode == "env":
         env["NVIDIA_VISIBLE_DEVICES"] = env["SLURM_JOB_GPUS"]
     return env
+
+
+def task_gpu_environment(
+    step_gpus: str | None, pod_gpus: tuple[int, ...]
+) -> tuple[dict[str, str], list[str]]:
+    """A step task's GPU variables in a pod holding the node's `pod_gpus` (physical indices, in the
+    order the pod numbers them from 0): what to set, and what to unset, over the pod's own.
+
+    `step_gpus` is the SLURM_STEP_GPUS slurmstepd set for this very task: the physical indices of
+    the GPUs the task may use (`--gpus-per-task`, `--gres` of the step, `--gpu-bind`), or None when
+    the step holds none (`--gres=none`), where Slurm unsets the ordinal variables. The ordinals are
+    those indices' places among the pod's, as the pod's own variables number them, so a task never
+    names a GPU its step does not hold. A pod without GPUs is left as it is."""
+    if not pod_gpus:
+        return {}, []
+    ordinals = []
+    for word in (step_gpus or "").split(","):
+        if word.strip().isdigit() and int(word) in pod_gpus:
+            ordinals.append(str(pod_gpus.index(int(word))))
+    if not ordinals:
+        return {}, list(GPU_ORDINAL_VARIABLES)
+    return dict.fromkeys(GPU_ORDINAL_VARIABLES, ",".join(ordinals)), []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping, Sequence
 
+from bridge.core.job_environment import task_gpu_environment
 from bridge.core.srun_options import NOT_HERE, SrunArgs, special_io
 
 Volumes = Sequence[tuple[str, str]]
@@ -29,6 +30,9 @@ TASK_STDIN_SIZE = "SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"
 """The task's stdin (--input=FILE) follows on the exec's stdin: this many bytes."""
 TASK_STDERR_TO_STDOUT = "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"
 """Set: the task's stderr is its stdout (one per-task file for both), so their order is the writes'."""
+TASK_UNSET = "SLURM_K8S_BRIDGE_TASK_UNSET"
+"""Comma-separated names the agent removes from the task's environment (the container's included):
+what slurmstepd unsets for a task, such as the GPU ordinals of a step without GPUs."""
 
 
 def per_task(pattern: str) -> bool:
@@ -131,3 +135,16 @@ def task_environment(
             env[name] = step_env[name]
     env.update(task_env)
     return env
+
+
+def set_task_gpus(env: dict[str, str], step_gpus: str | None, pod_gpus: tuple[int, ...] | None) -> None:
+    """Give the task in `env` the GPUs slurmstepd gave it (`step_gpus`, its SLURM_STEP_GPUS) as
+    ordinals of the pod's (`pod_gpus`; None while the allocation is not known: the pod's own stay)."""
+    if pod_gpus is None:
+        return
+    settings, unset = task_gpu_environment(step_gpus, pod_gpus)
+    env.update(settings)
+    for name in unset:
+        env.pop(name, None)
+    if unset:
+        env[TASK_UNSET] = ",".join(unset)

@@ -219,6 +219,8 @@ class Api:
         except ValueError as error:
             raise web.HTTPBadRequest(text=str(error)) from None
         env = step_request.task_environment(args, step["env"], task_env)
+        step_request.set_task_gpus(env, task_env.get("SLURM_STEP_GPUS"),
+                                   self.reconciler.node_gpus(job_id, body.node))
         env[step_request.TASK_CWD] = step_request.task_cwd(args, step["cwd"])
         if args.multi_prog:
             env[step_request.TASK_MULTI_PROG] = "1"

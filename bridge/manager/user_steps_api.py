@@ -21,7 +21,7 @@ import structlog
 from aiohttp import web
 
 from bridge.controller.user_steps import PROCID, UserStepRefused, UserSteps, task_key
-from bridge.core import agent_protocol
+from bridge.core import agent_protocol, step_request
 from bridge.core.errors import BridgeError, ExecOutcomeUnknown
 from bridge.core.job_environment import job_environment
 from bridge.core.waiter_protocol import FORWARDED, MAX_OUTPUT_FRAME, sign_output_frame
@@ -103,7 +103,9 @@ class UserStepsApi:
         # The user's variables as a batch job's pods get them (no host PATH, LD_*, ...), then the
         # SLURM_* slurmstepd set for this very task.
         env = {**job_environment(body.env), **{k: v for k, v in body.env.items() if k.startswith("SLURM")},
-               "SLURM_K8S_BRIDGE_TASK_CWD": body.cwd}
+               step_request.TASK_CWD: body.cwd}
+        step_request.set_task_gpus(
+            env, body.env.get("SLURM_STEP_GPUS"), self._api.reconciler.node_gpus(job_id, body.node))
         encoded = base64.b64encode(json.dumps(env).encode()).decode()
         pidfile = agent_protocol.task_pidfile(key, procid)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})

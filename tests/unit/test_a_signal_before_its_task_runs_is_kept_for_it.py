@@ -91,6 +91,9 @@ class Reconciler:
     def task_pod(self, job_id: int, node: str) -> str | None:
         return f"slurm-{job_id}-0" if node == "kube1" else None
 
+    def node_gpus(self, _job_id: int, _node: str) -> tuple[int, ...] | None:
+        return ()
+
 
 async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
     raw = json.dumps(body).encode()

@@ -93,6 +93,8 @@ def test_per_node_slurm_variables() -> None:
         "NVIDIA_VISIBLE_DEVICES": "1,3",
         "CUDA_VISIBLE_DEVICES": "0,1",
         "GPU_DEVICE_ORDINAL": "0,1",
+        "ROCR_VISIBLE_DEVICES": "0,1",
+        "ZE_AFFINITY_MASK": "0,1",
     }
     assert second == {
         **common,
@@ -173,6 +175,8 @@ def test_host_gpu_variables_are_replaced_not_merged() -> None:
                 "NVIDIA_VISIBLE_DEVICES": "2",
                 "CUDA_VISIBLE_DEVICES": "0",
                 "GPU_DEVICE_ORDINAL": "0",
+                "ROCR_VISIBLE_DEVICES": "0",
+                "ZE_AFFINITY_MASK": "0",
             },
         ),
         (
@@ -183,6 +187,8 @@ def test_host_gpu_variables_are_replaced_not_merged() -> None:
                 "SLURM_GPUS_ON_NODE": "3",
                 "CUDA_VISIBLE_DEVICES": "0,1,2",
                 "GPU_DEVICE_ORDINAL": "0,1,2",
+                "ROCR_VISIBLE_DEVICES": "0,1,2",
+                "ZE_AFFINITY_MASK": "0,1,2",
             },
         ),
     ],
