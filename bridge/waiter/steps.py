@@ -42,6 +42,10 @@ SRUN_LAYOUT_VARIABLES = frozenset({
     "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS",
     "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION",
     "SLURM_JOB_NAME", "SLURM_DISTRIBUTION", "SLURM_OVERCOMMIT", "SLURM_THREADS_PER_CORE",
+    # The job's GPUs per task and their binding (sbatch --gpus-per-task, --gpu-bind), which
+    # Slurm 26.05 hands its sruns as TRES strings: without them every task got the step's GPUs.
+    "SLURM_TRES_PER_TASK", "SLURM_TRES_BIND", "SLURM_GPU_BIND", "SLURM_GPUS_PER_SOCKET",
+    "SLURM_CPUS_PER_GPU",
 })
 """What Slurm's srun is started with of the batch environment: the job's layout, nothing else.
 Many other SLURM_* variables are srun options (SLURM_PROLOG, SLURM_TASK_PROLOG, SLURM_CONTAINER,

@@ -161,6 +161,15 @@ def test_only_layout_variables_and_a_fixed_path_and_locale_reach_srun() -> None:
     assert env["LC_ALL"] == "C"
 
 
+def test_the_jobs_gpus_per_task_reach_the_steps_srun() -> None:
+    # sbatch --gpus-per-task=1 -n 2, as slurmd gives the batch step in Slurm 26.05: without these
+    # the script's srun gave every task both GPUs (issue 21).
+    batch = {"SLURM_JOB_ID": "42", "SLURM_TRES_PER_TASK": "gres/gpu=1",
+             "SLURM_TRES_BIND": "gres/gpu:per_task:1", "SLURM_GPU_BIND": "closest"}
+    env = srun_environment(batch)
+    assert {k: env.get(k) for k in batch} == batch
+
+
 @pytest.mark.parametrize("name", sorted(STEERING))
 def test_each_steering_variable_is_dropped(name: str) -> None:
     env = srun_environment({"SLURM_JOB_ID": "42", name: STEERING[name] or "x"})
