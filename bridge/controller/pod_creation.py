@@ -78,6 +78,7 @@ class PodCreation:
         except KubeRejected as error:
             if not _refuses_the_job(error):
                 raise BridgeNotAuthorised(str(error)) from error
+            _confirm_refusal(session, error, bound)
             return f"Kubernetes refused the job's script and environment (Secret {secret_name}): {error}"
         manifests = [m for m in manifests if m["metadata"]["name"] not in skip]
         names = [m["metadata"]["name"] for m in manifests]
@@ -90,6 +91,7 @@ class PodCreation:
                 self._expectations.forget(names[done:])
                 if not _refuses_the_job(error):
                     raise BridgeNotAuthorised(str(error)) from error
+                _confirm_refusal(session, error, bound)
                 return f"Kubernetes refused the job's pod: {error}"
             except BaseException:
                 self._expectations.forget(names[done:])
@@ -127,6 +129,32 @@ class PodCreation:
 class BridgeNotAuthorised(TemporaryError):
     """Kubernetes refused the bridge's own credentials (401), or a conflict: no fault of the job's.
     Temporary, so the work queue tries the job again with backoff (a permanent error is not)."""
+
+
+FORBIDDEN_CONFIRM_S = 20.0
+"""How long a 403 must persist before it fails the job. An API server that has just (re)started
+answers 403 "not yet ready to handle request" from its admission plugins (NamespaceLifecycle & co)
+until their caches are synced, which takes seconds on a loaded host; a quota or a policy that
+refuses the job goes on refusing it. CI failed an array task 1:0 when the API server was
+restarted under load."""
+
+
+class RefusalNotConfirmed(TemporaryError):
+    """Kubernetes forbade the run's object, but not yet for FORBIDDEN_CONFIRM_S: asked again later."""
+
+
+def _confirm_refusal(session: JobSession, error: KubeRejected, bound: Any, now: float | None = None) -> None:
+    """Return when `error` refuses the job for good; raise RefusalNotConfirmed while a 403 has not
+    yet persisted for FORBIDDEN_CONFIRM_S (the work queue retries with backoff meanwhile)."""
+    if error.status != 403:
+        return  # invalid, too big, conflict...: asking again cannot help
+    now = time.monotonic() if now is None else now
+    if session.forbidden_since is None:
+        session.forbidden_since = now
+    waited = now - session.forbidden_since
+    if waited < FORBIDDEN_CONFIRM_S:
+        bound.warning("kube.forbidden_unconfirmed", waited_s=round(waited, 1), error=str(error))
+        raise RefusalNotConfirmed(str(error))
 
 
 def _refuses_the_job(error: KubeRejected) -> bool:

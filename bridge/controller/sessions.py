@@ -86,6 +86,8 @@ class JobSession:
     """The name of the run's payload Secret, once this daemon made (or found) it."""
     stopped_with: tuple[int, int | None] | None = None
     """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
+    forbidden_since: float | None = None
+    """When Kubernetes first answered 403 to this run's Secret or pods (monotonic; pod creation)."""
 
     def attach(self, last_log: dict[str, str], payload: JobPayload | None = None,
                cancel: bool = False) -> EventQueue:
