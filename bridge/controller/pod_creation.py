@@ -27,6 +27,7 @@ from bridge.core.directives import DirectiveError, parse_directives
 from bridge.core.errors import TemporaryError
 from bridge.core.model import JobAllocation
 from bridge.core.pod_view import PodView
+from bridge.core.rendezvous import pods_to_create
 from bridge.core.translate import TranslateError, desired_objects, kubernetes_node_names
 
 
@@ -48,10 +49,12 @@ class PodCreation:
         """Nodes that enforce supplementalGroupsPolicy Strict (the `auto` policy asks)."""
 
     async def create(
-        self, session: JobSession, alloc: JobAllocation, skip: set[str], bound: Any
+        self, session: JobSession, alloc: JobAllocation, skip: set[str], bound: Any, first_pod_ip: str = "",
+        first_pod_ended: bool = False,
     ) -> str | None:
-        """Create the run's Secret and its pods but those named in `skip`; the reason the job
-        fails, if it must (None: created, or created already)."""
+        """Create the run's Secret and its pods but those named in `skip` (and those that wait for
+        the first pod's address, `first_pod_ip`, unless it ended: core.rendezvous.pods_to_create);
+        the reason the job fails, if it must (None: created, or created already)."""
         assert session.payload is not None
         part = self.cfg.partition(alloc.partition)
         if part is None:
@@ -80,7 +83,8 @@ class PodCreation:
                 raise BridgeNotAuthorised(str(error)) from error
             _confirm_refusal(session, error, bound)
             return f"Kubernetes refused the job's script and environment (Secret {secret_name}): {error}"
-        manifests = [m for m in manifests if m["metadata"]["name"] not in skip]
+        manifests = [m for m in pods_to_create(manifests, alloc, part, first_pod_ip, first_pod_ended)
+                     if m["metadata"]["name"] not in skip]
         names = [m["metadata"]["name"] for m in manifests]
         # Expected before the first request: its ADDED event may be applied before it returns.
         self._expectations.expect(names)

@@ -194,8 +194,11 @@ class Reconciler(ApiFacade):
             return result
         session.created = True
         if len(present) + len(expected) < len(names):
-            # Creation was interrupted (restart mid-way): create the rest, idempotently.
-            await self._create(session, alloc, present | set(expected), bound)
+            # The first pod went alone (the others wait for its address) or creation was
+            # interrupted (restart mid-way): create the rest, idempotently.
+            first = next((view for view in views if view.name == names[0]), None)
+            await self._create(session, alloc, present | set(expected), bound,
+                               first.pod_ip if first else "", first is not None and first.stopped)
 
         grace = self.cfg.start_failure_grace_s
         # Like srun: wait for every rank, then the highest non-zero exit code wins (deciding at the
@@ -272,8 +275,11 @@ class Reconciler(ApiFacade):
         return f"{decision.reason}: {reason}: {message}" if message else f"{decision.reason}: {reason}"
 
     # -- actions -------------------------------------------------------------------
-    async def _create(self, session: JobSession, alloc: JobAllocation, skip: set[str], bound: Any) -> None:
-        failure = await self.creation.create(session, alloc, skip, bound)
+    async def _create(
+        self, session: JobSession, alloc: JobAllocation, skip: set[str], bound: Any, first_pod_ip: str = "",
+        first_pod_ended: bool = False,
+    ) -> None:
+        failure = await self.creation.create(session, alloc, skip, bound, first_pod_ip, first_pod_ended)
         if failure is not None:
             await self._fail(session, alloc, failure, bound)
 

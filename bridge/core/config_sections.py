@@ -292,8 +292,15 @@ class PartitionConfig:
         "(Slurm owns the GPUs; needs a runtime that reads NVIDIA_VISIBLE_DEVICES); `device-plugin`: request "
         "nvidia.com/gpu (the plugin picks devices, only the count follows Slurm)."))
     host_network: StrictBool = Field(default=False, description=(
-        "Run pods in the node's network namespace, like native Slurm jobs: multi-node jobs need it for "
-        "MASTER_ADDR (the first node's name) to reach rank 0."))
+        "Run pods in the node's network namespace, like native Slurm jobs (MASTER_ADDR is then the first "
+        "Kubernetes node's name)."))
+    resolve_first_node: StrictBool = Field(default=True, description=(
+        "Every pod of a multi-node job resolves the first Slurm node's name to the first pod "
+        "(`MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)`, torch.distributed's "
+        "TCP rendezvous; MASTER_ADDR is set to that name): the first pod is created first, and the others "
+        "once it has an address, with the name as a host alias of it. Off: all pods at once (they start "
+        "one pod network setup sooner), and rank 0 is reachable only by pod address. Ignored with "
+        "host_network."))
     runtime_class: NonEmpty | None = Field(default=None, description=(
         "runtimeClassName of the pods, e.g. `nvidia` where the NVIDIA runtime is not the default."))
     cpu_request_fraction: StrictFloat = Field(default=1.0, gt=0.0, le=1.0, description=(

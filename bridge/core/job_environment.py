@@ -133,9 +133,9 @@ def node_environment(
             "SLURM_PROCID": str(index),
             "SLURM_LOCALID": "0",
             # torch.distributed & co.: one process per node; torchrun overrides RANK/WORLD_SIZE for
-            # its workers and reads NODE_RANK. MASTER_ADDR is the first Kubernetes node: reachable
-            # only with the partition's host_network (pod IPs are not known in advance and the
-            # bridge creates no Service).
+            # its workers and reads NODE_RANK. MASTER_ADDR is the first node as every pod can
+            # resolve it (translate.first_node_named): the first Slurm node's name, or with the
+            # partition's host_network the first Kubernetes node's.
             "RANK": str(index),
             "NODE_RANK": str(index),
             "WORLD_SIZE": str(count),

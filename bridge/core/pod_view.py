@@ -73,6 +73,8 @@ class PodView:
     suspend_mark: str | None = None
     """ANNOTATION_SUSPENDED: `stopping` while the daemon stops the job's processes in it (Slurm
     suspended the job), `true` once they are stopped; None when they run."""
+    pod_ip: str = ""
+    """status.podIP, once the runtime has given the pod its network."""
 
     @property
     def runs_agent(self) -> bool:
@@ -158,6 +160,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         all_containers_terminated=bool(statuses) and all(
             "terminated" in as_map(c.get("state")) for c in statuses),
         suspend_mark=_str_or_none(annotations.get(wellknown.ANNOTATION_SUSPENDED)),
+        pod_ip=as_str(status.get("podIP")),
     )
 
 

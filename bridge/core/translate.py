@@ -19,7 +19,6 @@ Decisions worth knowing (each explained where it is made):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from bridge.core.payload_secret import (
     shared_environment,
 )
 from bridge.core.pod_identity import pod_name
+from bridge.core.rendezvous import DNS_LABEL, first_node_named
 
 MAX_SCRIPT_BYTES = 240 * 1024
 """Largest script kept in the payload Secret; larger ones are copied into the pod by the agent."""
@@ -47,9 +47,6 @@ copied into the pod by the agent."""
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The PATH the agent's bin directory is put before when the job brought none (the host's is dropped)."""
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
 
 MAX_ARGUMENT_BYTES = 128 * 1024
 """The script's arguments travel in the pod's command (the pod object is at most ~1.5 MB)."""
@@ -188,7 +185,8 @@ def _container_env(
     k8s_names: list[str], home: str | None, delivered: bool,
 ) -> dict[str, str]:
     """Everything node `index`'s container gets in its environment (before `$` escaping)."""
-    env = node_environment(alloc, payload, part, index, master_addr=k8s_names[0], home=home)
+    master = alloc.nodes[0].name if first_node_named(alloc, part) else k8s_names[0]
+    env = node_environment(alloc, payload, part, index, master_addr=master, home=home)
     if delivered and index == 0:
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
     if cfg.pods.agent_image:
@@ -386,7 +384,7 @@ def _pod(
     if part.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    elif _DNS_LABEL.match(node.name):
+    elif DNS_LABEL.match(node.name):
         # `hostname` in the job prints the Slurm node name, as it would under Slurm.
         spec["hostname"] = node.name
     if part.runtime_class:
@@ -434,3 +432,4 @@ def escape_for_kubelet(value: str) -> str:
     give back exactly the original string.
     """
     return value.replace("$", "$$")
+

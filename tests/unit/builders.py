@@ -47,8 +47,10 @@ def payload(**changes: Any) -> JobPayload:
 
 def config(**changes: Any) -> BridgeConfig:
     """A config; its pods get no supplementalGroupsPolicy unless a test asks (`auto`, the default,
-    asks Kubernetes about nodes, which the in-memory fakes answer only where a test needs it)."""
-    base = BridgeConfig(cluster="sandbox", partitions={"k8s": PartitionConfig()},
+    asks Kubernetes about nodes, which the in-memory fakes answer only where a test needs it), and
+    all of a run's pods are made in one pass (the in-memory pods never get an address, which the
+    default resolve_first_node waits for; tests of it turn it on)."""
+    base = BridgeConfig(cluster="sandbox", partitions={"k8s": PartitionConfig(resolve_first_node=False)},
                         pods=PodsConfig(supplemental_groups_policy=""))
     return replace(base, **changes)
 

@@ -52,7 +52,7 @@ World = tuple[Reconciler, Kube, PodCache, Clock, asyncio.Queue[dict[str, Any]]]
 
 def world() -> World:
     cache, kube, clock = PodCache(), Kube(), Clock()
-    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=False)})
     reconciler = Reconciler(
         cfg, Slurm(), kube, cache, Metrics(), lambda _job: None,  # type: ignore[arg-type]
         expectations=CreateExpectations(timeout_s=30.0, clock=clock),

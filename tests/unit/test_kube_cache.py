@@ -160,7 +160,8 @@ def test_trimming_keeps_what_reconcile_reads_and_drops_the_rest() -> None:
     }
     assert trimmed["metadata"]["annotations"] == {wellknown.ANNOTATION_NODE_INDEX: "0"}
     assert trimmed["spec"] == {"nodeName": "kreal1"}
-    assert set(trimmed["status"]) == {"phase", "conditions", "containerStatuses", "startTime"}
+    # podIP: the first pod's address, which the others' host alias names (core.rendezvous).
+    assert set(trimmed["status"]) == {"phase", "conditions", "containerStatuses", "startTime", "podIP"}
 
 
 def test_a_cached_pod_reads_as_the_pod_itself() -> None:

@@ -219,7 +219,7 @@ async def test_created_pods_carry_the_groups_of_slurms_user_not_the_payloads() -
 
     cache = PodCache()
     kube = FakeKube(cache)
-    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")},
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=False)},
                  pods=PodsConfig(supplemental_groups_policy="Strict"))
     reconciler = Reconciler(cfg, FakeSlurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
     nss = FakeNss()

@@ -85,7 +85,7 @@ def world() -> tuple[Reconciler, FakeKube, FakeSlurm, PodCache, list[int]]:
     cache = PodCache()
     kube, slurm = FakeKube(cache), FakeSlurm()
     requeued: list[int] = []
-    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=False)})
     reconciler = Reconciler(cfg, slurm, kube, cache, Metrics(), requeued.append)  # type: ignore[arg-type]
     return reconciler, kube, slurm, cache, requeued
 
@@ -237,7 +237,8 @@ async def test_a_bad_directive_fails_the_job_with_the_reason_in_its_comment(worl
 async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) -> None:
     reconciler, kube, *_ = world
     reconciler.cfg = reconciler.creation.cfg = config(
-        partitions={"k8s": PartitionConfig(default_image="img:1", node_label="site/slurm")}
+        partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=False,
+                                           node_label="site/slurm")}
     )
     kube.labels = {"kube1": "k8s-node-a", "kube2": "k8s-node-b"}
     _see(reconciler, allocation())

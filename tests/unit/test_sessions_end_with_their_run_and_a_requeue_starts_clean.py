@@ -50,7 +50,7 @@ class Kube(RecordingKube):
 def world() -> tuple[Reconciler, Kube]:
     cache = PodCache()
     kube = Kube(cache)
-    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=False)})
     return Reconciler(cfg, Slurm(), kube, cache, Metrics(), lambda _job: None), kube  # type: ignore[arg-type]
 
 

@@ -49,7 +49,7 @@ def world() -> tuple[Reconciler, SlurmPoller, Slurm, Kube, list[int]]:
     cache = PodCache()
     slurm, kube = Slurm(), Kube(cache)
     queued: list[int] = []
-    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1")})
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=False)})
     reconciler = Reconciler(cfg, slurm, kube, cache, Metrics(), queued.append)  # type: ignore[arg-type]
     poller = SlurmPoller(reconciler, queued.append, Metrics(), interval_s=0.2)
     return reconciler, poller, slurm, kube, queued

@@ -23,6 +23,7 @@ KEEP_METADATA: Final = (
 KEEP_SPEC: Final = ("nodeName",)
 KEEP_STATUS: Final = (
     "phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses", "startTime",
+    "podIP",
 )
 
 DROP_ANNOTATIONS: Final = frozenset(
