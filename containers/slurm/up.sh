@@ -76,6 +76,8 @@ bridged() {
 # k8s = the real kubelets, sim = the kwok nodes. The real nodes share a 2-core VM; Slurm is told
 # 8 CPUs each so that a dozen jobs can run at once, and the bridge's sandbox config requests a
 # tenth of each allocation (cpu_request_fraction) so the kubelets admit them.
+# What the running slurmctld (if any) read: a slurm.conf changed since is applied below.
+previous_conf=$(cat "$SLURM_ETC/slurm.conf" 2>/dev/null || true)
 {
   render "$SLURM_DIR/etc/slurm.conf.in"
   bridged slurm.conf.bridged k8s "$(real_hostlist)" "$(ports_of $SBX_REAL_NODES)" 8 8192 k8s
@@ -186,7 +188,10 @@ fi
 start_bg slurmctld "$SLURM_DIR/in-ns.sh" slurmctld -D -i
 wait_for slurmctld 30 in_ns scontrol ping
 # A running slurmctld caches users' groups: a membership added above reaches jobs after this.
-if [ "$groups_changed" = 1 ]; then in_ns scontrol reconfigure; fi
+# So does a slurm.conf changed under a running one (a checkout with new settings).
+if [ "$groups_changed" = 1 ] || { [ -n "$previous_conf" ] && [ "$previous_conf" != "$(cat "$SLURM_ETC/slurm.conf")" ]; }; then
+  in_ns scontrol reconfigure
+fi
 
 # Accounts: each test user in an account of its own.
 for entry in $SBX_USERS; do
@@ -194,6 +199,19 @@ for entry in $SBX_USERS; do
   if ! in_ns sacctmgr -n -P show assoc user="$name" format=user | grep -qx "$name"; then
     in_ns sacctmgr -i add account "lab_$name" cluster=sandbox description="$name's lab" >/dev/null
     in_ns sacctmgr -i add user "$name" account="lab_$name" cluster=sandbox >/dev/null
+  fi
+done
+
+# QOSes for preemption (slurm.conf's PreemptType=preempt/qos): `high` preempts `normal` (requeued)
+# and `suspendable` (suspended until it ends). Every test user may use all three.
+if ! in_ns sacctmgr -n -P show qos format=name | grep -qx high; then
+  in_ns sacctmgr -i add qos suspendable preemptmode=suspend >/dev/null
+  in_ns sacctmgr -i add qos high priority=1000 preempt=normal,suspendable >/dev/null
+fi
+for entry in $SBX_USERS; do
+  name=${entry%%:*}
+  if ! in_ns sacctmgr -n -P show assoc user="$name" format=qos | tr ',' '\n' | grep -qx high; then
+    in_ns sacctmgr -i modify user "$name" set qos+=high,suspendable >/dev/null
   fi
 done
 
