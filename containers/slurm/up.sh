@@ -202,16 +202,15 @@ for entry in $SBX_USERS; do
   fi
 done
 
-# QOSes for preemption (slurm.conf's PreemptType=preempt/qos): `high` preempts `normal` (requeued)
-# and `suspendable` (suspended until it ends). Every test user may use all three.
+# The QOS for preemption (slurm.conf's PreemptType=preempt/qos): `high` preempts `normal` (its
+# jobs are requeued). Every test user may use it.
 if ! in_ns sacctmgr -n -P show qos format=name | grep -qx high; then
-  in_ns sacctmgr -i add qos suspendable preemptmode=suspend >/dev/null
-  in_ns sacctmgr -i add qos high priority=1000 preempt=normal,suspendable >/dev/null
+  in_ns sacctmgr -i add qos high priority=1000 preempt=normal >/dev/null
 fi
 for entry in $SBX_USERS; do
   name=${entry%%:*}
   if ! in_ns sacctmgr -n -P show assoc user="$name" format=qos | tr ',' '\n' | grep -qx high; then
-    in_ns sacctmgr -i modify user "$name" set qos+=high,suspendable >/dev/null
+    in_ns sacctmgr -i modify user "$name" set qos+=high >/dev/null
   fi
 done
 
