@@ -205,7 +205,7 @@ class Reconciler(ApiFacade):
         # first failure would make the code depend on which rank happened to end first).
         decision = outcomes.job_outcome(
             views, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace, wait_for_all=True,
-            batch_only=any(view.runs_agent for view in views),
+            batch_only=any(view.runs_agent for view in views), calm_since=self.cache.trouble_at,
         )
         self.log_relay.ensure(session, views)
         if not session.script_delivered:
@@ -224,7 +224,7 @@ class Reconciler(ApiFacade):
         elif isinstance(decision, outcomes.Finished):
             if self.log_relay.drained(session, views):
                 self._finish(session, decision, views, bound)
-        elif (waited := _longest_unstarted_s(views)) is not None:
+        elif (waited := _longest_unstarted_s(views, self.cache.trouble_at)) is not None:
             # The start deadline (or a retried start error's grace) runs out without any pod
             # event to wake us up then: look again when it does.
             result = result.sooner(max(0.1, grace - waited + 0.1))
@@ -359,8 +359,12 @@ def _batch_finished_at(views: list[PodView]) -> datetime | None:
     return None
 
 
-def _longest_unstarted_s(views: list[PodView]) -> float | None:
-    """How long the longest-waiting pod that has not started yet has waited (None: all started)."""
+def _longest_unstarted_s(views: list[PodView], calm_since: datetime | None) -> float | None:
+    """How long the longest-waiting pod that has not started yet has waited (None: all started),
+    counted from the API server's last trouble if that was later (job_outcome's calm_since)."""
     now = datetime.now(UTC)
     waits = [w for view in views if (w := outcomes.not_started_for_s(view, now)) is not None]
-    return max(waits) if waits else None
+    if not waits:
+        return None
+    calm = (now - calm_since).total_seconds() if calm_since is not None else max(waits)
+    return min(max(waits), calm)

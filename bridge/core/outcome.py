@@ -82,9 +82,16 @@ class FailedBeforeStart:
 Outcome = Running | Finished | FailedBeforeStart
 
 
-def pod_outcome(pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S) -> Outcome:
-    """The outcome of one pod on its own."""
+def pod_outcome(
+    pod: PodView, now: datetime, grace_s: float = DEFAULT_GRACE_S, calm_since: datetime | None = None,
+) -> Outcome:
+    """The outcome of one pod on its own. `calm_since`: when the API server last failed the
+    bridge's watch; an error the kubelet keeps retrying is final only once it has persisted for
+    `grace_s` since then too (a kubelet that could not read the pod's Secret while the API server
+    was away says CreateContainerConfigError until it can, however old the pod is)."""
     persisted = pod.since is None or (aware(now) - pod.since).total_seconds() >= grace_s
+    if calm_since is not None and (aware(now) - aware(calm_since)).total_seconds() < grace_s:
+        persisted = False
 
     if pod.terminated is not None:
         return _from_terminated(pod, pod.terminated)
@@ -146,6 +153,7 @@ def job_outcome(
     grace_s: float = DEFAULT_GRACE_S,
     wait_for_all: bool = False,
     batch_only: bool = False,
+    calm_since: datetime | None = None,
 ) -> Outcome:
     """The outcome of a job with `node_count` nodes from the pods observed for it (pod dicts, or
     their views).
@@ -153,10 +161,11 @@ def job_outcome(
     Pods not observed yet count as still starting; the caller knows whether it created them.
     `batch_only`: the script runs in the first node's pod only (the in-pod agent holds the other
     nodes); the job ends as that pod ends, while any pod that cannot start still fails it.
+    `calm_since`: see pod_outcome.
     """
     views = sorted((p if isinstance(p, PodView) else pod_view(p) for p in pods),
                    key=lambda v: (v.index, v.name))
-    outcomes = [(view, pod_outcome(view, now, grace_s)) for view in views]
+    outcomes = [(view, pod_outcome(view, now, grace_s, calm_since)) for view in views]
 
     for _, outcome in outcomes:
         if isinstance(outcome, FailedBeforeStart):

@@ -314,3 +314,19 @@ def test_pod_view_reads_datetime_objects() -> None:
     raw = running()
     raw["status"]["startTime"] = NOW
     assert pod_view(raw).since == NOW
+
+
+@pytest.mark.parametrize("reason", ["CreateContainerConfigError", "ErrImagePull", "ContainerCreating"])
+def test_a_start_error_from_while_the_api_server_was_away_is_not_final_yet(reason: str) -> None:
+    # An old pod whose kubelet could not read its Secret (or pull) while the API server was down:
+    # CI's fault test restarts the API server under load. Final only a grace period after it is back.
+    pods = [waiting(reason, LONG_AGO)]
+    assert isinstance(job_outcome(pods, 1, now=NOW, calm_since=NOW - timedelta(seconds=10)), Running)
+    calm_for_long = NOW - timedelta(seconds=120)
+    assert isinstance(job_outcome(pods, 1, now=NOW, calm_since=calm_for_long), FailedBeforeStart)
+    assert isinstance(job_outcome(pods, 1, now=NOW, calm_since=None), FailedBeforeStart)
+
+
+def test_an_exit_is_final_whatever_the_api_server_did() -> None:
+    outcome = job_outcome([exited(0, 3)], 1, now=NOW, calm_since=NOW)
+    assert isinstance(outcome, Finished) and outcome.exit_code == 3

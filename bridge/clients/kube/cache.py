@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection, Iterable
 from collections.abc import Set as AbstractSet
+from datetime import datetime
 from typing import Any, Final
 
 from bridge.core import wellknown
@@ -63,6 +64,9 @@ class PodCache:
         self._by_job: dict[int, set[str]] = {}
         self.synced = asyncio.Event()
         """Set once the first full list is in: before that, "no pods" means "not known yet"."""
+        self.trouble_at: datetime | None = None
+        """When the API server last failed the watch that fills this cache (set by the watcher):
+        the kubelets could not reach it either, and their start errors of then may pass."""
         self._on_seen: list[Callable[[str], None]] = []
 
     def on_seen(self, listener: Callable[[str], None]) -> None:

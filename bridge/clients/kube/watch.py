@@ -20,6 +20,7 @@ import contextlib
 import json
 import random
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import aiohttp
@@ -232,3 +233,8 @@ class PodWatcher(ListWatcher[int]):
             label_selector, cache, on_job_changed, **options,
         )
         self.namespace = namespace
+        self._pod_cache = cache
+
+    async def _pause(self, failures: int, error: Exception) -> int:
+        self._pod_cache.trouble_at = datetime.now(UTC)
+        return await super()._pause(failures, error)
