@@ -215,6 +215,11 @@ for entry in $SBX_USERS; do
 done
 
 # --- slurmd for the native partition ----------------------------------------
+# Jobs reach a node by the name Slurm gives it (MASTER_ADDR=$(scontrol show hostnames ... | head
+# -n1)): the native nodes' names resolve in the rootfs, to 127.0.0.1 as their NodeAddr says.
+for node in $(native_nodes); do
+  grep -qw "$node" "$ROOTFS/etc/hosts" || echo "127.0.0.1 $node" >>"$ROOTFS/etc/hosts"
+done
 for node in $(native_nodes); do start_slurmd "$node"; done
 
 # --- slurmrestd (JWT; loopback, and the control address for pods) -----------
