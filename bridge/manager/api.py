@@ -26,7 +26,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.step_streams import AlreadyStreaming, Answer, Feed, relay_ended
 from bridge.core import agent_protocol, step_request
-from bridge.core.errors import BridgeError, ExecOutcomeUnknown
+from bridge.core.errors import BridgeError
 from bridge.core.model import ModelError, payload_from_json
 from bridge.core.srun_options import parse_srun_args
 from bridge.core.waiter_protocol import FORWARDED, MAX_OUTPUT_FRAME, request_digest, sign_output_frame
@@ -40,6 +40,7 @@ from bridge.manager.bodies import (
     TaskSignalBody,
     parse,
 )
+from bridge.manager.task_answers import TaskStream, pass_signal
 from bridge.manager.user_steps_api import UserStepsApi
 
 log = structlog.get_logger(__name__)
@@ -233,23 +234,15 @@ class Api:
         if not re.fullmatch(r"[0-9]{1,9}", procid) or not re.fullmatch(r"[0-9]{1,19}", key):
             raise web.HTTPBadRequest(text="task request needs a numeric key and SLURM_PROCID")
         pidfile = agent_protocol.task_pidfile(key, procid)
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-
-        async def write(fd: int, data: bytes) -> None:
-            line = {"fd": fd, "data": base64.b64encode(data).decode()}
-            await response.write(json.dumps(line).encode() + b"\n")
-
+        stream = await TaskStream.open(request)
         code = b"1"
         try:
             code = await self.tasks.run(
                 (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, args.command),
-                write, stdin=stdin)
+                stream.write, stdin=stdin)
         except BridgeError as error:
-            await write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
-        await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
-        await response.write_eof()
-        return response
+            await stream.write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
+        return await stream.finish(int(code))
 
     async def task_signal(self, request: web.Request) -> web.Response:
         """A task proxy got a signal (scancel -s SIG for the steps, --signal=SIG@TIME, a step
@@ -266,28 +259,10 @@ class Api:
             raise web.HTTPBadRequest(text=f"signal {signum} is not passed on")
         if self.reconciler.step_of(job_id, key) is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
-        task_id = (job_id, key, procid)
         if len(procid) > 9 or len(key) > 19:
             raise web.HTTPBadRequest(text="task-signal needs the step key and SLURM_PROCID of a task")
-        if not self.tasks.is_running(task_id):
-            # The proxy is up but has not yet asked to run its task (munge, the pod's exec):
-            # natively the task would exist and get the signal, so it is kept for the task's start.
-            if not self.tasks.keep_early_signal(task_id, signum, uid):
-                raise web.HTTPServiceUnavailable(text="too many signals waiting for tasks to start")
-            log.info("task.signal_kept", job_id=job_id, step_key=key, procid=procid, signal=signum)
-            return web.json_response({"kept": f"{key}.{procid}"}, status=202)
-        pod = self.reconciler.task_pod(job_id, body.node)
-        if pod is None:
-            raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {body.node}")
-        try:
-            await self.tasks.signal(pod, agent_protocol.task_pidfile(key, procid), signum)
-        except ExecOutcomeUnknown as error:
-            # It may have been sent: the proxy must not ask again (a 503 would make it).
-            log.warning("task.signal_unknown", job_id=job_id, pod=pod, signal=signum, error=str(error))
-            return web.json_response({"unknown": f"{key}.{procid}"})
-        except BridgeError as error:
-            raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
-        return web.json_response({"signalled": f"{key}.{procid}"})
+        return await pass_signal(self.tasks, (job_id, key, procid), signum, uid,
+                                 lambda: self.reconciler.task_pod(job_id, body.node), body.node)
 
     async def finish_background(self, timeout_s: float) -> int:
         """controller.tasks' background work (kills of tasks whose proxies went away) ends, or is

@@ -22,10 +22,11 @@ from aiohttp import web
 
 from bridge.controller.user_steps import PROCID, UserStepRefused, UserSteps, task_key
 from bridge.core import agent_protocol, step_request
-from bridge.core.errors import BridgeError, ExecOutcomeUnknown
+from bridge.core.errors import BridgeError
 from bridge.core.job_environment import job_environment
 from bridge.core.waiter_protocol import FORWARDED, MAX_OUTPUT_FRAME, sign_output_frame
 from bridge.manager.bodies import UserTaskBody, UserTaskSignalBody, parse
+from bridge.manager.task_answers import TaskStream, pass_signal
 
 if TYPE_CHECKING:
     from bridge.manager.api import Api
@@ -108,36 +109,28 @@ class UserStepsApi:
             env, body.env.get("SLURM_STEP_GPUS"), self._api.reconciler.node_gpus(job_id, body.node))
         encoded = base64.b64encode(json.dumps(env).encode()).decode()
         pidfile = agent_protocol.task_pidfile(key, procid)
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-
-        async def write(fd: int, data: bytes) -> None:
-            line = {"fd": fd, "data": base64.b64encode(data).decode()}
-            await response.write(json.dumps(line).encode() + b"\n")
-
+        stream = await TaskStream.open(request)
         bound.info("user_task.started", pod=pod, tty=terminal is not None)
         typing = None
         if terminal is not None and stream_key is not None:
-            await response.write(b'{"accepted": true}\n')  # the proxy's terminal goes raw then
+            await stream.response.write(b'{"accepted": true}\n')  # the proxy's terminal goes raw then
             typing = asyncio.ensure_future(_read_terminal(request, stream_key, terminal, bound))
         code = b"1"
         try:
             code = await self._tasks.run(
-                (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, body.argv), write,
-                still_wanted=lambda: self._steps.live(job_id, run), terminal=terminal)
+                (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, body.argv),
+                stream.write, still_wanted=lambda: self._steps.live(job_id, run), terminal=terminal)
         except BridgeError as error:
             # A pod that failed to start is removed: its reason is what the user needs.
             why = self._steps.why_not(job_id, run)
             text = (f"job {job_id} cannot run steps: {why}" if why
                     else f"cannot run the task in pod {pod}: {error}")
-            await write(2, f"slurm-k8s-bridge: {text}\n".encode())
+            await stream.write(2, f"slurm-k8s-bridge: {text}\n".encode())
         finally:
             if typing is not None:
                 typing.cancel()
         bound.info("user_task.ended", pod=pod, exit_code=int(code))
-        await response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
-        await response.write_eof()
-        return response
+        return await stream.finish(int(code))
 
     async def user_task_signal(self, request: web.Request) -> web.Response:
         """A user step's task proxy got a signal (Ctrl-C at srun, scancel -s, a step cancel): pass
@@ -155,22 +148,8 @@ class UserStepsApi:
             raise web.HTTPBadRequest(text=f"signal {signum} is not passed on")
         if not PROCID.fullmatch(body.procid):
             raise web.HTTPBadRequest(text="user-task-signal needs the SLURM_PROCID of a task")
-        task_id = (job_id, key, body.procid)
-        if not self._tasks.is_running(task_id):
-            if not self._tasks.keep_early_signal(task_id, signum, uid):
-                raise web.HTTPServiceUnavailable(text="too many signals waiting for tasks to start")
-            return web.json_response({"kept": f"{key}.{body.procid}"}, status=202)
-        pod = self._api.reconciler.task_pod(job_id, body.node)
-        if pod is None:
-            raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {body.node}")
-        try:
-            await self._tasks.signal(pod, agent_protocol.task_pidfile(key, body.procid), signum)
-        except ExecOutcomeUnknown as error:
-            log.warning("user_task.signal_unknown", job_id=job_id, pod=pod, signal=signum, error=str(error))
-            return web.json_response({"unknown": f"{key}.{body.procid}"})
-        except BridgeError as error:
-            raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
-        return web.json_response({"signalled": f"{key}.{body.procid}"})
+        return await pass_signal(self._tasks, (job_id, key, body.procid), signum, uid,
+                                 lambda: self._api.reconciler.task_pod(job_id, body.node), body.node)
 
 
 def _task_body(raw: bytes) -> UserTaskBody:

@@ -1,0 +1,68 @@
+"""What the API answers a task proxy, for a script's step (api.py) and a user's step
+(user_steps_api.py) alike: the task's output as NDJSON lines, then its exit code
+(`TaskStream`), and a signal passed to the task in its pod or kept for its start (`pass_signal`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+
+import structlog
+from aiohttp import web
+
+from bridge.controller.tasks import TaskId, Tasks
+from bridge.core import agent_protocol
+from bridge.core.errors import BridgeError, ExecOutcomeUnknown
+
+log = structlog.get_logger(__name__)
+
+
+class TaskStream:
+    """The streamed answer to a task proxy: `{"fd", "data"}` lines of the task's output, then
+    `{"exit": code}` as the last line."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+
+    @classmethod
+    async def open(cls, request: web.Request) -> TaskStream:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        return cls(response)
+
+    async def write(self, fd: int, data: bytes) -> None:
+        line = {"fd": fd, "data": base64.b64encode(data).decode()}
+        await self.response.write(json.dumps(line).encode() + b"\n")
+
+    async def finish(self, code: int) -> web.StreamResponse:
+        await self.response.write(json.dumps({"exit": int(code)}).encode() + b"\n")
+        await self.response.write_eof()
+        return self.response
+
+
+async def pass_signal(
+    tasks: Tasks, task_id: TaskId, signum: int, uid: int, pod_of: Callable[[], str | None], node: str,
+) -> web.Response:
+    """Signal `signum` (from a proxy of job user `uid`) to task `task_id` in its pod, `pod_of()`;
+    kept for the task's start while its proxy has not asked to run it yet (natively the task would
+    exist and get it). The answer for the proxy."""
+    job_id, key, procid = task_id
+    name = f"{key}.{procid}"
+    if not tasks.is_running(task_id):
+        if not tasks.keep_early_signal(task_id, signum, uid):
+            raise web.HTTPServiceUnavailable(text="too many signals waiting for tasks to start")
+        log.info("task.signal_kept", job_id=job_id, step_key=key, procid=procid, signal=signum)
+        return web.json_response({"kept": name}, status=202)
+    pod = pod_of()
+    if pod is None:
+        raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {node}")
+    try:
+        await tasks.signal(pod, agent_protocol.task_pidfile(key, procid), signum)
+    except ExecOutcomeUnknown as error:
+        # It may have been sent: the proxy must not ask again (a 503 would make it).
+        log.warning("task.signal_unknown", job_id=job_id, pod=pod, signal=signum, error=str(error))
+        return web.json_response({"unknown": name})
+    except BridgeError as error:
+        raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
+    return web.json_response({"signalled": name})
