@@ -83,14 +83,20 @@ def _results(sandbox: Sandbox, partition: str, jobs: list[tuple[str, int, Path]]
     return results
 
 
-def test_each_task_sees_the_gpus_slurm_gave_it_as_natively(bridge: Sandbox) -> None:
-    native = _submit(bridge, "native", 1)
-    bridged = _submit(bridge, "k8s", 1)
+def _side_by_side(bridge: Sandbox, copies: int) -> dict[str, set[str]]:
+    """Each case, `copies` times in each partition at once: native's results, once k8s's match."""
+    native = _submit(bridge, "native", copies)
+    bridged = _submit(bridge, "k8s", copies)
     expected = _results(bridge, "native", native)
     got = _results(bridge, "k8s", bridged)
     for name in expected:
         assert len(expected[name]) == 1, f"native {name} differs between copies: {expected[name]}"
         assert got[name] == expected[name], f"{name}: k8s {got[name]} != native {expected[name]}"
+    return expected
+
+
+def test_each_task_sees_the_gpus_slurm_gave_it_as_natively(bridge: Sandbox) -> None:
+    expected = _side_by_side(bridge, 1)
     # What the comparison rests on: each rank its own GPU, and none for --gres=none.
     per_task = next(iter(expected["per-task-4"]))
     assert "3: task 3 cuda=3 ordinal=3 step=3" in per_task, per_task
@@ -100,9 +106,4 @@ def test_each_task_sees_the_gpus_slurm_gave_it_as_natively(bridge: Sandbox) -> N
 def test_several_gpu_jobs_at_once_each_task_its_own(bridge: Sandbox) -> None:
     # Three copies of each case in each partition: 8 GPUs per partition, so jobs wait for GPUs and
     # get physical GPUs other than 0..n-1; places in the job's list still match.
-    native = _submit(bridge, "native", 3)
-    bridged = _submit(bridge, "k8s", 3)
-    expected = _results(bridge, "native", native)
-    got = _results(bridge, "k8s", bridged)
-    for name in expected:
-        assert got[name] == expected[name], f"{name}: k8s {got[name]} != native {expected[name]}"
+    _side_by_side(bridge, 3)
