@@ -41,6 +41,10 @@ HELP = {
     "slurm_node_updates_total": "Slurm node updates sent (DOWN, DRAIN, RESUME).",
     "node_mass_failure_brakes_total": "DOWNs turned into DRAINs: over half the bridged nodes unhealthy.",
     "suspend_failures_total": "Pods whose processes could not be stopped or continued (suspend/resume).",
+    "claims_created_total": "GPU ResourceClaims created (dra GPU mode).",
+    "claims_allocated_total": "GPU ResourceClaim allocations written (dra GPU mode).",
+    "claims_swept_total": "GPU ResourceClaims deleted because their pod was gone.",
+    "pods_bound_total": "Pods bound to their node by the bridge once their claim was allocated.",
 }
 
 HISTOGRAMS = {

@@ -102,7 +102,8 @@ class PodCreation:
                 raise
             if created:
                 self._metrics.inc("pods_created_total")
-                bound.info("pod.created", pod=manifest["metadata"]["name"], node=manifest["spec"]["nodeName"])
+                bound.info("pod.created", pod=manifest["metadata"]["name"],
+                           node=manifest["spec"].get("nodeName"))
         if not session.created and session.attached_at:
             self._metrics.observe("attach_to_pod_seconds", time.monotonic() - session.attached_at)
         session.created = True

@@ -14,6 +14,7 @@ The reconciler owns no state of its own; it orchestrates the subsystems that do:
 - the pod cache, plus create expectations (controller.expectations): a pod created but not yet seen
   by the cache is neither missing nor created twice;
 - pod creation (controller.pod_creation) and payload Secrets (controller.payload_secrets);
+- the GPU claims of pods in `dra` partitions, and their binding (controller.device_claims);
 - the log relay (controller.log_relay), srun steps (controller.steps), batch signals
   (controller.batch_signals) and the tasks of steps (controller.tasks, controller.step_streams);
 - the steps users start themselves, and the allocations without a script they open
@@ -35,6 +36,7 @@ from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.slurm import SlurmClient
 from bridge.controller.batch_signals import BatchSignals
+from bridge.controller.device_claims import DeviceClaims
 from bridge.controller.expectations import CreateExpectations
 from bridge.controller.facade import ApiFacade, over
 from bridge.controller.jobstore import JobStore
@@ -65,6 +67,7 @@ BLOCKING_EVENTS = frozenset({
     "FailedMount", "FailedAttachVolume", "FailedMapVolume", "FailedCreatePodSandBox",
     "FailedCreatePodContainer", "FailedScheduling", "Failed", "BackOff", "InspectFailed",
     "ErrImageNeverPull", "NetworkNotReady", "FailedPodSandBoxStatus", "UnexpectedAdmissionError",
+    "FailedPrepareDynamicResources",
 })
 """Warning events that keep a pod from starting (others, e.g. MissingClusterDNS, do not)."""
 
@@ -103,6 +106,7 @@ class Reconciler(ApiFacade):
         self.pods = RunPods(self.jobs, cache)
         self.payload_secrets = PayloadSecrets(kube, cache, self.sessions)
         self.creation = PodCreation(cfg, kube, metrics, self.expectations, self.payload_secrets, nodes)
+        self.device_claims = DeviceClaims(cfg, kube, cache, metrics)
         self.steps = Steps(kube, self.pods, self.sessions, read_step_key(cfg.waiter.step_key_file),
                            self._spawn, self.volumes_of)
         self.batch_signals = BatchSignals(kube, self.pods)
@@ -199,6 +203,16 @@ class Reconciler(ApiFacade):
             first = next((view for view in views if view.name == names[0]), None)
             await self._create(session, alloc, present | set(expected), bound,
                                first.pod_ip if first else "", first is not None and first.stopped)
+
+        part = self.cfg.partition(alloc.partition)
+        if part is not None and part.gpu_mode == "dra":
+            # Pods with GPUs wait unbound until their claims hold exactly Slurm's devices.
+            prepared = await self.device_claims.prepare(session, alloc, part, views, bound)
+            if isinstance(prepared, str):
+                await self._fail(session, alloc, prepared, bound)
+                return result
+            if prepared is not None:
+                result = result.sooner(prepared)
 
         grace = self.cfg.start_failure_grace_s
         # Like srun: wait for every rank, then the highest non-zero exit code wins (deciding at the

@@ -287,10 +287,22 @@ class PartitionConfig:
     node_label: NonEmpty | None = Field(default=None, description=(
         "If set, the Kubernetes node for Slurm node X is the node labelled `<node_label>=X`; unset: the "
         "Kubernetes node of the Slurm node's name."))
-    gpu_mode: Literal["env", "device-plugin"] = Field(default="env", description=(
-        "`env`: pin GPUs by NVIDIA_VISIBLE_DEVICES to the indices Slurm chose, no nvidia.com/gpu request "
-        "(Slurm owns the GPUs; needs a runtime that reads NVIDIA_VISIBLE_DEVICES); `device-plugin`: request "
-        "nvidia.com/gpu (the plugin picks devices, only the count follows Slurm)."))
+    gpu_mode: Literal["env", "device-plugin", "dra"] = Field(default="env", description=(
+        "`dra`: each pod with GPUs gets a ResourceClaim allocated to exactly the devices behind the GRES "
+        "indices Slurm chose (read from the node's ResourceSlices; see dra_driver, dra_device_identity); "
+        "the runtime injects them through CDI. `env`: pin GPUs by NVIDIA_VISIBLE_DEVICES to those indices, "
+        "no nvidia.com/gpu request (needs the NVIDIA toolkit's insecure default that honours that variable "
+        "from unprivileged pods); `device-plugin`: request nvidia.com/gpu (the plugin picks devices, only "
+        "the count follows Slurm)."))
+    dra_driver: NonEmpty | None = Field(default=None, description=(
+        "`dra` mode: the DRA driver publishing the GPUs (e.g. `gpu.nvidia.com`, `gpu.example.com`)."))
+    dra_device_class: NonEmpty | None = Field(default=None, description=(
+        "`dra` mode: the DeviceClass the claims name; unset: the driver's name."))
+    dra_device_identity: Literal["index", "minor", "pciBusID"] = Field(default="index", description=(
+        "`dra` mode: how Slurm's GRES index N names a published device. `index`: the device whose `index` "
+        "attribute is N (dra-example-driver); `minor`: whose `minor` attribute is N (gres.conf "
+        "File=/dev/nvidia[0-N], minor = index; NVIDIA's driver); `pciBusID`: the N-th device by ascending "
+        "`pciBusID` (Slurm's AutoDetect=nvml order)."))
     host_network: StrictBool = Field(default=False, description=(
         "Run pods in the node's network namespace, like native Slurm jobs (MASTER_ADDR is then the first "
         "Kubernetes node's name)."))
@@ -320,6 +332,12 @@ class PartitionConfig:
         "The nodes are simulated (kwok): pods run no containers, so the daemon reads no output from them "
         "(the -o/-e files get only what the waiter itself writes); pods end as the simulator's stages say "
         "(see pod_annotations)."))
+
+    @model_validator(mode="after")
+    def _dra_names_a_driver(self) -> Self:
+        if self.gpu_mode == "dra" and self.dra_driver is None:
+            raise KeyProblem("dra_driver", "required when gpu_mode is 'dra' (the driver publishing the GPUs)")
+        return self
 
     @field_validator("node_label")
     @classmethod

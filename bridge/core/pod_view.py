@@ -75,6 +75,8 @@ class PodView:
     suspended the job), `true` once they are stopped; None when they run."""
     pod_ip: str = ""
     """status.podIP, once the runtime has given the pod its network."""
+    binds_to: str | None = None
+    """The Kubernetes node a pod the bridge binds itself (`dra` GPU mode) goes to; None otherwise."""
 
     @property
     def runs_agent(self) -> bool:
@@ -160,6 +162,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         all_containers_terminated=bool(statuses) and all(
             "terminated" in as_map(c.get("state")) for c in statuses),
         suspend_mark=_str_or_none(annotations.get(wellknown.ANNOTATION_SUSPENDED)),
+        binds_to=_str_or_none(annotations.get(wellknown.ANNOTATION_KUBE_NODE)),
         pod_ip=as_str(status.get("podIP")),
     )
 

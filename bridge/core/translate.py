@@ -25,6 +25,7 @@ from typing import Any
 from bridge.core import wellknown
 from bridge.core.annotation_templates import expand_annotations
 from bridge.core.config import BridgeConfig, PartitionConfig
+from bridge.core.device_claims import claim_pod
 from bridge.core.directives import Directives, interpreter_of
 from bridge.core.errors import PermanentError
 from bridge.core.job_environment import node_environment
@@ -389,12 +390,15 @@ def _pod(
         spec["hostname"] = node.name
     if part.runtime_class:
         spec["runtimeClassName"] = part.runtime_class
+    name = pod_name(alloc.job_id, index, alloc.run)
+    if part.gpu_mode == "dra" and node.gpu_indices:
+        claim_pod(spec, container, annotations, name)  # bound by the bridge once its claim is allocated
 
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(alloc.job_id, index, alloc.run),
+            "name": name,
             "namespace": cfg.namespace,
             "labels": labels,
             "annotations": annotations,

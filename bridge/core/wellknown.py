@@ -130,6 +130,20 @@ RESERVED_VOLUMES: Final = frozenset({SCRIPT_VOLUME, SHM_VOLUME, AGENT_VOLUME})
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 """Extended resource requested in the `device-plugin` GPU mode."""
 
+SCHEDULER_NAME: Final = "slurm-k8s-bridge"
+"""schedulerName of pods the bridge binds itself after it has prepared them (`dra` GPU mode: the
+claim is allocated first); kube-scheduler leaves such pods alone."""
+
+ANNOTATION_KUBE_NODE: Final = PREFIX + "kubernetes-node"
+"""On a pod the bridge binds itself: the Kubernetes node Slurm's node maps to."""
+
+CLAIM_NAME_SUFFIX: Final = "-gpus"
+"""A pod's GPU ResourceClaim is named after it: `<pod name>-gpus` (`dra` GPU mode)."""
+
+POD_CLAIM_NAME: Final = "gpus"
+"""The pod's own name for its GPU claim (spec.resourceClaims[].name, resources.claims[].name) and the
+claim's one request."""
+
 # --- Slurm side ------------------------------------------------------------------------------
 
 ATTACH_MARKER: Final = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"

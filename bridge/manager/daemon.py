@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.client import REQUESTS_SENT, make_api_client
+from bridge.clients.kube.dra import CLAIMS_PATH, SLICES_PATH
 from bridge.clients.kube.leader_pod import LeaderPodLabel, OwnPod
 from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.kube.watch import ListWatcher, PodWatcher
@@ -136,6 +137,23 @@ async def sweep_payload_secrets(reconciler: Reconciler, selector: str,
         await asyncio.sleep(interval_s)
 
 
+async def sweep_claims(reconciler: Reconciler, interval_s: float = SECRET_SWEEP_S) -> None:
+    """While acting (`dra` partitions): now and then, delete the bridge's GPU claims whose pod is
+    gone (the garbage collector's work, unless a claim was created just after its pod's deletion)."""
+    await asyncio.sleep(min(SECRET_SWEEP_FIRST_S, interval_s))
+    while True:
+        try:
+            removed = await reconciler.device_claims.sweep()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the API server is away, or a bug: never the end of sweeping
+            log.warning("claim.sweep_failed", error=repr(error))
+        else:
+            if removed:
+                log.info("claim.sweep_done", removed=removed)
+        await asyncio.sleep(interval_s)
+
+
 def raise_open_files_limit() -> tuple[int, int]:
     """Lift the soft limit of open files to the hard one (systemd's LimitNOFILE, the container
     runtime's): every attached waiter, task proxy and followed log holds a socket, and the usual
@@ -191,6 +209,13 @@ async def run(cfg: BridgeConfig) -> int:
     node_watcher = ListWatcher(api_client, "/api/v1/nodes", "nodes", "", node_cache,
                                node_sync.on_kube_node_changed)
     poller = SlurmPoller(reconciler, queue.add, metrics, cfg.slurm.poll_interval_s, leading=leading)
+    # `dra` partitions: one watch of the cluster's ResourceSlices (which device is which) and one of
+    # its ResourceClaims (who holds a device). Not started otherwise: a cluster may serve no DRA.
+    claims = reconciler.device_claims
+    dra_watchers: list[ListWatcher[Any]] = [
+        ListWatcher(api_client, SLICES_PATH, "resourceslices", "", claims.slices, lambda _node: None),
+        ListWatcher(api_client, CLAIMS_PATH, "resourceclaims", "", claims.claims, queue.add),
+    ] if any(p.gpu_mode == "dra" for p in cfg.partitions.values()) else []
     own_pod = OwnPod.from_environment()
     leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
     if leader_pod is not None:
@@ -243,6 +268,7 @@ async def run(cfg: BridgeConfig) -> int:
         asyncio.create_task(node_watcher.run(), name="node-watch"),
         asyncio.create_task(node_sync.run(), name="node-health"),
         asyncio.create_task(watch_loop_lag(metrics), name="loop-lag"),
+        *(asyncio.create_task(w.run(), name=f"{w.resource}-watch") for w in dra_watchers),
     ]
     if elector is not None:
         background.append(asyncio.create_task(elector.run(), name="leader-election"))
@@ -270,6 +296,8 @@ async def run(cfg: BridgeConfig) -> int:
                        for i in range(WORKERS)]
             workers.append(asyncio.create_task(
                 sweep_payload_secrets(reconciler, pod_selector(cfg)), name="secret-sweep"))
+            if dra_watchers:
+                workers.append(asyncio.create_task(sweep_claims(reconciler), name="claim-sweep"))
             if leader_pod is not None:
                 workers.append(asyncio.create_task(_until_done(leader_pod.mark, "leader_pod.mark"),
                                                    name="leader-pod-label"))

@@ -6,6 +6,7 @@ The verbs live in one module per kind of work and are mixed in here, so that cal
     pod_exec    exec in a pod's container, and how an exec ended (not started, unknown, failed)
     pod_logs    follow a container's log, resumable after the last line seen
     pod_events  explain a pod from its latest (Warning) event
+    dra         a pod's GPU ResourceClaim (create, allocate, delete) and the pod's binding
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import asyncio
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
+from bridge.clients.kube.dra import ClaimVerbs
 from bridge.clients.kube.objects import ObjectVerbs
 from bridge.clients.kube.pod_events import EventVerbs
 from bridge.clients.kube.pod_exec import ExecVerbs
 from bridge.clients.kube.pod_logs import LOG_READ_TIMEOUT_S, STREAM_OPENS_AT_ONCE, LogVerbs
 
 
-class KubeActions(ObjectVerbs, ExecVerbs, LogVerbs, EventVerbs):
+class KubeActions(ObjectVerbs, ExecVerbs, LogVerbs, EventVerbs, ClaimVerbs):
     """Pod verbs in one namespace."""
 
     def __init__(
