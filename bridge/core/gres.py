@@ -107,3 +107,14 @@ def _parse_index_list(idx: str, detail: str) -> set[int]:
             raise GresError(f"bad GPU index range {part!r} in {detail!r}")
         out.update(range(lo, hi + 1))
     return out
+
+
+def gpu_count(gres: str) -> int:
+    """GPUs a node's configured `gres` string declares (`gpu:4`, `gpu:a100:2(S:0),nic:1`); 0 if none
+    or unreadable."""
+    total = 0
+    for item in _split_items(gres):
+        m = _ITEM.match(item)
+        if m and m.group("name") == GPU_GRES and m.group("count") is not None:
+            total += int(m.group("count"))
+    return total

@@ -17,49 +17,18 @@ from pathlib import Path
 import aiohttp
 
 from bridge.clients.kube.client import make_api_client, request_json
+from bridge.clients.kube.dra import SLICES_PATH
 from bridge.clients.kube.leader_pod import OwnPod
 from bridge.clients.slurm import slurm_node as read_slurm_node
 from bridge.clients.slurm.rest import API_VERSION
 from bridge.core import hostlist, nodehealth, wellknown
 from bridge.core.attach_command import attach_command_files
 from bridge.core.config import BridgeConfig
+from bridge.core.device_claims import SliceView, trim_slice
 from bridge.core.errors import BridgeError
 from bridge.manager.config_file import secret_file_exposure
-
-# What the daemon does in Kubernetes (the RBAC it needs), as (verb, group, resource, namespaced).
-NEEDED_ACCESS = (
-    ("create", "", "pods", True),
-    ("delete", "", "pods", True),
-    ("list", "", "pods", True),
-    ("watch", "", "pods", True),
-    ("patch", "", "pods", True),
-    ("get", "", "pods/log", True),
-    ("create", "", "pods/exec", True),
-    ("list", "", "events", True),
-    ("create", "", "secrets", True),
-    ("delete", "", "secrets", True),
-    ("list", "", "secrets", True),
-    ("get", "", "namespaces", True),
-    ("get", "coordination.k8s.io", "leases", True),
-    ("create", "coordination.k8s.io", "leases", True),
-    ("update", "coordination.k8s.io", "leases", True),
-    ("list", "", "nodes", False),
-    ("watch", "", "nodes", False),
-    ("patch", "", "nodes/status", False),
-)
-# In a pod, on its own namespace: the leader labels its own pod (bridge/clients/kube/leader_pod.py).
-NEEDED_IN_OWN_NAMESPACE = (("get", "", "pods"), ("list", "", "pods"), ("patch", "", "pods"))
-
-
-def needed_access(job_namespace: str, own_namespace: str | None) -> list[tuple[str, str, str, str | None]]:
-    """(verb, group, resource, namespace or None for cluster-wide) the daemon needs."""
-    needed = [(verb, group, resource, job_namespace if namespaced else None)
-              for verb, group, resource, namespaced in NEEDED_ACCESS]
-    if own_namespace:
-        needed += [(verb, group, resource, own_namespace)
-                   for verb, group, resource in NEEDED_IN_OWN_NAMESPACE]
-    return needed
-
+from bridge.manager.doctor_access import needed_access
+from bridge.manager.doctor_gpus import gpu_problems
 
 TOKEN_WARN_S = 24 * 3600
 
@@ -274,7 +243,8 @@ class Doctor:
             denied = []
             own = OwnPod.from_environment() if self.cfg.leader.enabled else None
             own_namespace = own.namespace if own else None
-            for verb, group, resource, namespace in needed_access(self.cfg.namespace, own_namespace):
+            dra = any(p.gpu_mode == "dra" for p in self.cfg.partitions.values())
+            for verb, group, resource, namespace in needed_access(self.cfg.namespace, own_namespace, dra):
                 resource_name, _, sub = resource.partition("/")
                 attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": sub}
                 if resource_name == "namespaces":
@@ -393,6 +363,33 @@ class Doctor:
             raise CheckFailed("; ".join(problems))
         return "no bridged node is in a non-bridged partition; no Alternate crosses the boundary"
 
+    async def check_gpus(self) -> str:
+        """How each partition's GPUs reach its pods: under `dra`, every GRES GPU of every bridged
+        node maps to exactly one device its ResourceSlices publish; `env` is trusted only with a
+        warning (it needs the NVIDIA toolkit's insecure default)."""
+        if not hasattr(self, "k8s_nodes") or self.cfg.slurm.backend != "rest":
+            raise CheckFailed("skipped: needs the rest backend and the Kubernetes check to pass first")
+        nodes = (await self._rest(f"/slurm/{API_VERSION}/nodes/")).get("nodes") or []
+        slices: list[SliceView] = []
+        if any(p.gpu_mode == "dra" for p in self.cfg.partitions.values()):
+            kube = self.cfg.kube
+            config = str(kube.kubeconfig) if kube.kubeconfig else None
+            api = await make_api_client(config, context=kube.context)
+            try:
+                body = await request_json(api, "GET", SLICES_PATH, "list resourceslices")
+            except BridgeError as error:
+                raise CheckFailed(f"Kubernetes: {error}") from None
+            finally:
+                await api.close()
+            slices = [trim_slice(item) for item in body.get("items") or []]
+        gres = {str(n.get("name")): (str(n.get("gres") or ""), list(n.get("partitions") or []))
+                for n in nodes}
+        problems, notes = gpu_problems(self.cfg.partitions, gres, slices)
+        if problems:
+            raise CheckFailed("; ".join(problems[:10]) + (f" (and {len(problems) - 10} more)"
+                                                          if len(problems) > 10 else ""))
+        return "; ".join(notes) or "no bridged partition has GPUs"
+
     async def run(self) -> list[Result]:
         checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
             ("config", self.check_config),
@@ -404,6 +401,7 @@ class Doctor:
             ("node mapping", self.check_node_mapping),
             ("node health", self.check_node_health),
             ("partition boundaries", self.check_partition_boundaries),
+            ("gpus", self.check_gpus),
         ]
         results = []
         for name, check in checks:

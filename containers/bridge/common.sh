@@ -77,6 +77,18 @@ name = "scratch"
 host_path = "$SCRATCH_DIR"
 mount_path = "/scratch"
 
+# The real nodes again, GPUs by DRA: containers/kube/up.sh runs kubernetes-sigs' example driver
+# on each (mock GPUs gpu-0..gpu-N with an index attribute, injected through CDI).
+[partitions.dra]
+image_pull_policy = "IfNotPresent"
+cpu_request_fraction = 0.1
+gpu_mode = "dra"
+dra_driver = "gpu.example.com"
+dra_device_identity = "index"
+[[partitions.dra.volumes]]
+name = "home"
+host_path = "$SBX_SHARED_HOME"
+
 [partitions.sim]
 default_image = "sandbox.local/busybox:1"
 # kwok nodes run no containers and serve no logs: the daemon reads no output from them.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bridge.manager.doctor import NEEDED_ACCESS
+from bridge.manager.doctor_access import NEEDED_ACCESS, NEEDED_FOR_DRA
 from tests.unit.helm_chart import render
 
 
@@ -34,3 +34,15 @@ def test_every_needed_verb_is_granted_where_the_daemon_uses_it(tmp_path: Path) -
                if (verb, group, resource) not in (namespaced if in_namespace else cluster)]
     assert missing == []
     assert ("create", "", "secrets") in namespaced
+
+
+def test_the_dra_mode_verbs_are_granted_only_when_asked_for(tmp_path: Path) -> None:
+    """gpu_mode = "dra" needs claims, bindings and the cluster's slices and claims (rbac.dra)."""
+    on = render(tmp_path, {"rbac": {"dra": True}})
+    namespaced, cluster = _granted(on, "Role"), _granted(on, "ClusterRole")
+    missing = [(verb, group, resource) for verb, group, resource, in_namespace in NEEDED_FOR_DRA
+               if (verb, group, resource) not in (namespaced if in_namespace else cluster)]
+    assert missing == []
+    off = render(tmp_path)
+    granted = _granted(off, "Role") | _granted(off, "ClusterRole")
+    assert not {(verb, group, resource) for verb, group, resource, _ in NEEDED_FOR_DRA} & granted
