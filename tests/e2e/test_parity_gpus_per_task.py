@@ -83,15 +83,15 @@ def _results(sandbox: Sandbox, partition: str, jobs: list[tuple[str, int, Path]]
     return results
 
 
-def _side_by_side(bridge: Sandbox, copies: int) -> dict[str, set[str]]:
-    """Each case, `copies` times in each partition at once: native's results, once k8s's match."""
+def _side_by_side(bridge: Sandbox, copies: int, partition: str = "k8s") -> dict[str, set[str]]:
+    """Each case, `copies` times in each partition at once: native's results, once `partition`'s match."""
     native = _submit(bridge, "native", copies)
-    bridged = _submit(bridge, "k8s", copies)
+    bridged = _submit(bridge, partition, copies)
     expected = _results(bridge, "native", native)
-    got = _results(bridge, "k8s", bridged)
+    got = _results(bridge, partition, bridged)
     for name in expected:
         assert len(expected[name]) == 1, f"native {name} differs between copies: {expected[name]}"
-        assert got[name] == expected[name], f"{name}: k8s {got[name]} != native {expected[name]}"
+        assert got[name] == expected[name], f"{name}: {partition} {got[name]} != native {expected[name]}"
     return expected
 
 
