@@ -12,7 +12,9 @@ Runs, one after the other on the running sandbox (`make sandbox-up bridge-up`):
      batch script that creates a pod with kubectl on its node, waits for it to succeed, fetches
      its logs and deletes it;
   4. lost lines: a small array in `k8s` (real kubelets), each task printing numbered lines into
-     its own -o file, every line checked.
+     its own -o file, every line checked;
+  5. the DRA claims' cost: 1-GPU arrays in `sim` (env mode) and `simdra` (GPUs by DRA claims on
+     the kwok nodes' published mock GPUs), the daemon's API writes per pod in each.
 Measured from the daemon's own log, /metrics and /proc: attach (the batch step's start on its
 slurmd) → pod created, pod end seen → Slurm shows the job over, the requests the daemon sent to
 the API server, the daemon's CPU and peak RSS, and the PSS of the waiters and slurmds while the
@@ -70,10 +72,11 @@ def final_rows(sandbox: Sandbox, array_id: int) -> dict[int, tuple[str, str]]:
 
 
 def run_array(sandbox: Sandbox, partition: str, tasks: int, script: Path, env: str, *,
-              user: str = "alice", output: str = "/dev/null") -> tuple[float, int, int]:
+              user: str = "alice", output: str = "/dev/null",
+              options: tuple[str, ...] = ()) -> tuple[float, int, int]:
     """(seconds, array job id, tasks not COMPLETED 0:0)."""
     started = time.monotonic()
-    array_id = sandbox.sbatch("-p", partition, f"--array=0-{tasks - 1}", "-o", output,
+    array_id = sandbox.sbatch("-p", partition, f"--array=0-{tasks - 1}", "-o", output, *options,
                               f"--export=ALL,{env}", str(script), user=user, cwd=str(script.parent))
     deadline = started + max(600.0, 3.0 * tasks)
     while True:
@@ -228,6 +231,35 @@ def kube_requests_sent(sandbox: Sandbox) -> float | None:
         return None
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("slurm_k8s_bridge_kube_requests_total{"))
+
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def kube_writes_sent(sandbox: Sandbox) -> float | None:
+    """The daemon's count of write requests (POST, PUT, PATCH, DELETE) sent to the API server."""
+    url = f"http://127.0.0.1:{sandbox.environ().get('SBX_BRIDGE_PORT', '8470')}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("slurm_k8s_bridge_kube_requests_total{")
+               and any(f'verb="{verb}"' in line for verb in WRITE_VERBS))
+
+
+def writes_per_task(sandbox: Sandbox, partition: str, tasks: int, script: Path, env: str,
+                    *options: str) -> tuple[float | None, int, float]:
+    """(API writes the daemon sent per task, wrong exit codes, seconds) of an array in `partition`."""
+    before = kube_writes_sent(sandbox)
+    wall, _, wrong = run_array(sandbox, partition, tasks, script, env, options=options)
+    wait_for_no_pods(sandbox)  # the deletes of the pods (and Secrets) count too
+    time.sleep(2)
+    after = kube_writes_sent(sandbox)
+    if before is None or after is None or after < before:
+        return None, wrong, wall
+    return round((after - before) / tasks, 2), wrong, wall
 
 
 def pss_kb(pattern: str) -> list[int]:
@@ -409,6 +441,9 @@ def main() -> None:
                         help="tasks of the lost-lines array on the real kubelets (0: skip it)")
     parser.add_argument("--lines-per-task", type=int,
                         default=int(os.environ.get("BENCH_LINES_PER_TASK", "2000")))
+    parser.add_argument("--dra-tasks", type=int, default=int(os.environ.get("BENCH_DRA_TASKS", "100")),
+                        help="tasks of 1 GPU each in simdra (GPUs by DRA claims) and as many without GPUs in "
+                        "sim, to count the claims' API writes per pod (0: skip it)")
     parser.add_argument("--job-hosts-weight", type=int,
                         default=int(os.environ.get("BENCH_JOB_HOSTS_WEIGHT", "100")))
     args = parser.parse_args()
@@ -481,6 +516,17 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
         print(f"lines: {args.lines_tasks} tasks x {args.lines_per_task} lines on the real kubelets in "
               f"{lines_s:.1f}s, {lost} lost and {extra} extra lines, {lines_wrong} wrong exit codes")
 
+    plain_writes = dra_writes = dra_wrong = dra_s = None
+    if args.dra_tasks > 0:
+        env = f"SIM_RUN_TIME={args.run_time},SIM_EXIT_CODE=0"
+        plain_writes, plain_wrong, _ = writes_per_task(sandbox, "sim", args.dra_tasks, script, env,
+                                                       "--gres=gpu:1")
+        dra_writes, dra_wrong, dra_s = writes_per_task(sandbox, "simdra", args.dra_tasks, script, env,
+                                                       "--gres=gpu:1")
+        dra_wrong += plain_wrong
+        print(f"dra: {args.dra_tasks} 1-GPU tasks in simdra in {dra_s:.1f}s, {dra_writes} API writes per pod "
+              f"against {plain_writes} in sim (env mode), {dra_wrong} wrong exit codes")
+
     jobs_per_s = args.tasks / bridged_s
     wrapper_rate = args.wrapper_tasks / wrapper_s if wrapper_s else None
     # A rate that came with wrong exit codes compares nothing: no ratio then.
@@ -512,6 +558,13 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
         # The bridge's own requests (kube_requests_total), watches, log streams and execs included.
         "apiserver_requests_per_s": requests_per_s,
         "wrong_exit_codes": wrong,
+        # The DRA claims' cost (one pod per task): writes per pod in simdra minus in sim.
+        "dra_tasks": args.dra_tasks or None,
+        "dra_writes_per_pod": dra_writes,
+        "env_mode_writes_per_pod": plain_writes,
+        "dra_claim_writes_per_pod": (round(dra_writes - plain_writes, 2)
+                                     if dra_writes is not None and plain_writes is not None else None),
+        "dra_wrong_exit_codes": dra_wrong,
         "lost_lines": lost,
         "extra_lines": extra,
         "lines_tasks": args.lines_tasks or None,

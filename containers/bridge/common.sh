@@ -89,6 +89,20 @@ dra_device_identity = "index"
 name = "home"
 host_path = "$SBX_SHARED_HOME"
 
+# The kwok nodes again, GPUs by DRA (their ResourceSlices are published by containers/kube/up.sh,
+# no driver prepares anything there): what the claims cost the API server, for make bench-scale.
+[partitions.simdra]
+default_image = "sandbox.local/busybox:1"
+simulated = true
+gpu_mode = "dra"
+dra_driver = "gpu.example.com"
+[partitions.simdra.pod_annotations]
+"pod-complete.stage.kwok.x-k8s.io/delay" = "\${SIM_RUN_TIME:-1s}"
+"pod-complete.stage.kwok.x-k8s.io/exit-code" = "\${SIM_EXIT_CODE:-0}"
+[[partitions.simdra.volumes]]
+name = "home"
+host_path = "$SBX_SHARED_HOME"
+
 [partitions.sim]
 default_image = "sandbox.local/busybox:1"
 # kwok nodes run no containers and serve no logs: the daemon reads no output from them.

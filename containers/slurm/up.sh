@@ -84,6 +84,9 @@ previous_conf=$(cat "$SLURM_ETC/slurm.conf" 2>/dev/null || true)
   # dra = the same real nodes, whose pods get their GPUs by DRA claims (gpu_mode = "dra"): the
   # sandbox's DRA driver publishes the gres.conf's GPUs there, index N = Slurm's index N.
   echo "PartitionName=dra Nodes=$(real_hostlist) MaxTime=INFINITE State=UP"
+  # simdra = the kwok nodes with GPUs by DRA claims, for make bench-scale's count of the claims'
+  # API writes (containers/kube/up.sh publishes their mock devices as ResourceSlices).
+  echo "PartitionName=simdra Nodes=$(sim_hostlist) MaxTime=INFINITE State=UP"
   bridged slurm.conf.bridged sim "$(sim_hostlist)" "$(ports_of $(sim_node_names))" 64 262144 k8s,kwok
 } >"$SLURM_ETC/slurm.conf"
 render "$SLURM_DIR/etc/slurmdbd.conf.in" >"$SLURM_ETC/slurmdbd.conf"
