@@ -37,6 +37,10 @@ KUBE_NODE_LIB=/var/lib/sbx-kube
 KUBE_NODE_RUN=/run/sbx-kube
 KUBE_CNI_BIN=/usr/lib/cni          # Debian's containernetworking-plugins
 KUBE_PAUSE_IMAGE=sandbox.local/pause:1
+# The real nodes' containerd, containerd-shim-runc-v2 and ctr (containerd.sh fetches them).
+KUBE_CONTAINERD_BIN="$SBX_CACHE/bin/containerd-$SBX_CONTAINERD_VERSION"
+# The DRA driver (containers/dra/) each real node runs, and the DeviceClass for its devices.
+KUBE_DRA_DRIVER=gpu.example.com
 
 # Per real node (1-based index N in $SBX_REAL_NODES): pod CIDR 10.244.N.0/24,
 # bridge sbxbrN holding 10.244.N.1 (also the node's InternalIP), kubelet port
@@ -53,6 +57,9 @@ node_ip() { echo "10.244.$(real_node_index "$1").1"; }
 node_pod_cidr() { echo "10.244.$(real_node_index "$1").0/24"; }
 node_kubelet_port() { echo $((10250 + 10 * ($(real_node_index "$1") - 1))); }
 node_sock() { echo "$KUBE_NODE_RUN/$1/containerd.sock"; }
+node_kubelet_root() { echo "$KUBE_NODE_LIB/$1/kubelet"; }   # the kubelet's --root-dir
+# CDI specs: the DRA driver writes them here, the node's containerd reads them (cdi_spec_dirs).
+node_cdi_dir() { echo "$KUBE_NODE_RUN/$1/cdi"; }
 # v1 cgroup hierarchies (hybrid host: cgroup v1 controllers + v2 at unified).
 cgroup_hierarchies() {
   local d

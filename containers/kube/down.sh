@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stop everything up.sh started and clean up, so the next up starts clean:
-# kwok, kubelets, containers, containerd shims, containerds, control plane;
+# kwok, DRA kubelet plugins, kubelets, containers, containerd shims,
+# containerds, control plane;
 # pod mounts and network namespaces, CNI bridges, cgroups, etcd data and
 # per-node kubelet state. Kept: PKI, kubeconfigs, and each node's containerd
 # image store (so a warm up needs no image import).
@@ -97,7 +98,7 @@ down_nodes=$({
   ls /etc/cni 2>/dev/null | sed -n 's/^sbx-//p'
 } | sort -u)
 nodes=() ctrds=()
-for n in $down_nodes; do nodes+=("kubelet-$n"); ctrds+=("containerd-$n"); done
+for n in $down_nodes; do nodes+=("dra-plugin-$n" "kubelet-$n"); ctrds+=("containerd-$n"); done
 stop_daemons 10 kwok kube-proxy "${nodes[@]}"
 # kube-proxy's iptables chains (KUBE-*) go with it.
 [ -x "$KUBE_BIN/kube-proxy" ] && "$KUBE_BIN/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || true
@@ -108,7 +109,9 @@ for n in $down_nodes; do
   # containerd forget them so it does not report stale pods on the next up.
   kill_cgroup "/sys/fs/cgroup/pids/sbx-$n"
   if is_running "containerd-$n" && [ -S "$sock" ]; then
-    ctr_n() { timeout 10 ctr -n k8s.io --address "$sock" "$@"; }
+    ctr=ctr   # the nodes' own (containerd.sh), else the host's
+    [ -x "$KUBE_CONTAINERD_BIN/ctr" ] && ctr="$KUBE_CONTAINERD_BIN/ctr"
+    ctr_n() { timeout 10 "$ctr" -n k8s.io --address "$sock" "$@"; }
     for id in $(ctr_n tasks ls -q 2>/dev/null); do ctr_n tasks rm -f "$id" >/dev/null 2>&1 || true; done
     ids=$(ctr_n containers ls -q 2>/dev/null || true)
     # shellcheck disable=SC2086 # one argument per id
@@ -122,7 +125,7 @@ for n in $down_nodes; do
   br=$(sed -n 's/.*"bridge": "\([^"]*\)".*/\1/p' "/etc/cni/sbx-$n/10-sbx.conflist" 2>/dev/null || true)
   # Shims (and anything else the node's daemons left) share the daemon cgroup.
   kill_cgroup "/sys/fs/cgroup/pids/sbx-$n-daemons"
-  # containerd 1.6 shims put their sockets in /run/containerd/s whatever the
+  # containerd 1.6 and 1.7 shims put their sockets in /run/containerd/s whatever the
   # state dir; each bundle's "address" file names its shim's socket.
   for a in "$KUBE_NODE_RUN/$n"/containerd/io.containerd.runtime.v2.task/*/*/address; do
     [ -f "$a" ] && rm -f "$(sed 's|^unix://||' "$a")"

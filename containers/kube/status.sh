@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Show the kube sandbox: each daemon (pid, RSS), container shims and
-# containers, the total RSS, and a node summary. Exit 0 only when every
-# daemon runs and every node is Ready.
+# containers, the total RSS, a node summary and the DRA pools. Exit 0 only
+# when every daemon runs, every node is Ready and every real node has its pool.
 # Usage: containers/kube/status.sh
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
@@ -11,7 +11,7 @@ pids_in() { [ -d "$1" ] && find "$1" -name cgroup.procs -exec cat {} + 2>/dev/nu
 
 ok=0 total=0
 daemons="etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kwok"
-for n in $SBX_REAL_NODES; do daemons="$daemons containerd-$n kubelet-$n"; done
+for n in $SBX_REAL_NODES; do daemons="$daemons containerd-$n kubelet-$n dra-plugin-$n"; done
 printf '%-26s %8s %9s\n' DAEMON PID RSS_MiB
 for d in $daemons; do
   if is_running "$d"; then
@@ -29,6 +29,7 @@ for n in $SBX_REAL_NODES; do
   for p in $(pids_in "/sys/fs/cgroup/pids/sbx-$n-daemons"); do
     [ "$p" = "$(cat "$SBX_RUN/containerd-$n.pid" 2>/dev/null)" ] && continue
     [ "$p" = "$(cat "$SBX_RUN/kubelet-$n.pid" 2>/dev/null)" ] && continue
+    [ "$p" = "$(cat "$SBX_RUN/dra-plugin-$n.pid" 2>/dev/null)" ] && continue
     s=$((s + $(rss_kb "$p"))) ns=$((ns + 1))
   done
   for p in $(pids_in "/sys/fs/cgroup/pids/sbx-$n"); do c=$((c + $(rss_kb "$p"))) nc=$((nc + 1)); done
@@ -42,6 +43,11 @@ if is_running kube-apiserver && kc get --raw /readyz >/dev/null 2>&1; then
   kc get nodes --no-headers -L type 2>/dev/null |
     awk -v want="$want" '{n[$NF" "$2]++; if ($2 == "Ready") r++}
       END {for (k in n) printf "nodes %-16s %d\n", k, n[k]; printf "ready %d of %d wanted\n", r, want; exit (r < want)}' || ok=1
+  # The DRA driver's pools (one per real node, named after it).
+  pools=$(kc get resourceslices --field-selector "spec.driver=$KUBE_DRA_DRIVER" \
+    -o jsonpath='{range .items[*]}{.spec.pool.name}{" "}{end}' 2>/dev/null || true)
+  p=${pools% }; echo "DRA $KUBE_DRA_DRIVER pools: ${p:-none}"
+  for n in $SBX_REAL_NODES; do [[ " $pools" == *" $n "* ]] || ok=1; done
 else
   echo "apiserver: not ready"
   ok=1

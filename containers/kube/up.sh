@@ -2,7 +2,7 @@
 # Start the Kubernetes half of the sandbox (idempotent; a second run only
 # starts what is not running):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler on loopback;
-#   real nodes $SBX_REAL_NODES: one containerd + kubelet pair each;
+#   real nodes $SBX_REAL_NODES: one containerd + kubelet + DRA kubelet plugin each;
 #   simulated nodes $(sim_node_names) kept Ready by kwok.
 # All nodes carry label slurm-k8s-bridge/bridged=true and taint
 # slurm-k8s-bridge/bridged=true:NoSchedule; type=real or type=kwok.
@@ -40,6 +40,11 @@ ln -sfn "$KUBE_BIN/kubectl" "$SBX_STATE/bin/kubectl"
 # Go module proxy like the binaries above, cached.
 helm_path=$("$KUBE_SRC/../helm/build.sh")
 ln -sfn "$helm_path" "$SBX_STATE/bin/helm"
+# The real nodes' containerd (trixie's 1.7, for CDI; see containerd.sh) and their DRA driver.
+"$KUBE_SRC/containerd.sh" >/dev/null
+dra_plugin=$("$KUBE_SRC/../dra/build.sh")
+# The image scripts below import with the nodes' own ctr.
+export PATH="$KUBE_CONTAINERD_BIN:$PATH"
 mkdir -p "$KUBE_STATE" "$KUBE_NODE_LIB" "$KUBE_NODE_RUN"
 pki_ensure
 kubeconfigs_ensure
@@ -138,7 +143,7 @@ prepare_node() {
   dir="$KUBE_NODE_LIB/$n" run="$KUBE_NODE_RUN/$n"
   br=$(node_bridge "$n") ip=$(node_ip "$n") cidr=$(node_pod_cidr "$n")
   mkdir -p "$dir"/{kubelet,pod-logs,containerd,volume-plugins,cni-ipam} "$run" \
-    "/etc/cni/sbx-$n"
+    "$(node_cdi_dir "$n")" "/etc/cni/sbx-$n"
   # The kubelet's cgroupRoot: each kubelet has its own tree, so neither sees
   # the other's pod cgroups as orphans to clean up.
   cgroup_mk "sbx-$n"
@@ -182,9 +187,11 @@ EOF
       >"$dir/certs.d/$reg/hosts.toml"
   done
 
-  # One containerd per node: own socket, root, state, runc root, CNI config.
-  # Two kubelets sharing one containerd would kill each other's pods.
-  cat >"$KUBE_STATE/containerd-$n.toml" <<EOF
+  # One containerd per node: own socket, root, state, runc root, CNI config, CDI
+  # spec dir. Two kubelets sharing one containerd would kill each other's pods.
+  # (Config version 2: containerd 1.7 reads it.) Rewritten only when it changes:
+  # start_containerd restarts a node whose containerd runs with another one.
+  write_if_changed "$KUBE_STATE/containerd-$n.toml" <<EOF
 version = 2
 root = "$dir/containerd"
 state = "$run/containerd"
@@ -209,6 +216,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   # child's PID from pipe: EOF". Clamp to containerd's own value instead.
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  # DRA: the node's driver writes a CDI spec per prepared claim; the kubelet
+  # names its devices in the CRI request and containerd applies their edits.
+  enable_cdi = true
+  cdi_spec_dirs = ["$(node_cdi_dir "$n")"]
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -266,12 +277,29 @@ makeIPTablesUtilChains: false
 EOF
 }
 
-# Both daemons start through sh, which first moves itself into the node's
+# The node daemons start through sh, which first moves itself into the node's
 # daemon cgroup: containerd's shims inherit it, and down.sh finds them there.
+# containerd is $KUBE_CONTAINERD_BIN's, its directory first on its PATH so that
+# it starts its own shim (not the host's 1.6 one); runc is the host's.
+# A containerd that runs another binary or config (e.g. the host's 1.6 of an
+# older sandbox) is restarted, and the node's kubelet with it; the pods'
+# containers keep running (their shims are not in containerd's process group).
 start_containerd() {
-  start_bg "containerd-$1" sh -c 'echo $$ >"$0" && exec "$@"' \
-    "/sys/fs/cgroup/pids/sbx-$1-daemons/cgroup.procs" \
-    containerd --config "$KUBE_STATE/containerd-$1.toml"
+  local n=$1 cfg="$KUBE_STATE/containerd-$1.toml" pid exe
+  if is_running "containerd-$n"; then
+    pid=$(cat "$SBX_RUN/containerd-$n.pid")
+    exe=$(readlink "/proc/$pid/exe" || true)
+    if [ "$exe" = "$KUBE_CONTAINERD_BIN/containerd" ] && cmp -s "$cfg" "$SBX_RUN/containerd-$n.toml"; then
+      return 0
+    fi
+    say "$n: containerd runs ${exe:-?} with another config; restarting it and kubelet-$n"
+    stop_bg "kubelet-$n"
+    stop_bg "containerd-$n"
+  fi
+  cp "$cfg" "$SBX_RUN/containerd-$n.toml"   # what the running one was started with
+  start_bg "containerd-$n" sh -c 'echo $$ >"$0" && exec "$@"' \
+    "/sys/fs/cgroup/pids/sbx-$n-daemons/cgroup.procs" \
+    env PATH="$KUBE_CONTAINERD_BIN:$PATH" "$KUBE_CONTAINERD_BIN/containerd" --config "$cfg"
 }
 
 # Flags beyond the config file:
@@ -280,16 +308,88 @@ start_containerd() {
 #                        rejects 127.x); without it the kubelet would look
 #                        its name up in DNS. The node's bridge address serves;
 #   --cert-dir           defaults to /var/lib/kubelet/pki whatever --root-dir;
-#   --node-labels        NodeRestriction allows these (not *.kubernetes.io).
+#   --node-labels        NodeRestriction allows these (not *.kubernetes.io);
+#   --vmodule            logs "Deleted ResourceSlices" when it has wiped the
+#                        node's slices, which it does once at start-up (see
+#                        start_dra_plugin).
+# A kubelet that starts takes its node's DRA plugin down; start_dra_plugin
+# starts it again once this kubelet has wiped the node's slices.
+declare -A kubelet_log_from=()
 start_kubelet() {
   local n=$1
+  is_running "kubelet-$n" && return 0
+  stop_bg "dra-plugin-$n"
+  kubelet_log_from[$n]=$(( $(stat -c %s "$SBX_LOG/kubelet-$n.log" 2>/dev/null || echo 0) + 1 ))
   start_bg "kubelet-$n" sh -c 'echo $$ >"$0" && exec "$@"' \
     "/sys/fs/cgroup/pids/sbx-$n-daemons/cgroup.procs" \
     "$KUBE_BIN/kubelet" --config="$KUBE_STATE/kubelet-$n.yaml" \
     --kubeconfig="$KUBE_STATE/kubelet-$n.kubeconfig" \
-    --root-dir="$KUBE_NODE_LIB/$n/kubelet" --cert-dir="$KUBE_NODE_LIB/$n/kubelet/pki" \
+    --root-dir="$(node_kubelet_root "$n")" --cert-dir="$(node_kubelet_root "$n")/pki" \
     --hostname-override="$n" --node-ip="$(node_ip "$n")" \
-    --node-labels="slurm-k8s-bridge/bridged=true,type=real"
+    --node-labels="slurm-k8s-bridge/bridged=true,type=real" \
+    --vmodule=dra_plugin_manager=3
+}
+
+# ------------------------------------------------------------------------ DRA
+# The DRA kubelet plugin of node N (containers/dra/: mock GPUs gpu-0.. of driver
+# gpu.example.com, $SBX_GPUS_PER_NODE per node). It registers with its kubelet
+# through the kubelet's plugins_registry, publishes the node's ResourceSlice (pool
+# = node name) and, when the kubelet prepares a claim, writes a CDI spec into the
+# dir the node's containerd reads (env GPU_DEVICE_<i>=gpu-<i> per device).
+# Credentials: the node's own kubelet kubeconfig; the Node authorizer and
+# NodeRestriction let a node publish its own ResourceSlices and read the claims
+# of its pods, nothing more. NODE_NAME: the driver's common CDI device puts it
+# into KUBERNETES_NODE_NAME. Started once the node is registered (the slice's
+# owner is the Node object).
+# Order matters: a kubelet deletes its node's ResourceSlices at start-up (it
+# retries until its Node exists), and the driver (dynamic-resource-allocation
+# v0.36's ResourceSlice controller) does not always publish again: a slice it
+# has just updated and that is deleted within its mutation cache's minute stays
+# gone. So the plugin starts after its kubelet's wipe, and after our own delete
+# of the node's slices, so that it always creates them (a created slice that is
+# deleted later is created again within a minute).
+kubelet_wiped() {
+  tail -c "+${kubelet_log_from[$1]}" "$SBX_LOG/kubelet-$1.log" | grep -q '"Deleted ResourceSlices"'
+}
+start_dra_plugin() {
+  local n=$1 root
+  is_running "dra-plugin-$n" && return 0
+  if [ -n "${kubelet_log_from[$n]:-}" ]; then
+    wait_for "kubelet-$n's start-up wipe of its ResourceSlices" 60 kubelet_wiped "$n"
+  fi
+  kc delete resourceslices --field-selector "spec.nodeName=$n" >/dev/null
+  root=$(node_kubelet_root "$n")
+  start_bg "dra-plugin-$n" sh -c 'echo $$ >"$0" && exec "$@"' \
+    "/sys/fs/cgroup/pids/sbx-$n-daemons/cgroup.procs" \
+    env NODE_NAME="$n" "$dra_plugin" --node-name "$n" \
+    --kubeconfig "$KUBE_STATE/kubelet-$n.kubeconfig" \
+    --cdi-root "$(node_cdi_dir "$n")" \
+    --kubelet-registrar-directory-path "$root/plugins_registry" \
+    --kubelet-plugins-directory-path "$root/plugins" \
+    --num-devices "$SBX_GPUS_PER_NODE" --device-profile gpu \
+    --healthcheck-port -1 --metrics-port -1
+}
+
+# The class pods' claims ask for: every device of the driver.
+apply_device_class() {
+  kc apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: $KUBE_DRA_DRIVER
+spec:
+  selectors:
+  - cel:
+      expression: "device.driver == '$KUBE_DRA_DRIVER'"
+EOF
+}
+
+# Every real node has published its driver's ResourceSlice.
+all_slices_published() {
+  local have n
+  have=$(kc get resourceslices --field-selector "spec.driver=$KUBE_DRA_DRIVER" \
+    -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}')
+  for n in $SBX_REAL_NODES; do grep -qx "$n" <<<"$have" || return 1; done
 }
 
 # ------------------------------------------------------------------ kube-proxy
@@ -365,6 +465,9 @@ start_controllers
 start_kwok
 for n in $SBX_REAL_NODES; do start_kubelet "$n"; done
 wait_for "all $((SBX_SIM_NODES + $(real_nodes | wc -l))) nodes Ready" 120 all_nodes_ready
+for n in $SBX_REAL_NODES; do start_dra_plugin "$n"; done
+apply_device_class
+wait_for "the real nodes' ResourceSlices ($KUBE_DRA_DRIVER)" 60 all_slices_published
 wait_for "kube-proxy" 30 curl -sf http://127.0.0.1:10256/healthz
 # Pods can only be created once the namespace's default ServiceAccount exists.
 wait_for "default service account" 60 kc -n default get serviceaccount default

@@ -7,6 +7,10 @@
 : "${SBX_KWOK_VERSION:=v0.7.0}"          # must match containers/kube/kwok/go.mod
 : "${SBX_DEBIAN_SUITE:=sid}"              # sid ships Slurm 26.05.x
 : "${SBX_DEBIAN_MIRROR:=http://deb.debian.org/debian}"
+# The real nodes' containerd: trixie's 1.7 (bookworm's 1.6 has no CDI, which the DRA driver
+# needs), fetched by containers/kube/containerd.sh. runc stays bookworm's.
+: "${SBX_CONTAINERD_SUITE:=trixie}"
+: "${SBX_CONTAINERD_VERSION:=1.7.24~ds1-6+deb13u1}"
 
 # Where things live. The cache survives sandbox-down; the state dir does not.
 : "${SBX_CACHE:=${XDG_CACHE_HOME:-$HOME/.cache}/slurm-k8s-bridge}"
