@@ -43,11 +43,14 @@ if is_running kube-apiserver && kc get --raw /readyz >/dev/null 2>&1; then
   kc get nodes --no-headers -L type 2>/dev/null |
     awk -v want="$want" '{n[$NF" "$2]++; if ($2 == "Ready") r++}
       END {for (k in n) printf "nodes %-16s %d\n", k, n[k]; printf "ready %d of %d wanted\n", r, want; exit (r < want)}' || ok=1
-  # The DRA driver's pools (one per real node, named after it).
+  # The DRA driver's pools: one per real node, named after it (and the kwok nodes' mock ones).
   pools=$(kc get resourceslices --field-selector "spec.driver=$KUBE_DRA_DRIVER" \
     -o jsonpath='{range .items[*]}{.spec.pool.name}{" "}{end}' 2>/dev/null || true)
-  p=${pools% }; echo "DRA $KUBE_DRA_DRIVER pools: ${p:-none}"
-  for n in $SBX_REAL_NODES; do [[ " $pools" == *" $n "* ]] || ok=1; done
+  real=""
+  for n in $SBX_REAL_NODES; do
+    if [[ " $pools" == *" $n "* ]]; then real="$real $n"; else ok=1; fi
+  done
+  echo "DRA $KUBE_DRA_DRIVER pools:${real:- none}; simulated: $(( $(wc -w <<<"$pools") - $(wc -w <<<"$real") ))"
 else
   echo "apiserver: not ready"
   ok=1

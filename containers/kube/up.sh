@@ -467,6 +467,10 @@ for n in $SBX_REAL_NODES; do start_kubelet "$n"; done
 wait_for "all $((SBX_SIM_NODES + $(real_nodes | wc -l))) nodes Ready" 120 all_nodes_ready
 for n in $SBX_REAL_NODES; do start_dra_plugin "$n"; done
 apply_device_class
+# The kwok nodes' mock GPUs, for the bridge's simdra partition (no driver there: plain
+# ResourceSlices, containers/dra/sim-slices.sh); applied only when some are missing.
+sim_slices=$(kc get resourceslices -o name | grep -c -- '-gpu.example.com-sim$' || true)
+[ "$sim_slices" -ge "$SBX_SIM_NODES" ] || "$KUBE_SRC/../dra/sim-slices.sh"
 wait_for "the real nodes' ResourceSlices ($KUBE_DRA_DRIVER)" 60 all_slices_published
 wait_for "kube-proxy" 30 curl -sf http://127.0.0.1:10256/healthz
 # Pods can only be created once the namespace's default ServiceAccount exists.
