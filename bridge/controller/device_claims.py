@@ -21,7 +21,9 @@ from typing import Any
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.dra import ClaimCache, SliceCache
+from bridge.clients.kube.errors import KubeRejected
 from bridge.controller.metrics import Metrics
+from bridge.controller.refusals import judge_refusal
 from bridge.controller.sessions import JobSession
 from bridge.core import wellknown
 from bridge.core.config import BridgeConfig, PartitionConfig
@@ -87,7 +89,12 @@ class DeviceClaims:
                     return verdict
                 again = verdict if again is None else min(again, verdict)
                 continue
-            await self._claim_and_bind(alloc, part, view, devices, bound)
+            try:
+                await self._claim_and_bind(alloc, part, view, devices, bound)
+            except KubeRejected as error:
+                # A quota on claims, an admission policy, a device class the cluster lacks.
+                judge_refusal(session, error, bound)
+                return f"Kubernetes refused the GPU claim of the pod on {node.name}: {error}"
         return again
 
     async def _claim_and_bind(

@@ -14,12 +14,13 @@ from typing import Any
 
 from bridge.clients.identity import SupplementalGroups
 from bridge.clients.kube.actions import KubeActions
-from bridge.clients.kube.errors import KubeConflict, KubeRejected
+from bridge.clients.kube.errors import KubeRejected
 from bridge.clients.kube.node_features import StrictGroupsNodes
 from bridge.clients.kube.nodes import NodeCache
 from bridge.controller.expectations import CreateExpectations
 from bridge.controller.metrics import Metrics
 from bridge.controller.payload_secrets import PayloadSecrets
+from bridge.controller.refusals import judge_refusal
 from bridge.controller.sessions import JobSession
 from bridge.core import agent_protocol
 from bridge.core.config import BridgeConfig, PartitionConfig
@@ -79,9 +80,7 @@ class PodCreation:
         try:
             await self._payload_secrets.ensure(secret, bound)
         except KubeRejected as error:
-            if not _refuses_the_job(error):
-                raise BridgeNotAuthorised(str(error)) from error
-            _confirm_refusal(session, error, bound)
+            judge_refusal(session, error, bound)
             return f"Kubernetes refused the job's script and environment (Secret {secret_name}): {error}"
         manifests = [m for m in pods_to_create(manifests, alloc, part, first_pod_ip, first_pod_ended)
                      if m["metadata"]["name"] not in skip]
@@ -93,9 +92,7 @@ class PodCreation:
                 created = await self._kube.create_pod(manifest)
             except KubeRejected as error:
                 self._expectations.forget(names[done:])
-                if not _refuses_the_job(error):
-                    raise BridgeNotAuthorised(str(error)) from error
-                _confirm_refusal(session, error, bound)
+                judge_refusal(session, error, bound)
                 return f"Kubernetes refused the job's pod: {error}"
             except BaseException:
                 self._expectations.forget(names[done:])
@@ -129,41 +126,3 @@ class PodCreation:
                 raise TemporaryError(f"copying the script into pod {pod.name} exited {code}")
             session.script_delivered = True
             bound.info("script.delivered", pod=pod.name, bytes=len(data))
-
-
-class BridgeNotAuthorised(TemporaryError):
-    """Kubernetes refused the bridge's own credentials (401), or a conflict: no fault of the job's.
-    Temporary, so the work queue tries the job again with backoff (a permanent error is not)."""
-
-
-FORBIDDEN_CONFIRM_S = 20.0
-"""How long a 403 must persist before it fails the job. An API server that has just (re)started
-answers 403 "not yet ready to handle request" from its admission plugins (NamespaceLifecycle & co)
-until their caches are synced, which takes seconds on a loaded host; a quota or a policy that
-refuses the job goes on refusing it. CI failed an array task 1:0 when the API server was
-restarted under load."""
-
-
-class RefusalNotConfirmed(TemporaryError):
-    """Kubernetes forbade the run's object, but not yet for FORBIDDEN_CONFIRM_S: asked again later."""
-
-
-def _confirm_refusal(session: JobSession, error: KubeRejected, bound: Any, now: float | None = None) -> None:
-    """Return when `error` refuses the job for good; raise RefusalNotConfirmed while a 403 has not
-    yet persisted for FORBIDDEN_CONFIRM_S (the work queue retries with backoff meanwhile)."""
-    if error.status != 403:
-        return  # invalid, too big, conflict...: asking again cannot help
-    now = time.monotonic() if now is None else now
-    if session.forbidden_since is None:
-        session.forbidden_since = now
-    waited = now - session.forbidden_since
-    if waited < FORBIDDEN_CONFIRM_S:
-        bound.warning("kube.forbidden_unconfirmed", waited_s=round(waited, 1), error=str(error))
-        raise RefusalNotConfirmed(str(error))
-
-
-def _refuses_the_job(error: KubeRejected) -> bool:
-    """A refusal of this job's object (invalid, too big, an admission policy or quota, 403): asking
-    again would not help, so the job ends with the reason. Not the bridge's credentials (401):
-    every job would fail while a token is renewed; those keep waiting, and the log says why."""
-    return error.status != 401 and not isinstance(error, KubeConflict)

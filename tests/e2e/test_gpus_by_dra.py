@@ -269,3 +269,32 @@ def test_no_variable_or_directive_reaches_devices_slurm_did_not_give(bridge: San
     assert [len(d) for d in held] == [1], (
         f"one device held for a 1-GPU job, whatever the variables say: {held}"
     )
+
+
+def test_a_claim_kubernetes_refuses_fails_the_job_with_the_reason(bridge: Sandbox) -> None:
+    """A quota of no claims in the job namespace: the job's GPU claim is refused (403, for good once
+    it has lasted 20 s), and the job ends 1:0 with Kubernetes' words in its -e file."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-claims", "namespace": JOB_NAMESPACE},
+        "spec": {"hard": {"count/resourceclaims.resource.k8s.io": "0"}},
+    }
+    bridge.kubectl_create(quota)
+    try:
+        wait_until(
+            "the quota counted",
+            lambda: (
+                bridge.kubectl_json("get", "resourcequota", "no-claims", "-n", JOB_NAMESPACE)
+                .get("status", {})
+                .get("hard")
+            ),
+            timeout=30,
+        )
+        job_id, out = _submit(bridge, "refused", "--gres=gpu:1")
+        row = bridge.wait_job_final(job_id, timeout=120)
+        text = out.read_text(errors="replace")
+        assert (row["State"], row["ExitCode"]) == ("FAILED", "1:0"), f"{row}\n{text}\n{job_trail(job_id)}"
+        assert "Kubernetes refused the GPU claim" in text and "exceeded quota" in text, text
+    finally:
+        bridge.kubectl("delete", "resourcequota", "no-claims", "-n", JOB_NAMESPACE, check=False)
