@@ -298,3 +298,31 @@ def test_a_claim_kubernetes_refuses_fails_the_job_with_the_reason(bridge: Sandbo
         assert "Kubernetes refused the GPU claim" in text and "exceeded quota" in text, text
     finally:
         bridge.kubectl("delete", "resourcequota", "no-claims", "-n", JOB_NAMESPACE, check=False)
+
+
+def test_a_driver_that_is_down_fails_the_job_with_the_reason(bridge: Sandbox) -> None:
+    """kreal2's DRA driver is killed: a job Slurm sends there cannot have its devices prepared (or,
+    once the kubelet has withdrawn the driver's slices, mapped), and says why. The driver is started
+    again by the sandbox's own start-up, and kreal2 publishes its devices again. (Last in this file:
+    the restart withdraws kreal2's slices for a moment.)"""
+    pid_file = Path("/var/lib/slurm-k8s-sandbox/run/dra-plugin-kreal2.pid")
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    try:
+        job_id, out = _submit(bridge, "driver-down", "-w", "kreal2", "--gres=gpu:1")
+        row = bridge.wait_job_final(job_id, timeout=120)
+        text = out.read_text(errors="replace")
+        assert (row["State"], row["ExitCode"]) == ("FAILED", "1:0"), f"{row}\n{text}\n{job_trail(job_id)}"
+        assert "FailedPrepareDynamicResources" in text or "is the driver running there?" in text, text
+        wait_until(f"job {job_id}'s claim gone", lambda: not _claims_of(bridge, job_id), timeout=60)
+    finally:
+        subprocess.run([str(BRIDGE_UP.parents[1] / "kube" / "up.sh")], check=True, capture_output=True)
+    wait_until(
+        "kreal2's devices published again",
+        lambda: any(
+            s["spec"].get("nodeName") == "kreal2" and len(s["spec"].get("devices") or []) == 4
+            for s in bridge.kubectl_json("get", "resourceslices")["items"]
+        ),
+        timeout=120,
+    )
+    job_id, out = _submit(bridge, "driver-back", "-w", "kreal2", "--gres=gpu:1")
+    _check_output(bridge, job_id, out)
