@@ -3,19 +3,26 @@
 A pod with GPUs in a `dra` partition is created unbound (core.device_claims.claim_pod). Each pass
 over its run, `prepare` takes every such pod not bound yet and
   1. maps Slurm's GRES indices on its node to the devices the node's ResourceSlices publish;
-  2. checks that no other claim holds one of them: Kubernetes may have given it to another
-     workload (the job fails, with the claim's name), or an ended run's claim is not gone yet
-     (the pass waits, HOLDER_WAIT_S at most);
-  3. creates the pod's claim, owned by the pod, and writes its allocation and reservation;
-  4. binds the pod to its node: only now does the kubelet see it, with its devices ready to prepare.
-Every step is idempotent, so a pass after a restart goes on where the last one stopped. The garbage
-collector deletes a claim with its pod, also while no daemon runs; the leader's `sweep` deletes the
-bridge's claims whose pod is gone all the same (one created just after its pod was deleted).
+  2. checks that no other claim holds one of them;
+  3. creates the pod's claim, owned by the pod, and writes its allocation and reservation (only
+     that incarnation of the claim: uid precondition);
+  4. binds the pod (only that incarnation) to its node: only now does the kubelet see it, with its
+     devices ready to prepare.
+Every step is idempotent, so a pass after a restart goes on where the last one stopped. What can
+pass waits, CLAIM_WAIT_S at most from the pod's creation, then fails the job with the reason: the
+caches not listed yet, a node's devices not (all) published (a driver restarting), a claim of
+an ended run of ours still holding a device. What cannot pass fails the job at once: a device
+another workload's claim holds, a claim Kubernetes refuses (controller.refusals).
+
+The garbage collector deletes a claim with its pod, also while no daemon runs; the leader's
+`sweep` deletes our claims whose pod is gone all the same (one created just after its pod's
+deletion). "Ours" is a claim labelled by this bridge, of this cluster, in the job namespace: a
+label alone proves nothing (anyone may write it on a claim of theirs).
 """
 
 from __future__ import annotations
 
-import time
+from datetime import UTC, datetime
 from typing import Any
 
 from bridge.clients.kube.actions import KubeActions
@@ -38,13 +45,18 @@ from bridge.core.device_claims import (
     holders,
 )
 from bridge.core.model import JobAllocation
+from bridge.core.outcome import not_started_for_s
 from bridge.core.pod_view import PodView
 
-HOLDER_WAIT_S = 30.0
-"""How long a GPU Slurm gave a run may stay held by another of the bridge's claims (an ended run's
-pod still stopping) before the run fails: Slurm freed it, so the claim is on its way out."""
+CLAIM_WAIT_S = 30.0
+"""The least a pod waits for its devices before its job fails (start_failure_grace_s if longer):
+an ended run's pod stopping (Slurm has freed its GPUs already), a driver republishing its slices."""
 RETRY_S = 0.5
-"""When to look again while a device is held or a stale claim is being deleted."""
+"""When to look again while something that can pass is waited for."""
+
+
+class _Wait(Exception):
+    """A pod cannot be given its devices yet; the text says why (the job's reason if it lasts)."""
 
 
 class DeviceClaims:
@@ -58,8 +70,11 @@ class DeviceClaims:
         self._metrics = metrics
         self.slices = slices or SliceCache()
         """The cluster's ResourceSlices (their watch runs only where a partition is in `dra` mode)."""
-        self.claims = claims or ClaimCache()
+        self.claims = claims or ClaimCache(cfg.namespace, cfg.cluster)
         """The cluster's ResourceClaims."""
+
+    def ours(self, claim: ClaimView) -> bool:
+        return claim.ours and claim.namespace == self.cfg.namespace and claim.cluster == self.cfg.cluster
 
     async def prepare(
         self, session: JobSession, alloc: JobAllocation, part: PartitionConfig, views: list[PodView],
@@ -70,91 +85,93 @@ class DeviceClaims:
         waiting = [v for v in views if v.binds_to and not v.node_name and not v.deleting]
         if not waiting:
             return None
-        if not (self.slices.synced.is_set() and self.claims.synced.is_set()):
-            return RETRY_S  # "no device" or "nobody holds it" would be a guess before the first list
-        assert part.dra_driver is not None
+        if part.dra_driver is None:
+            return (f"the pods of partition {alloc.partition} wait for GPU claims, but its gpu_mode is no "
+                    f"longer \"dra\" (changed while the job ran)")
+        limit = max(CLAIM_WAIT_S, self.cfg.start_failure_grace_s)
         again: float | None = None
         for view in waiting:
-            assert view.binds_to is not None
             node = alloc.nodes[view.index]
             try:
-                devices = devices_for(
-                    node.gpu_indices, self.slices.devices(part.dra_driver, view.binds_to),
-                    part.dra_device_identity, driver=part.dra_driver, node=view.binds_to)
-            except DeviceMappingError as error:
-                return f"cannot give the pod on {node.name} its GPUs by DRA: {error}"
-            verdict = await self._held_elsewhere(session, view, node.gpu_indices, devices, bound)
-            if verdict is not None:
-                if isinstance(verdict, str):
-                    return verdict
-                again = verdict if again is None else min(again, verdict)
-                continue
-            try:
-                await self._claim_and_bind(alloc, part, view, devices, bound)
+                await self._give_devices(session, alloc, part, view, bound)
+            except _Wait as wait:
+                waited = not_started_for_s(view, datetime.now(UTC)) or 0.0
+                if waited >= limit:
+                    return f"the pod on {node.name} got no GPUs in {limit:.0f} s: {wait}"
+                bound.info("claim.waiting", pod=view.name, reason=str(wait), waited_s=round(waited, 1))
+                again = RETRY_S if again is None else min(again, RETRY_S)
+            except _Refused as refused:
+                return str(refused)
             except KubeRejected as error:
                 # A quota on claims, an admission policy, a device class the cluster lacks.
                 judge_refusal(session, error, bound)
                 return f"Kubernetes refused the GPU claim of the pod on {node.name}: {error}"
         return again
 
-    async def _claim_and_bind(
-        self, alloc: JobAllocation, part: PartitionConfig, view: PodView, devices: list[PublishedDevice],
-        bound: Any,
+    async def _give_devices(
+        self, session: JobSession, alloc: JobAllocation, part: PartitionConfig, view: PodView, bound: Any
     ) -> None:
         assert view.binds_to is not None and part.dra_driver is not None
+        if not (self.slices.synced.is_set() and self.claims.synced.is_set()):
+            raise _Wait("the cluster's ResourceSlices and ResourceClaims are not listed yet")
+        node = alloc.nodes[view.index]
+        try:
+            devices = devices_for(node.gpu_indices, self.slices.devices(part.dra_driver, view.binds_to),
+                                  part.dra_device_identity, driver=part.dra_driver, node=view.binds_to)
+        except DeviceMappingError as error:
+            raise _Wait(str(error)) from error
         name = claim_name(view.name)
-        existing = self.claims.get(self.cfg.namespace, name)
-        if existing is None:
-            labels = {
-                wellknown.LABEL_MANAGED_BY: wellknown.MANAGER, wellknown.LABEL_CLUSTER: self.cfg.cluster,
-                wellknown.LABEL_JOB_ID: str(alloc.job_id), wellknown.LABEL_RUN: str(alloc.run),
-            }
-            device_class = part.dra_device_class or part.dra_driver
-            manifest = claim_manifest(view.name, view.uid, self.cfg.namespace, labels, device_class, devices,
-                                      part.dra_device_identity)
-            if await self._kube.create_claim(manifest):
-                self._metrics.inc("claims_created_total")
+        own = self.claims.get(self.cfg.namespace, name)
+        if own is not None and own.owner_pod_uid != view.uid:
+            await self._delete_stale(own, bound)  # an earlier pod of the same name's
+            raise _Wait(f"ResourceClaim {own.key} of an earlier pod of the same name is being deleted")
+        await self._check_holders(node.gpu_indices, devices, view, f"{self.cfg.namespace}/{name}", bound)
+        uid = own.uid if own is not None else await self._create(alloc, part, view, devices)
         wanted = {d.key for d in devices}
-        if existing is None or existing.devices != wanted or view.uid not in existing.reserved_for:
-            await self._kube.allocate_claim(name, claim_status(view.name, view.uid, view.binds_to, devices))
+        if own is None or own.devices != wanted or view.uid not in own.reserved_for:
+            status = claim_status(view.name, view.uid, view.binds_to, devices)
+            await self._kube.allocate_claim(name, uid, status)
             self._metrics.inc("claims_allocated_total")
-        if await self._kube.bind_pod(view.name, view.binds_to):
+        if await self._kube.bind_pod(view.name, view.uid, view.binds_to):
             self._metrics.inc("pods_bound_total")
             bound.info("pod.bound", pod=view.name, node=view.binds_to, claim=name,
                        devices=[d.name for d in devices])
+        session.forbidden_since = None
 
-    async def _held_elsewhere(
-        self, session: JobSession, view: PodView, indices: tuple[int, ...], devices: list[PublishedDevice],
-        bound: Any,
-    ) -> str | float | None:
-        """None when no other claim holds the devices; else when to look again (an old claim of
-        ours on its way out, or one of a previous incarnation of this very pod), or why the job fails."""
-        mine = f"{self.cfg.namespace}/{claim_name(view.name)}"
-        own = self.claims.get(self.cfg.namespace, claim_name(view.name))
-        if own is not None and own.owner_pod_uid != view.uid:
-            # A claim of an earlier pod of the same name (a restart between two attempts).
-            await self._delete_stale(own, bound)
-            return RETRY_S
-        held = holders(devices, self.claims.holding(devices), mine)
-        if not held:
-            session.devices_held_since = None
-            return None
-        device, holder = held[0]
-        index = indices[devices.index(device)]
-        if not holder.ours:
-            return (f"GPU index {index} on {view.binds_to} ({device.name} of {device.driver}) is held by "
+    async def _create(
+        self, alloc: JobAllocation, part: PartitionConfig, view: PodView, devices: list[PublishedDevice]
+    ) -> str:
+        """Create the pod's claim; its uid. One that exists already but is not in the cache yet
+        is waited for: whose it is must be known before anything is written into it."""
+        assert part.dra_driver is not None
+        labels = {
+            wellknown.LABEL_MANAGED_BY: wellknown.MANAGER, wellknown.LABEL_CLUSTER: self.cfg.cluster,
+            wellknown.LABEL_JOB_ID: str(alloc.job_id), wellknown.LABEL_RUN: str(alloc.run),
+        }
+        manifest = claim_manifest(view.name, view.uid, self.cfg.namespace, labels,
+                                  part.dra_device_class or part.dra_driver, devices, part.dra_device_identity)
+        uid = await self._kube.create_claim(manifest)
+        if uid is None:
+            raise _Wait(f"ResourceClaim {claim_name(view.name)} exists but is not in the claim watch yet")
+        self._metrics.inc("claims_created_total")
+        return uid
+
+    async def _check_holders(
+        self, indices: tuple[int, ...], devices: list[PublishedDevice], view: PodView, mine: str, bound: Any
+    ) -> None:
+        """Raise _Refused when another workload's claim holds one of `devices`, _Wait while one of
+        ours of an ended run does (deleted here once its pod is gone)."""
+        for device, holder in holders(devices, self.claims.holding(devices), mine):
+            index = indices[devices.index(device)]
+            if not self.ours(holder):
+                raise _Refused(
+                    f"GPU index {index} on {view.binds_to} ({device.name} of {device.driver}) is held by "
                     f"ResourceClaim {holder.key}, which Kubernetes gave to another workload: it is not free "
                     f"for this job although Slurm allocated it")
-        if not self._owner_alive(holder):
-            await self._delete_stale(holder, bound)
-            return RETRY_S
-        now = time.monotonic()
-        session.devices_held_since = session.devices_held_since or now
-        if now - session.devices_held_since >= HOLDER_WAIT_S:
-            return (f"GPU index {index} on {view.binds_to} ({device.name}) is still held by ResourceClaim "
-                    f"{holder.key} of an ended job after {HOLDER_WAIT_S:.0f} s")
-        bound.info("claim.device_held", pod=view.name, device=device.name, holder=holder.key)
-        return RETRY_S
+            if not self._owner_alive(holder):
+                await self._delete_stale(holder, bound)
+            raise _Wait(f"GPU index {index} ({device.name}) is still held by ResourceClaim {holder.key} "
+                        f"of an ended job")
 
     def _owner_alive(self, claim: ClaimView) -> bool:
         pod = self._pods.get(claim.name.removesuffix(wellknown.CLAIM_NAME_SUFFIX))
@@ -168,13 +185,16 @@ class DeviceClaims:
             bound.info("claim.stale_deleted", claim=claim.key)
 
     async def sweep(self) -> int:
-        """Delete the bridge's claims (of this cluster's namespace) whose pod is gone."""
+        """Delete our claims whose pod is gone."""
         removed = 0
         for claim in self.claims.ours():
-            if (claim.namespace != self.cfg.namespace or claim.cluster != self.cfg.cluster or claim.deleting
-                    or self._owner_alive(claim)):
+            if not self.ours(claim) or claim.deleting or self._owner_alive(claim):
                 continue
             if await self._kube.delete_claim(claim.name, uid=claim.uid):
                 self._metrics.inc("claims_swept_total")
                 removed += 1
         return removed
+
+
+class _Refused(Exception):
+    """A pod can never be given its devices; the text is the job's reason."""

@@ -101,6 +101,7 @@ class PodCreation:
                 self._metrics.inc("pods_created_total")
                 bound.info("pod.created", pod=manifest["metadata"]["name"],
                            node=manifest["spec"].get("nodeName"))
+        session.forbidden_since = None  # a later 403 (a claim, the rest of the pods) is judged anew
         if not session.created and session.attached_at:
             self._metrics.observe("attach_to_pod_seconds", time.monotonic() - session.attached_at)
         session.created = True

@@ -205,7 +205,7 @@ class Reconciler(ApiFacade):
                                first.pod_ip if first else "", first is not None and first.stopped)
 
         part = self.cfg.partition(alloc.partition)
-        if part is not None and part.gpu_mode == "dra":
+        if part is not None and (part.gpu_mode == "dra" or any(view.binds_to for view in views)):
             # Pods with GPUs wait unbound until their claims hold exactly Slurm's devices.
             prepared = await self.device_claims.prepare(session, alloc, part, views, bound)
             if isinstance(prepared, str):

@@ -88,9 +88,6 @@ class JobSession:
     """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
     forbidden_since: float | None = None
     """When Kubernetes first answered 403 to this run's Secret or pods (monotonic; pod creation)."""
-    devices_held_since: float | None = None
-    """When a GPU Slurm gave this run was first found held by another claim (monotonic;
-    controller.device_claims)."""
 
     def attach(self, last_log: dict[str, str], payload: JobPayload | None = None,
                cancel: bool = False) -> EventQueue:

@@ -32,7 +32,8 @@ class PublishedDevice:
     pool: str
     name: str
     attributes: Mapping[str, object]
-    """Attribute name (without the driver's domain) -> its value (int, str, bool or version str)."""
+    """Attribute name -> its value (int, str, bool or version str); names in the driver's own domain
+    without it (`index`), others qualified (`resource.kubernetes.io/pciBusID`)."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -48,6 +49,8 @@ class SliceView:
     node: str
     pool: str
     generation: int
+    slice_count: int
+    """How many slices the pool's generation has (resourceSliceCount)."""
     devices: tuple[PublishedDevice, ...]
 
 
@@ -68,34 +71,65 @@ def trim_slice(obj: Mapping[str, Any]) -> SliceView:
     return SliceView(
         name=str((obj.get("metadata") or {}).get("name") or ""), driver=driver,
         node=str(spec.get("nodeName") or ""), pool=pool_name, generation=int(pool.get("generation") or 0),
-        devices=tuple(devices),
+        slice_count=int(pool.get("resourceSliceCount") or 1), devices=tuple(devices),
     )
 
 
 def current_devices(slices: Iterable[SliceView]) -> list[PublishedDevice]:
-    """The devices of the newest generation of each pool (a driver republishing a pool leaves the
-    older generation's slices behind for a moment)."""
+    """The devices of the newest generation of each pool, once all its slices are in (a driver
+    republishing a pool leaves the older generation's slices behind for a moment, and a pool of
+    several slices arrives slice by slice): an incomplete pool gives no device yet."""
     newest: dict[str, int] = {}
     kept = list(slices)
     for piece in kept:
         newest[piece.pool] = max(newest.get(piece.pool, piece.generation), piece.generation)
-    return [d for piece in kept if piece.generation == newest[piece.pool] for d in piece.devices]
+    current = [piece for piece in kept if piece.generation == newest[piece.pool]]
+    arrived: dict[str, int] = {}
+    for piece in current:
+        arrived[piece.pool] = arrived.get(piece.pool, 0) + 1
+    return [d for piece in current if arrived[piece.pool] >= piece.slice_count for d in piece.devices]
+
+
+PCI_BUS_ID_KEYS = ("resource.kubernetes.io/pciBusID", "pciBusID", "pcieBusID")
+"""Where a driver publishes a device's PCI bus id: the standard attribute (KEP 4381), or one of
+its own domain (NVIDIA's is `pcieBusID`)."""
+
+
+def identity_of(device: PublishedDevice, identity: str) -> tuple[str, str, object] | None:
+    """(attribute domain, name, value) that names `device` by `identity`; None if it has none."""
+    if identity == "pciBusID":
+        for key in PCI_BUS_ID_KEYS:
+            value = device.attributes.get(key)
+            if isinstance(value, str):
+                domain, _, name = key.rpartition("/")
+                return domain or device.driver, name, value.lower()
+        return None
+    value = device.attributes.get(identity)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return device.driver, identity, value
+    return None
 
 
 def slurm_index_map(devices: Sequence[PublishedDevice], identity: str) -> dict[int, list[PublishedDevice]]:
     """Slurm GRES index -> the published devices it names (exactly one each when the mapping is
-    right), by the partition's `dra_device_identity`."""
+    right), by the partition's `dra_device_identity`. By `pciBusID`, index N is the N-th bus id in
+    ascending order among whole GPUs (a `type` attribute other than `gpu`, e.g. a MIG slice sharing
+    its parent's bus id, is left out); two devices on one bus id name the same index."""
     by_index: dict[int, list[PublishedDevice]] = {}
     if identity == "pciBusID":
-        ordered = sorted((d for d in devices if isinstance(d.attributes.get("pciBusID"), str)),
-                         key=lambda d: str(d.attributes["pciBusID"]).lower())
-        for position, device in enumerate(ordered):
-            by_index.setdefault(position, []).append(device)
+        by_bus: dict[str, list[PublishedDevice]] = {}
+        for device in devices:
+            kind = device.attributes.get("type")
+            named = identity_of(device, identity)
+            if named is not None and (kind is None or kind == "gpu"):
+                by_bus.setdefault(str(named[2]), []).append(device)
+        for position, bus in enumerate(sorted(by_bus)):
+            by_index[position] = by_bus[bus]
         return by_index
     for device in devices:
-        value = device.attributes.get(identity)
-        if isinstance(value, int) and not isinstance(value, bool):
-            by_index.setdefault(value, []).append(device)
+        named = identity_of(device, identity)
+        if named is not None:
+            by_index.setdefault(int(named[2]), []).append(device)  # type: ignore[call-overload]
     return by_index
 
 
@@ -147,7 +181,9 @@ def claim_manifest(
             "labels": dict(labels),
             "ownerReferences": [{
                 "apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid,
-                "controller": True, "blockOwnerDeletion": True,
+                # No blockOwnerDeletion: it needs update on pods/finalizers where
+                # OwnerReferencesPermissionEnforcement is on, and the pod's deletion need not wait.
+                "controller": True,
             }],
         },
         "spec": {"devices": {"requests": [{
@@ -164,11 +200,11 @@ def claim_manifest(
 
 def _selector(identity: str, devices: Sequence[PublishedDevice]) -> str:
     """CEL naming exactly `devices` by the attribute they were mapped by."""
-    values = []
-    for device in devices:
-        value = device.attributes.get(identity)
-        values.append(str(value) if isinstance(value, int) else "'" + str(value).replace("'", "") + "'")
-    return f"device.attributes['{devices[0].driver}'].{identity} in [{', '.join(values)}]"
+    named = [identity_of(device, identity) for device in devices]
+    domain, name = (named[0][0], named[0][1]) if named[0] else (devices[0].driver, identity)
+    values = [str(n[2]) if isinstance(n[2], int) else "'" + str(n[2]).replace("'", "") + "'"
+              for n in named if n is not None]
+    return f"device.attributes['{domain}'].{name} in [{', '.join(values)}]"
 
 
 def claim_status(pod: str, pod_uid: str, node: str, devices: Sequence[PublishedDevice]) -> dict[str, Any]:

@@ -163,8 +163,9 @@ def gpu_environment(indices: tuple[int, ...], gpu_mode: str) -> dict[str, str]:
     - SLURM_JOB_GPUS: the physical indices, as Slurm sets it.
     - NVIDIA_VISIBLE_DEVICES: the physical indices (env mode), read by the NVIDIA runtime to expose
       exactly these devices; `void` when the node has none, because CUDA base images set `all`
-      in their ENV and would otherwise get every GPU of the node. In device-plugin mode the
-      plugin sets it for the devices it picked.
+      in their ENV and would otherwise get every GPU of the node; `void` in dra mode too (the
+      claim's devices come through CDI). In device-plugin mode the plugin sets it for the devices
+      it picked.
     - CUDA_VISIBLE_DEVICES / GPU_DEVICE_ORDINAL: 0..n-1, because inside the container only the
       exposed GPUs exist, numbered from 0 (Slurm does the same with ConstrainDevices=yes). Left
       unset without GPUs, as Slurm does.
@@ -179,6 +180,10 @@ def gpu_environment(indices: tuple[int, ...], gpu_mode: str) -> dict[str, str]:
     }
     if gpu_mode == "env":
         env["NVIDIA_VISIBLE_DEVICES"] = env["SLURM_JOB_GPUS"]
+    elif gpu_mode == "dra":
+        # The claim's devices come through CDI; an image's own `all` must not add the rest of the
+        # node's GPUs where the NVIDIA runtime still reads the variable.
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"
     return env
 
 

@@ -47,6 +47,14 @@ def gpu_problems(
                                 f"{part.dra_driver} publishes no device there (is the driver running?)")
                 continue
             by_index = slurm_index_map(devices, part.dra_device_identity)
+            published = sum(len(named) for named in by_index.values())
+            if published > count or (published != count and part.dra_device_identity == "pciBusID"):
+                words = (f"partition {name}: node {node} publishes {published} GPU(s) of {part.dra_driver} "
+                         f"named by {part.dra_device_identity}, Slurm counts {count}")
+                if part.dra_device_identity == "pciBusID":
+                    problems.append(words + ": positions by bus id would name GPUs other than Slurm's")
+                    continue
+                notes.append(f"warning: {words} (is gres.conf missing some?)")
             for index in range(count):
                 named = by_index.get(index, [])
                 if len(named) != 1:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from bridge.clients.kube.dra import ClaimCache
 from bridge.core import wellknown
 from bridge.core.config import PartitionConfig, parse_config
 from bridge.core.config_errors import ConfigError
@@ -113,7 +114,8 @@ def test_the_pod_waits_unbound_for_its_claim_and_requests_no_gpu_resource() -> N
     assert container["resources"]["claims"] == [{"name": "gpus"}]
     assert wellknown.GPU_RESOURCE not in container["resources"]["limits"]
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert "NVIDIA_VISIBLE_DEVICES" not in env  # the devices come from the claim, not a variable
+    # The devices come from the claim; an image's NVIDIA_VISIBLE_DEVICES=all must not add others.
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert (env["SLURM_JOB_GPUS"], env["CUDA_VISIBLE_DEVICES"]) == ("1,3", "0,1")
     # The node without GPUs is pinned as ever: no claim, no wait.
     assert second["spec"]["nodeName"] == "kube2" and "resourceClaims" not in second["spec"]
@@ -205,4 +207,90 @@ def test_doctor_fails_a_broken_mapping_and_warns_about_env_mode() -> None:
     assert problems == [
         "partition dra: node kreal2 has 4 GPU(s) in Slurm but driver gpu.example.com publishes "
         "no device there (is the driver running?)"
+    ]
+
+
+def test_pci_bus_order_reads_the_standard_attribute_counts_whole_gpus_and_refuses_a_shared_bus() -> None:
+    published = [
+        {
+            "name": "gpu-1",
+            "attributes": {
+                "resource.kubernetes.io/pciBusID": {"string": "0000:B1:00.0"},
+                "type": {"string": "gpu"},
+            },
+        },
+        {
+            "name": "gpu-0",
+            "attributes": {
+                "resource.kubernetes.io/pciBusID": {"string": "0000:1a:00.0"},
+                "type": {"string": "gpu"},
+            },
+        },
+        # A MIG slice carries its parent's bus id: not a GPU of Slurm's count.
+        {
+            "name": "gpu-0-mig-1g",
+            "attributes": {
+                "resource.kubernetes.io/pciBusID": {"string": "0000:1a:00.0"},
+                "type": {"string": "mig"},
+            },
+        },
+    ]
+    devices = trim_slice(a_slice("n", published)).devices
+    chosen = devices_for((0, 1), devices, "pciBusID", driver=DRIVER, node="n")
+    assert [d.name for d in chosen] == ["gpu-0", "gpu-1"]
+    claim = claim_manifest("p", "u", "ns", {}, DRIVER, chosen, "pciBusID")
+    expression = claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+    assert (
+        expression
+        == "device.attributes['resource.kubernetes.io'].pciBusID in ['0000:1a:00.0', '0000:b1:00.0']"
+    )
+    # NVIDIA's own attribute, in its domain.
+    nvidia = trim_slice(
+        a_slice("n", [{"name": "gpu-3", "attributes": {f"{DRIVER}/pcieBusID": {"string": "0000:02:00.0"}}}])
+    ).devices
+    assert [d.name for d in devices_for((0,), nvidia, "pciBusID", driver=DRIVER, node="n")] == ["gpu-3"]
+    shared = [{"name": f"gpu-{n}", "attributes": {"pciBusID": {"string": "0000:02:00.0"}}} for n in range(2)]
+    with pytest.raises(DeviceMappingError, match="names 2 devices"):
+        devices_for((0,), trim_slice(a_slice("n", shared)).devices, "pciBusID", driver=DRIVER, node="n")
+
+
+def test_a_pool_of_several_slices_counts_only_once_all_have_arrived() -> None:
+    def piece(name: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+        obj = a_slice("n", devices, generation=2, name=name)
+        obj["spec"]["pool"]["resourceSliceCount"] = 2
+        return obj
+
+    first = trim_slice(piece("a", [gpu(0), gpu(1)]))
+    second = trim_slice(piece("b", [gpu(2), gpu(3)]))
+    assert current_devices([first]) == []
+    assert [d.name for d in current_devices([first, second])] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_the_claim_watch_queues_only_this_bridges_jobs() -> None:
+    cache = ClaimCache("slurm-jobs", "sandbox")
+
+    def claim(namespace: str, cluster: str, job: str) -> dict[str, Any]:
+        labels = {
+            wellknown.LABEL_MANAGED_BY: wellknown.MANAGER,
+            wellknown.LABEL_CLUSTER: cluster,
+            wellknown.LABEL_JOB_ID: job,
+        }
+        return {"metadata": {"namespace": namespace, "name": f"c{job}", "labels": labels}}
+
+    assert cache.apply("ADDED", claim("slurm-jobs", "sandbox", "7")) == {7}
+    assert cache.apply("ADDED", claim("slurm-jobs", "other-cluster", "8")) == set()
+    assert cache.apply("ADDED", claim("users-ns", "sandbox", "9")) == set()  # a forged label elsewhere
+    assert cache.apply("DELETED", claim("slurm-jobs", "sandbox", "7")) == {7}
+
+
+def test_doctor_warns_of_gpus_slurm_does_not_count_and_refuses_them_by_bus_order() -> None:
+    six = [trim_slice(a_slice("kreal1", [gpu(n, pciBusID=f"0000:0{n}:00.0") for n in range(6)]))]
+    nodes = {"kreal1": ("gpu:4", ["dra"])}
+    problems, notes = gpu_problems({"dra": DRA}, nodes, six)
+    assert problems == [] and notes[0].startswith("warning: partition dra: node kreal1 publishes 6 GPU(s)")
+    by_bus = PartitionConfig(gpu_mode="dra", dra_driver=DRIVER, dra_device_identity="pciBusID")
+    problems, _ = gpu_problems({"dra": by_bus}, nodes, six)
+    assert problems == [
+        "partition dra: node kreal1 publishes 6 GPU(s) of gpu.example.com named by pciBusID, "
+        "Slurm counts 4: positions by bus id would name GPUs other than Slurm's"
     ]

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from bridge.clients.kube.client import request
+from bridge.clients.kube.client import request, request_json
 from bridge.clients.kube.errors import KubeConflict, KubeNotFound
 from bridge.core import wellknown
 from bridge.core.device_claims import (
@@ -88,9 +88,12 @@ class SliceCache:
 
 class ClaimCache:
     """ResourceClaims of every namespace by namespace/name, indexed by the devices they hold. Keys
-    handed to the watcher: the Slurm job ids of the bridge's own claims."""
+    handed to the watcher: the Slurm job ids of the bridge's own claims (labelled so, of its
+    cluster, in its namespace: another's label must not queue this bridge's jobs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str = "", cluster: str = "") -> None:
+        self.namespace = namespace
+        self.cluster = cluster
         self._claims: dict[str, ClaimView] = {}
         self._job_of: dict[str, int] = {}
         self._by_device: dict[tuple[str, str, str], set[str]] = {}
@@ -136,7 +139,8 @@ class ClaimCache:
         self._claims[claim.key] = claim
         for device in claim.devices:
             self._by_device.setdefault(device, set()).add(claim.key)
-        if claim.ours and job is not None:
+        mine = (claim.namespace, claim.cluster) == (self.namespace, self.cluster)
+        if claim.ours and mine and job is not None:
             self._job_of[claim.key] = job
             return {job}
         return set()
@@ -165,22 +169,22 @@ class ClaimVerbs:
     def _claims(self) -> str:
         return f"/apis/resource.k8s.io/v1/namespaces/{self.namespace}/resourceclaims"
 
-    async def create_claim(self, manifest: dict[str, Any]) -> bool:
-        """True if created, False if a claim of that name exists already."""
+    async def create_claim(self, manifest: dict[str, Any]) -> str | None:
+        """The new claim's uid; None if a claim of that name exists already."""
         what = f"create resourceclaims in namespace {self.namespace}"
         try:
-            response = await request(self._api, "POST", self._claims, what, body=manifest)
+            created = await request_json(self._api, "POST", self._claims, what, body=manifest)
         except KubeConflict:
-            return False
-        response.release()
-        return True
+            return None
+        return str((created.get("metadata") or {}).get("uid") or "")
 
-    async def allocate_claim(self, name: str, status: dict[str, Any]) -> None:
-        """Write the claim's allocation and reservation (its status), as the scheduler would."""
+    async def allocate_claim(self, name: str, uid: str, status: dict[str, Any]) -> None:
+        """Write the claim's allocation and reservation (its status), as the scheduler would; only
+        into the incarnation `uid` (a claim of that name made since is another's)."""
         what = f"update resourceclaims/status in namespace {self.namespace}"
         response = await request(
-            self._api, "PATCH", f"{self._claims}/{name}/status", what, body={"status": status},
-            content_type="application/merge-patch+json")
+            self._api, "PATCH", f"{self._claims}/{name}/status", what,
+            body={"metadata": {"uid": uid}, "status": status}, content_type="application/merge-patch+json")
         response.release()
 
     async def delete_claim(self, name: str, *, uid: str | None = None) -> bool:
@@ -197,9 +201,10 @@ class ClaimVerbs:
         log.info("kube.claim_deleted", claim=name)
         return True
 
-    async def bind_pod(self, name: str, node: str) -> bool:
-        """Bind the pod to `node` (its kubelet then starts it); False if it is bound already."""
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+    async def bind_pod(self, name: str, uid: str, node: str) -> bool:
+        """Bind the pod (only the incarnation `uid`) to `node`: its kubelet then starts it. False if
+        it is bound already."""
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "uid": uid},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         what = f"create pods/binding in namespace {self.namespace}"
         try:
