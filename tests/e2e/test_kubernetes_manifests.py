@@ -19,7 +19,9 @@ RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRo
 
 
 def _template(tmp_path: Path) -> list[dict]:
-    values = {"secrets": {"jwt": {"value": "SLURM_JWT=x"}, "munge": {"keyBase64": "a2V5"}}}
+    # rbac.dra: the sandbox's config has partitions in gpu_mode "dra" (dra, simdra).
+    values = {"secrets": {"jwt": {"value": "SLURM_JWT=x"}, "munge": {"keyBase64": "a2V5"}},
+              "rbac": {"dra": True}}
     result = helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, values=values,
                   tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr

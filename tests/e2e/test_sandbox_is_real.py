@@ -43,7 +43,7 @@ def test_every_partition_node_has_four_fake_gpus(sandbox: Sandbox) -> None:
     out = sandbox.slurm("sinfo", "-h", "-N", "-o", "%N %P %G").stdout
     rows = [line.split() for line in out.splitlines()]
 
-    assert {partition.rstrip("*") for _, partition, _ in rows} == {"native", "k8s", "sim"}
+    assert {partition.rstrip("*") for _, partition, _ in rows} == {"native", "k8s", "sim", "dra", "simdra"}
     assert {gres for _, _, gres in rows} == {"gpu:4"}
 
 
@@ -208,12 +208,15 @@ def test_the_bridged_partitions_come_from_deploy_slurm(sandbox: Sandbox) -> None
     # One source of truth: what operators copy (deploy/slurm) is what the sandbox runs.
     repo = Path(__file__).resolve().parents[2]
     etc = Path(sandbox.env["SLURM_CONF"]).parents[1]
-    expected = (("slurm.conf.bridged", "slurm.conf", 2), ("gres.conf.bridged", "gres.conf", 1))
+    # Nodes of k8s and sim; partitions k8s, sim, and dra and simdra over the same nodes.
+    expected = (("slurm.conf.bridged", "slurm.conf", {"NodeName": 2, "PartitionName": 4}),
+                ("gres.conf.bridged", "gres.conf", {"NodeName": 1}))
     for snippet, rendered, times in expected:
         lines = [x for x in (etc / rendered).read_text().splitlines() if "native" not in x]
         for template in (repo / "deploy" / "slurm" / snippet).read_text().splitlines():
             if not template or template.startswith("#"):
                 continue
             pattern = re.compile("^" + re.sub(r"@[A-Z_]+@", "[^ ]+", re.escape(template)) + "$")
-            assert sum(bool(pattern.match(line)) for line in lines) == times, (snippet, template)
+            count = times[template.split("=", 1)[0]]
+            assert sum(bool(pattern.match(line)) for line in lines) == count, (snippet, template)
     assert (etc / "job_submit.lua").read_text() == (repo / "deploy" / "slurm" / "job_submit.lua").read_text()
