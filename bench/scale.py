@@ -221,23 +221,12 @@ def seconds_of(duration: str) -> float:
     return float(duration.removesuffix("s"))
 
 
-def kube_requests_sent(sandbox: Sandbox) -> float | None:
-    """The daemon's own count of requests it sent to the API server (all verbs), or None."""
-    url = f"http://127.0.0.1:{sandbox.environ().get('SBX_BRIDGE_PORT', '8470')}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return None
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("slurm_k8s_bridge_kube_requests_total{"))
-
-
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 
 
-def kube_writes_sent(sandbox: Sandbox) -> float | None:
-    """The daemon's count of write requests (POST, PUT, PATCH, DELETE) sent to the API server."""
+def kube_requests_sent(sandbox: Sandbox, verbs: tuple[str, ...] | None = None) -> float | None:
+    """The daemon's own count of requests it sent to the API server (of `verbs`; all by default),
+    or None."""
     url = f"http://127.0.0.1:{sandbox.environ().get('SBX_BRIDGE_PORT', '8470')}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
@@ -246,17 +235,17 @@ def kube_writes_sent(sandbox: Sandbox) -> float | None:
         return None
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("slurm_k8s_bridge_kube_requests_total{")
-               and any(f'verb="{verb}"' in line for verb in WRITE_VERBS))
+               and (verbs is None or any(f'verb="{verb}"' in line for verb in verbs)))
 
 
 def writes_per_task(sandbox: Sandbox, partition: str, tasks: int, script: Path, env: str,
                     *options: str) -> tuple[float | None, int, float]:
     """(API writes the daemon sent per task, wrong exit codes, seconds) of an array in `partition`."""
-    before = kube_writes_sent(sandbox)
+    before = kube_requests_sent(sandbox, WRITE_VERBS)
     wall, _, wrong = run_array(sandbox, partition, tasks, script, env, options=options)
     wait_for_no_pods(sandbox)  # the deletes of the pods (and Secrets) count too
     time.sleep(2)
-    after = kube_writes_sent(sandbox)
+    after = kube_requests_sent(sandbox, WRITE_VERBS)
     if before is None or after is None or after < before:
         return None, wrong, wall
     return round((after - before) / tasks, 2), wrong, wall

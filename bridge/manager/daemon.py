@@ -119,38 +119,22 @@ def pod_selector(cfg: BridgeConfig) -> str:
     return f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER},{wellknown.LABEL_CLUSTER}={cfg.cluster}"
 
 
-async def sweep_payload_secrets(reconciler: Reconciler, selector: str,
-                                interval_s: float = SECRET_SWEEP_S) -> None:
-    """While acting: now and then, delete the payload Secrets that no run needs any more (left by
-    a daemon that stopped between a run's end and its Secret's deletion)."""
+async def sweep_now_and_then(sweep: Callable[[], Awaitable[int]], what: str,
+                             interval_s: float = SECRET_SWEEP_S) -> None:
+    """While acting: run `sweep` (it removes what no run needs any more and says how many: payload
+    Secrets or GPU claims left by a daemon that stopped between a run's end and their deletion)
+    soon, then every `interval_s`. No error ends it: what it removes would pile up in etcd."""
     await asyncio.sleep(min(SECRET_SWEEP_FIRST_S, interval_s))
     while True:
         try:
-            removed = await reconciler.sweep_payload_secrets(selector)
+            removed = await sweep()
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the API server is away, or a bug: never the end of sweeping
-            log.warning("secret.sweep_failed", error=repr(error))
+            log.warning(f"{what}.sweep_failed", error=repr(error))
         else:
             if removed:
-                log.info("secret.sweep_done", removed=removed)
-        await asyncio.sleep(interval_s)
-
-
-async def sweep_claims(reconciler: Reconciler, interval_s: float = SECRET_SWEEP_S) -> None:
-    """While acting (`dra` partitions): now and then, delete the bridge's GPU claims whose pod is
-    gone (the garbage collector's work, unless a claim was created just after its pod's deletion)."""
-    await asyncio.sleep(min(SECRET_SWEEP_FIRST_S, interval_s))
-    while True:
-        try:
-            removed = await reconciler.device_claims.sweep()
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # the API server is away, or a bug: never the end of sweeping
-            log.warning("claim.sweep_failed", error=repr(error))
-        else:
-            if removed:
-                log.info("claim.sweep_done", removed=removed)
+                log.info(f"{what}.sweep_done", removed=removed)
         await asyncio.sleep(interval_s)
 
 
@@ -294,10 +278,12 @@ async def run(cfg: BridgeConfig) -> int:
             node_sync.queue_all()
             workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
                        for i in range(WORKERS)]
-            workers.append(asyncio.create_task(
-                sweep_payload_secrets(reconciler, pod_selector(cfg)), name="secret-sweep"))
+            selector = pod_selector(cfg)
+            workers.append(asyncio.create_task(sweep_now_and_then(
+                lambda: reconciler.sweep_payload_secrets(selector), "secret"), name="secret-sweep"))
             if dra_watchers:
-                workers.append(asyncio.create_task(sweep_claims(reconciler), name="claim-sweep"))
+                workers.append(asyncio.create_task(
+                    sweep_now_and_then(reconciler.device_claims.sweep, "claim"), name="claim-sweep"))
             if leader_pod is not None:
                 workers.append(asyncio.create_task(_until_done(leader_pod.mark, "leader_pod.mark"),
                                                    name="leader-pod-label"))

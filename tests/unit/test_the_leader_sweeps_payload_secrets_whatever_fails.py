@@ -1,5 +1,6 @@
-"""The leader's sweep loop: its first pass comes soon after acting starts (a daemon restarted
-more often than the interval still sweeps), and no error ends it (Secrets would pile up in etcd)."""
+"""The leader's sweep loops (payload Secrets, GPU claims): the first pass comes soon after acting
+starts (a daemon restarted more often than the interval still sweeps), and no error ends it (what
+they remove would pile up in etcd)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class Reconciler:
 async def test_the_sweep_goes_on_after_any_error(monkeypatch: pytest.MonkeyPatch) -> None:
     reconciler = Reconciler()
     monkeypatch.setattr(daemon, "SECRET_SWEEP_FIRST_S", 0.01)
-    sweep = daemon.sweep_payload_secrets(reconciler, "sel", interval_s=0.01)  # type: ignore[arg-type]
+    sweep = daemon.sweep_now_and_then(
+        lambda: reconciler.sweep_payload_secrets("sel"), "secret", interval_s=0.01)
     task = asyncio.create_task(sweep)
     async with asyncio.timeout(5):
         while reconciler.calls < 4:
