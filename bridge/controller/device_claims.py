@@ -68,9 +68,9 @@ class DeviceClaims:
         self._kube = kube
         self._pods = pods
         self._metrics = metrics
-        self.slices = slices or SliceCache()
+        self.slices = slices if slices is not None else SliceCache()
         """The cluster's ResourceSlices (their watch runs only where a partition is in `dra` mode)."""
-        self.claims = claims or ClaimCache(cfg.namespace, cfg.cluster)
+        self.claims = claims if claims is not None else ClaimCache(cfg.namespace, cfg.cluster)
         """The cluster's ResourceClaims."""
 
     def ours(self, claim: ClaimView) -> bool:
