@@ -22,6 +22,7 @@ label alone proves nothing (anyone may write it on a claim of theirs).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -72,6 +73,9 @@ class DeviceClaims:
         """The cluster's ResourceSlices (their watch runs only where a partition is in `dra` mode)."""
         self.claims = claims if claims is not None else ClaimCache(cfg.namespace, cfg.cluster)
         """The cluster's ResourceClaims."""
+        self.claim_watch_failing: Callable[[], bool] = lambda: False
+        """True while the claims' watch waits to try again (the daemon sets it): who holds a device
+        is then not known, and no allocation is written."""
 
     def ours(self, claim: ClaimView) -> bool:
         return claim.ours and claim.namespace == self.cfg.namespace and claim.cluster == self.cfg.cluster
@@ -114,6 +118,8 @@ class DeviceClaims:
         assert view.binds_to is not None and part.dra_driver is not None
         if not (self.slices.synced.is_set() and self.claims.synced.is_set()):
             raise _Wait("the cluster's ResourceSlices and ResourceClaims are not listed yet")
+        if self.claim_watch_failing():
+            raise _Wait("the watch of the cluster's ResourceClaims is failing: who holds a device is unknown")
         node = alloc.nodes[view.index]
         try:
             devices = devices_for(node.gpu_indices, self.slices.devices(part.dra_driver, view.binds_to),

@@ -200,6 +200,8 @@ async def run(cfg: BridgeConfig) -> int:
         ListWatcher(api_client, SLICES_PATH, "resourceslices", "", claims.slices, lambda _node: None),
         ListWatcher(api_client, CLAIMS_PATH, "resourceclaims", "", claims.claims, queue.add),
     ] if any(p.gpu_mode == "dra" for p in cfg.partitions.values()) else []
+    if dra_watchers:
+        claims.claim_watch_failing = lambda: dra_watchers[1].failing
     own_pod = OwnPod.from_environment()
     leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
     if leader_pod is not None:

@@ -184,3 +184,13 @@ async def test_bound_pods_and_other_partitions_are_left_alone() -> None:
     reason = await owner.prepare(JobSession(job_id=42), ALLOC, PartitionConfig(), [view], LOG)
     assert isinstance(reason, str) and 'no longer "dra"' in reason
     assert kube.calls == []
+
+
+async def test_nothing_is_allocated_while_the_claim_watch_fails() -> None:
+    owner, kube, _pods, view = _world()
+    owner.claim_watch_failing = lambda: True
+    assert await owner.prepare(JobSession(job_id=42), ALLOC, PART, [view], LOG) == RETRY_S
+    assert kube.calls == []
+    owner.claim_watch_failing = lambda: False
+    assert await owner.prepare(JobSession(job_id=42), ALLOC, PART, [view], LOG) is None
+    assert [call[0] for call in kube.calls] == ["create", "allocate", "bind"]

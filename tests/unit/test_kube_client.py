@@ -301,10 +301,20 @@ async def test_server_errors_back_off_and_resume_from_the_last_resource_version(
     ]
     fake.list_answers = [web.json_response(status(503, "ServiceUnavailable", "starting"), status=503)]
     w = watcher(api, PodCache(), Recorder())
+    failing_seen: list[bool] = []
+    pause = w._pause
 
+    async def recording_pause(failures: int, error: Exception) -> int:
+        failures = await pause(failures, error)
+        failing_seen.append(w.failing)
+        return failures
+
+    w._pause = recording_pause  # type: ignore[method-assign]
     task = asyncio.create_task(w.run())
     await until("the watch after the errors", fake.watch_hanging.is_set)
+    assert not w.failing, "a watch answered again is current"
     await stop(task)
+    assert failing_seen == [True, True, True, True], "failing while it waits to try again"
 
     assert [q["resourceVersion"] for q in fake.calls("watch")] == ["100", "101", "101", "101", "101"]
     assert (w.relists, w.errors, w.events) == (1, 4, 1)

@@ -97,6 +97,9 @@ class ListWatcher(Generic[Key]):
         self.errors = 0
         """Failures that made the watcher wait before trying again."""
         self.bookmarks = 0
+        self.failing = False
+        """The last attempt failed and the watcher is waiting to try again: the cache may be older
+        than the API server's objects. Cleared once a list or a watch is answered again."""
 
     def counters(self) -> dict[str, int]:
         return {
@@ -152,6 +155,7 @@ class ListWatcher(Generic[Key]):
         changed = self._cache.replace_all(objs)
         self.resource_version = str(meta.get("resourceVersion") or "") or None
         self.relists += 1
+        self.failing = False
         self._log.info(
             "kube.watch.listed", objects=len(objs), keys_changed=len(changed),
             resource_version=self.resource_version,
@@ -175,6 +179,8 @@ class ListWatcher(Generic[Key]):
         # A silent connection longer than the server's own timeout (plus bookmarks) is a dead one.
         timeout = aiohttp.ClientTimeout(connect=10, sock_read=self._watch_timeout_s + 60)
         response = await request(self._api, "GET", self._path, what, query=query, timeout=timeout)
+        # Answered from the last resourceVersion: what was missed comes first on this stream.
+        self.failing = False
         delivered = False
         async with contextlib.aclosing(iter_lines(response, what)) as lines:
             async for line in lines:
@@ -206,6 +212,7 @@ class ListWatcher(Generic[Key]):
 
     async def _pause(self, failures: int, error: Exception) -> int:
         self.errors += 1
+        self.failing = True
         delay = self._backoff[min(failures, len(self._backoff) - 1)] * random.uniform(0.8, 1.2)
         self._log.warning(
             "kube.watch.retry", error=str(error), failures=failures + 1, delay_s=round(delay, 2),
