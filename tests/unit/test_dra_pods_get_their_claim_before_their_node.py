@@ -194,3 +194,18 @@ async def test_nothing_is_allocated_while_the_claim_watch_fails() -> None:
     owner.claim_watch_failing = lambda: False
     assert await owner.prepare(JobSession(job_id=42), ALLOC, PART, [view], LOG) is None
     assert [call[0] for call in kube.calls] == ["create", "allocate", "bind"]
+
+
+async def test_the_sweep_deletes_only_our_claims_whose_pod_is_gone() -> None:
+    owner, kube, _pods, _view = _world()
+    owner.claims.apply(
+        "ADDED", _holding("slurm-jobs", "slurm-42-0-gpus", "gpu-1", labels=OURS, owner_uid="pod-uid")
+    )
+    owner.claims.apply(
+        "ADDED", _holding("slurm-jobs", "slurm-40-0-gpus", "gpu-2", labels=OURS, owner_uid="gone")
+    )
+    other_cluster = {**OURS, wellknown.LABEL_CLUSTER: "elsewhere"}
+    owner.claims.apply("ADDED", _holding("slurm-jobs", "slurm-39-0-gpus", "gpu-0", labels=other_cluster))
+    owner.claims.apply("ADDED", _holding("ml-team", "slurm-38-0-gpus", "gpu-3", labels=OURS))
+    assert await owner.sweep() == 1
+    assert kube.calls == [("delete", "slurm-40-0-gpus", "uid-of-slurm-40-0-gpus")]
