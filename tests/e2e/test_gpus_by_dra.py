@@ -136,22 +136,22 @@ def test_two_jobs_on_one_node_each_see_only_their_own(bridge: Sandbox) -> None:
     assert sampler.overlaps == [], sampler.overlaps[:5]
 
 
-def test_24_mixed_jobs_over_both_nodes_never_share_a_device(bridge: Sandbox) -> None:
-    """1- and 2-GPU jobs, 24 at once on 8 GPUs: most wait in Slurm, and each one that starts takes
+def test_64_mixed_jobs_over_both_nodes_never_share_a_device(bridge: Sandbox) -> None:
+    """1- and 2-GPU jobs, 64 at once (the load bar) on 8 GPUs: most wait in Slurm, and each one that starts takes
     GPUs another just gave back, while that one's claim may still be on its way out."""
     with ClaimSampler(bridge) as sampler:
         jobs = [
             _submit(
                 bridge, f"mix{i}", f"--gres=gpu:{1 + i % 2}", hold=1 + i % 3, user="alice" if i % 2 else "bob"
             )
-            for i in range(24)
+            for i in range(64)
         ]
         for job_id, out in jobs:
             _check_output(bridge, job_id, out)
     assert sampler.samples > 20
     assert sampler.overlaps == [], sampler.overlaps[:5]
     ours = [key for key in sampler.held_by if key.startswith(f"{JOB_NAMESPACE}/")]
-    assert len(ours) >= 24, f"every job's claim seen holding its devices: {len(ours)}"
+    assert len(ours) >= 64, f"every job's claim seen holding its devices: {len(ours)}"
     wait_until(
         "no claim of these jobs left",
         lambda: not any(_claims_of(bridge, job_id) for job_id, _ in jobs),
