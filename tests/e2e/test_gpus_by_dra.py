@@ -137,8 +137,8 @@ def test_two_jobs_on_one_node_each_see_only_their_own(bridge: Sandbox) -> None:
 
 
 def test_64_mixed_jobs_over_both_nodes_never_share_a_device(bridge: Sandbox) -> None:
-    """1- and 2-GPU jobs, 64 at once (the load bar) on 8 GPUs: most wait in Slurm, and each one that starts takes
-    GPUs another just gave back, while that one's claim may still be on its way out."""
+    """1- and 2-GPU jobs, 64 at once (the load bar) on 8 GPUs: most wait in Slurm, and each one that
+    starts takes GPUs another just gave back, while that one's claim may still be on its way out."""
     with ClaimSampler(bridge) as sampler:
         jobs = [
             _submit(
