@@ -351,14 +351,22 @@ start_kubelet() {
 kubelet_wiped() {
   tail -c "+${kubelet_log_from[$1]}" "$SBX_LOG/kubelet-$1.log" | grep -q '"Deleted ResourceSlices"'
 }
+# The plugin publishes its slices before its kubelet has registered it; until then
+# the kubelet fails any pod with a claim ("DRA driver ... is not registered") and
+# tries again only after its 10 s back-off. A plugin that replaces a killed one is
+# first unregistered (its socket is replaced), then registered.
+plugin_registered() {
+  tail -c "+$2" "$SBX_LOG/kubelet-$1.log" | grep -q '"Registered DRA plugin"'
+}
 start_dra_plugin() {
-  local n=$1 root
+  local n=$1 root log_from
   is_running "dra-plugin-$n" && return 0
   if [ -n "${kubelet_log_from[$n]:-}" ]; then
     wait_for "kubelet-$n's start-up wipe of its ResourceSlices" 60 kubelet_wiped "$n"
   fi
   kc delete resourceslices --field-selector "spec.nodeName=$n" >/dev/null
   root=$(node_kubelet_root "$n")
+  log_from=$(( $(stat -c %s "$SBX_LOG/kubelet-$n.log" 2>/dev/null || echo 0) + 1 ))
   start_bg "dra-plugin-$n" sh -c 'echo $$ >"$0" && exec "$@"' \
     "/sys/fs/cgroup/pids/sbx-$n-daemons/cgroup.procs" \
     env NODE_NAME="$n" "$dra_plugin" --node-name "$n" \
@@ -368,6 +376,7 @@ start_dra_plugin() {
     --kubelet-plugins-directory-path "$root/plugins" \
     --num-devices "$SBX_GPUS_PER_NODE" --device-profile gpu \
     --healthcheck-port -1 --metrics-port -1
+  wait_for "kubelet-$n's registration of its DRA plugin" 60 plugin_registered "$n" "$log_from"
 }
 
 # The class pods' claims ask for: every device of the driver.
