@@ -76,26 +76,42 @@ start_apiserver() {
   { echo "127.0.0.1 localhost"; for n in $SBX_REAL_NODES; do echo "127.0.0.1 $n"; done; } \
     >"$KUBE_STATE/apiserver-hosts"
   echo "nameserver 127.0.0.1" >"$KUBE_STATE/apiserver-resolv.conf"
+  # MutatingAdmissionPolicy (and its API, admissionregistration.k8s.io/v1beta1) is beta and off by
+  # default in 1.34; the bridge's chart sets managed namespaces' pods' schedulerName with one.
+  local args=(
+    --bind-address=0.0.0.0 --secure-port="$SBX_APISERVER_PORT"
+    --advertise-address="$SBX_CONTROL_IP"
+    --etcd-servers="http://127.0.0.1:$SBX_ETCD_PORT"
+    --client-ca-file="$KUBE_PKI/ca.crt"
+    --tls-cert-file="$KUBE_PKI/apiserver.crt" --tls-private-key-file="$KUBE_PKI/apiserver.key"
+    --kubelet-client-certificate="$KUBE_PKI/apiserver-kubelet-client.crt"
+    --kubelet-client-key="$KUBE_PKI/apiserver-kubelet-client.key"
+    --kubelet-preferred-address-types=Hostname
+    --authorization-mode=Node,RBAC
+    --enable-admission-plugins=NodeRestriction
+    --disable-admission-plugins=TaintNodesByCondition
+    --service-cluster-ip-range="$KUBE_SERVICE_CIDR"
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local
+    --service-account-key-file="$KUBE_PKI/sa.pub"
+    --service-account-signing-key-file="$KUBE_PKI/sa.key"
+    --allow-privileged=true --profiling=false --event-ttl=1h
+    --feature-gates=MutatingAdmissionPolicy=true
+    --runtime-config=admissionregistration.k8s.io/v1beta1=true
+  )
+  # A running apiserver started with another binary or flags (an older sandbox) is restarted, as
+  # start_containerd does with its config: the copy in $SBX_RUN is what the running one started with.
+  local want="$KUBE_STATE/kube-apiserver.args"
+  printf '%s\n' "$KUBE_BIN/kube-apiserver" "${args[@]}" | write_if_changed "$want"
+  if is_running kube-apiserver && ! cmp -s "$want" "$SBX_RUN/kube-apiserver.args"; then
+    say "kube-apiserver runs with other flags; restarting it"
+    stop_bg kube-apiserver
+  fi
+  is_running kube-apiserver && return 0
+  cp "$want" "$SBX_RUN/kube-apiserver.args"
   start_bg kube-apiserver unshare --mount --propagation private \
     sh -c 'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && shift 2 && exec "$@"' \
     sh "$KUBE_STATE/apiserver-hosts" "$KUBE_STATE/apiserver-resolv.conf" \
-    "$KUBE_BIN/kube-apiserver" \
-    --bind-address=0.0.0.0 --secure-port="$SBX_APISERVER_PORT" \
-    --advertise-address="$SBX_CONTROL_IP" \
-    --etcd-servers="http://127.0.0.1:$SBX_ETCD_PORT" \
-    --client-ca-file="$KUBE_PKI/ca.crt" \
-    --tls-cert-file="$KUBE_PKI/apiserver.crt" --tls-private-key-file="$KUBE_PKI/apiserver.key" \
-    --kubelet-client-certificate="$KUBE_PKI/apiserver-kubelet-client.crt" \
-    --kubelet-client-key="$KUBE_PKI/apiserver-kubelet-client.key" \
-    --kubelet-preferred-address-types=Hostname \
-    --authorization-mode=Node,RBAC \
-    --enable-admission-plugins=NodeRestriction \
-    --disable-admission-plugins=TaintNodesByCondition \
-    --service-cluster-ip-range="$KUBE_SERVICE_CIDR" \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file="$KUBE_PKI/sa.pub" \
-    --service-account-signing-key-file="$KUBE_PKI/sa.key" \
-    --allow-privileged=true --profiling=false --event-ttl=1h
+    "$KUBE_BIN/kube-apiserver" "${args[@]}"
 }
 
 start_controllers() {
