@@ -44,6 +44,23 @@ releases of the same name (one cluster each, in its own namespace) do not claim 
 {{- printf "%s-%s-nodes" .Release.Namespace (include "bridge.fullname" .) | trunc 253 -}}
 {{- end -}}
 
+{{/* Names of the cluster-scoped objects for workloads.enabled: the RBAC for managed namespaces'
+pods, and the admission policies (and their bindings) that hold those pods for Slurm. */}}
+{{- define "bridge.workloadsName" -}}
+{{- printf "%s-%s-workloads" .Release.Namespace (include "bridge.fullname" .) | trunc 253 -}}
+{{- end -}}
+
+{{/* The namespaces whose pods Slurm places: labelled managed, but never the bridge's own (its job
+pods are placed by the daemon's own means, and its replicas must not wait for themselves). */}}
+{{- define "bridge.managedNamespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+    - {key: slurm-k8s-bridge/managed, operator: In, values: ["true"]}
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: {{ list .Values.jobNamespace.name .Release.Namespace | uniq | toJson }}
+{{- end -}}
+
 {{- define "bridge.jwtSecret" -}}
 {{- .Values.secrets.jwt.existingSecret | default (printf "%s-jwt" (include "bridge.fullname" .)) -}}
 {{- end -}}
