@@ -167,3 +167,63 @@ slurm_side_up() {
 # The Deployment mode's objects (the Helm release of deploy/helm/slurm-k8s-bridge).
 BRIDGE_NAMESPACE=slurm-k8s-bridge
 kc_deployed() { kc -n "$BRIDGE_NAMESPACE" get deployment slurm-k8s-bridge >/dev/null 2>&1; }
+
+# ------------------------------------------------------------------ managed namespaces (issue 20)
+# Pods in namespaces labelled slurm-k8s-bridge/managed=true wait for Slurm: the chart's admission
+# policies (deploy/helm/slurm-k8s-bridge/templates/admission.yaml) give them the bridge's scheduler
+# name and refuse nodeName, other schedulers, bindings and the bridge's own keys from anyone else.
+# One source for both modes: the Deployment's release installs them (workloads.enabled in
+# sandbox-values.yaml); for the daemon on the host, up.sh applies the same template, rendered with
+# the same values.
+MANAGED_NAMESPACES="team-alice:alice team-bob:bob"   # namespace:user, who may edit it
+
+# job_namespace: the daemon's job namespace, from job_settings_config (the chart excludes it).
+job_namespace() { job_settings_config | sed -n 's/^namespace = "\(.*\)"$/\1/p'; }
+
+# admission_manifest: templates/admission.yaml as the sandbox's release renders it (needs HELM, hc:
+# containers/helm/common.sh).
+admission_manifest() {
+  hc template slurm-k8s-bridge "$SBX_REPO/deploy/helm/slurm-k8s-bridge" --namespace "$BRIDGE_NAMESPACE" \
+    -f "$SBX_REPO/containers/bridge/sandbox-values.yaml" --set-string "jobNamespace.name=$(job_namespace)" \
+    --show-only templates/admission.yaml
+}
+
+# apply_workload_admission: the policies for the daemon on the host. Server-side apply: a policy's
+# matchConstraints is atomic and the server adds defaults to it, so a client-side apply would
+# rewrite it at every run. They stay when the daemon stops: pods in managed namespaces then wait.
+apply_workload_admission() {
+  local out
+  "$SBX_REPO/containers/helm/build.sh" >/dev/null   # a no-op once built (sandbox-up builds it)
+  out=$(admission_manifest | kc apply --server-side --force-conflicts --field-manager=sandbox-bridge -f - 2>&1) ||
+    die "cannot apply the chart's admission policies: $out"
+}
+
+# release_takes_admission: before the first install of the release, the policies bridge-up applied
+# go (helm adopts no object it did not make); the release installs the same ones at once.
+release_takes_admission() {
+  hc status slurm-k8s-bridge -n "$BRIDGE_NAMESPACE" >/dev/null 2>&1 && return 0
+  admission_manifest | kc delete --ignore-not-found -f - >/dev/null 2>&1 || true
+}
+
+# ensure_managed_namespaces: team-alice and team-bob, labelled managed; each user may edit their
+# own (a RoleBinding to the built-in edit role; the e2e tests act as them with --as).
+ensure_managed_namespaces() {
+  local pair ns user
+  for pair in $MANAGED_NAMESPACES; do
+    ns=${pair%%:*} user=${pair#*:}
+    cat <<YAML
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: $ns
+  labels: {slurm-k8s-bridge/managed: "true"}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: $user-edit, namespace: $ns}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: $user}]
+YAML
+  done | kc apply -f - >/dev/null
+}

@@ -80,11 +80,13 @@ PY
 
 # The job namespace is shared with the host daemon's runs: made here when missing, never removed.
 kc get namespace "$job_namespace" >/dev/null 2>&1 || kc create namespace "$job_namespace" >/dev/null
+release_takes_admission
 hc upgrade --install slurm-k8s-bridge "$SBX_REPO/deploy/helm/slurm-k8s-bridge" \
   --namespace "$BRIDGE_NAMESPACE" --create-namespace \
   -f "$SBX_REPO/containers/bridge/sandbox-values.yaml" -f "$deploy_dir/values.json" \
   --wait --timeout 180s >"$deploy_dir/helm.log" 2>&1 ||
   die "helm upgrade --install failed ($deploy_dir/helm.log): $(tail -3 "$deploy_dir/helm.log"); kubectl -n $BRIDGE_NAMESPACE describe pods; kubectl -n $BRIDGE_NAMESPACE logs -l app.kubernetes.io/name=slurm-k8s-bridge"
+ensure_managed_namespaces   # after the release: its policies hold them from the start
 # The config as the daemon reads it (the chart wrote it): job_submit.lua's settings come from it.
 kc -n "$BRIDGE_NAMESPACE" get configmap slurm-k8s-bridge -o 'jsonpath={.data.config\.toml}' >"$deploy_dir/config.toml"
 service_ip=$(kc -n "$BRIDGE_NAMESPACE" get service slurm-k8s-bridge -o 'jsonpath={.spec.clusterIP}')

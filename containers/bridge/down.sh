@@ -32,6 +32,9 @@ if [ -f "$ADMIN_KUBECONFIG" ]; then
     kc -n "${job_namespace:-slurm-jobs}" delete lease "slurm-k8s-bridge-${cluster:-sandbox}" --ignore-not-found >/dev/null
     # The values it was installed with hold the JWT and the munge key.
     rm -rf "$BRIDGE_STATE/deploy"
+    # The release took its admission policies along: the host's (the same ones) hold the managed
+    # namespaces' pods again while no bridge runs.
+    apply_workload_admission
   fi
 fi
 for node in $(bridged_nodes); do stop_bg "slurmd-$node" & done

@@ -4,6 +4,7 @@
 # Afterwards plain `sbatch -p k8s ...` from the host shell runs in Kubernetes.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
+. "$SBX_REPO/containers/helm/common.sh"   # HELM, hc
 
 # Which Slurm backend the daemon uses: rest (the daemon runs on the host) or pyslurm (it
 # runs inside the Slurm rootfs, where pyslurm is built against the running Slurm).
@@ -14,6 +15,9 @@ if kc_deployed 2>/dev/null; then die "the bridge runs as the Deployment (make br
 install_waiter
 ensure_scratch
 ensure_step_key
+# The policies first: a namespace is held for Slurm from the moment it is labelled.
+apply_workload_admission
+ensure_managed_namespaces
 mint_jwt "$BRIDGE_STATE/slurm.jwt"
 
 if [ "$SBX_BRIDGE_BACKEND" = pyslurm ]; then
