@@ -60,7 +60,7 @@ class PodCreation:
         part = self.cfg.partition(alloc.partition)
         if part is None:
             return f"partition {alloc.partition} is not bridged"
-        k8s_nodes = await self._kubernetes_nodes(part)
+        k8s_nodes = await self.kubernetes_nodes(part)
         groups = await self.groups.of(alloc)
         home = (await self.groups.resolve(alloc)).home  # the same NSS answer, cached
         try:
@@ -107,7 +107,12 @@ class PodCreation:
         session.created = True
         return None
 
-    async def _kubernetes_nodes(self, part: PartitionConfig) -> Mapping[str, str] | None:
+    async def kubernetes_nodes_of(self, partition: str) -> Mapping[str, str] | None:
+        """The Slurm → Kubernetes node names of a bridged partition (None: the same names)."""
+        part = self.cfg.partition(partition)
+        return None if part is None else await self.kubernetes_nodes(part)
+
+    async def kubernetes_nodes(self, part: PartitionConfig) -> Mapping[str, str] | None:
         if part.node_label and self.nodes is not None and self.nodes.synced.is_set():
             return self.nodes.by_label(part.node_label)  # the node watch's index: no list
         if part.node_label:

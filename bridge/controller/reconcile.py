@@ -18,7 +18,9 @@ The reconciler owns no state of its own; it orchestrates the subsystems that do:
 - the log relay (controller.log_relay), srun steps (controller.steps), batch signals
   (controller.batch_signals) and the tasks of steps (controller.tasks, controller.step_streams);
 - the steps users start themselves, and the allocations without a script they open
-  (controller.user_steps); suspend and resume in the pods (controller.suspension).
+  (controller.user_steps); suspend and resume in the pods (controller.suspension);
+- the jobs of gangs of Kubernetes pods from managed namespaces (controller.kube_workloads), which
+  bind those pods instead of creating any.
 The API reaches them through the narrow methods of controller.facade.
 """
 
@@ -40,6 +42,7 @@ from bridge.controller.device_claims import DeviceClaims
 from bridge.controller.expectations import CreateExpectations
 from bridge.controller.facade import ApiFacade, over
 from bridge.controller.jobstore import JobStore
+from bridge.controller.kube_workloads import KubeWorkloads
 from bridge.controller.log_relay import LogRelay
 from bridge.controller.metrics import Metrics
 from bridge.controller.payload_secrets import PayloadSecrets
@@ -116,6 +119,8 @@ class Reconciler(ApiFacade):
         self.suspension = Suspension(kube, metrics)
         self.step_streams = StepStreams(kube, self)
         self._background: set[asyncio.Future[None]] = set()
+        self.workloads: KubeWorkloads | None = None
+        """The Kubernetes-submitted path, when managed namespaces are configured (the daemon sets it)."""
         self.node_is_dead = node_is_dead or (lambda _name: False)
         """True for a Kubernetes node that is gone or not Ready past the grace: no kubelet there
         will confirm a pod's end, so its pods are removed without waiting (node health sync)."""
@@ -133,8 +138,10 @@ class Reconciler(ApiFacade):
         view = self.jobs.get(job_id)
         pods = self.cache.pods_of(job_id)
         sessions = self.sessions.of_job(job_id)
+        workloads = self.workloads
         if view is None or not view.listed:
-            if not pods and not sessions:
+            theirs = workloads is not None and workloads.cache.of_job(job_id)
+            if not pods and not sessions and not theirs:
                 return DONE  # nothing of ours: an absence needs no confirmation
             # Absence alone never stops anything: ask Slurm about this one job first.
             self.metrics.inc("slurm_confirm_reads_total")
@@ -142,6 +149,8 @@ class Reconciler(ApiFacade):
             bound.info("slurm.absence_checked", gone=view.alloc is None,
                        state=view.alloc.state if view.alloc else None)
         alloc = view.alloc
+        if workloads is not None and workloads.owns(job_id, alloc):
+            return await workloads.reconcile_job(job_id, alloc)  # a gang of Kubernetes pods
         current = None if alloc is None or over(alloc) else alloc.run
 
         # Every run but a live current one is over: its pods go, then its session ends.

@@ -45,12 +45,13 @@ from bridge.core.config_sections import (
     listen_address,
 )
 from bridge.core.config_types import MODEL_CONFIG, FilePath, NonEmpty
+from bridge.core.config_workloads import ManagedNamespace, WorkloadsConfig
 
 # Callers import every model from here, wherever it is defined.
 __all__ = [
     "DEFAULT_ATTACH_COMMAND", "ApiConfig", "BridgeConfig", "ConfigError", "KubeConfig", "LeaderConfig",
-    "NodesConfig", "PartitionConfig", "PodsConfig", "SlurmConfig", "VolumeConfig", "WaiterConfig",
-    "config_from_dict", "parse_config",
+    "ManagedNamespace", "NodesConfig", "PartitionConfig", "PodsConfig", "SlurmConfig", "VolumeConfig",
+    "WaiterConfig", "WorkloadsConfig", "config_from_dict", "parse_config",
 ]
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -167,6 +168,8 @@ class BridgeConfig:
                                  description="Leader election among replicas.")
     nodes: NodesConfig = Field(default_factory=NodesConfig,
                                description="Kubernetes node health carried over to Slurm.")
+    workloads: WorkloadsConfig = Field(default_factory=WorkloadsConfig, description=(
+        "Kubernetes workloads scheduled by Slurm: the managed namespaces."))
     termination_grace_s: StrictInt = Field(default=10, ge=0, description=(
         "Seconds between SIGTERM and SIGKILL when a job's pods are deleted (scancel, time limit), as "
         "KillWait is for a native step: a script's TERM trap gets this long. Keep it below slurm.conf's "
@@ -224,6 +227,21 @@ class BridgeConfig:
         return partitions
 
     @model_validator(mode="after")
+    def _managed_namespaces_use_bridged_partitions(self) -> Self:
+        for name, managed in self.workloads.namespaces.items():
+            where = f"workloads.namespaces.{name}"
+            if self.slurm.backend != "rest":
+                # Only slurmrestd submits in another user's name (an operator's token may).
+                raise KeyProblem(where, "managed namespaces need [slurm] backend = \"rest\"")
+            if name == self.namespace:
+                raise KeyProblem(where, "the job namespace holds the bridge's own pods; it cannot be managed")
+            for partition in (managed.partition, *managed.partitions):
+                if partition not in self.partitions:
+                    raise KeyProblem(where, f"partition {partition!r} is not bridged "
+                                            f"(no [partitions.{partition}])")
+        return self
+
+    @model_validator(mode="after")
     def _waiters_use_tls_when_the_api_does(self) -> Self:
         url = self.waiter.api_url
         if self.api.tls and not url.lower().startswith("https://"):
@@ -232,7 +250,8 @@ class BridgeConfig:
         return self
 
 
-_TABLES = ("slurm", "kubernetes", "api", "waiter", "pods", "leader_election", "nodes", "partitions")
+_TABLES = ("slurm", "kubernetes", "api", "waiter", "pods", "leader_election", "nodes", "partitions",
+           "workloads")
 """The tables validated even when the file leaves them out: their checks are about what the file must
 say (slurm.url for the rest backend; at least one partition)."""
 _VALIDATOR: TypeAdapter[BridgeConfig] = TypeAdapter(BridgeConfig)

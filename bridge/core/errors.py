@@ -23,6 +23,10 @@ class SlurmUnavailable(TemporaryError):
     """slurmctld or slurmrestd did not answer."""
 
 
+class SlurmRefused(PermanentError):
+    """slurmctld refused a request for good (a job it will not take); the message says why."""
+
+
 class SlurmAuthError(PermanentError):
     """slurmrestd refused our token (wrong, expired, or for the wrong user)."""
 

@@ -80,6 +80,10 @@ class JobAllocation:
     """The job has a batch script (sbatch); False for an allocation made by salloc or srun, whose
     pods the daemon starts for the first step the user runs in it."""
     cluster: str = ""
+    comment: str = ""
+    """The job's comment (the bridge's gangs of Kubernetes pods carry core.workloads.MARKER there)."""
+    state_reason: str = ""
+    """Why a pending job waits (Priority, Resources, QOSMaxGRESPerUser, ...); empty or `None` otherwise."""
     run: int = 0
     """Slurm's restart count (`restart_cnt`): 0 for the first run, one more at each requeue. The job
     id alone does not name a run: a requeued job keeps its id and must start from a clean slate."""
@@ -163,9 +167,17 @@ def allocation_from_rest(job: Mapping[str, Any], read_at: float = 0.0) -> JobAll
         # Absent from records that predate it: a batch job, as every bridged job was.
         batch=job.get("batch_flag") is not False,
         cluster=_str(job.get("cluster")),
+        comment=_str(job.get("comment")),
+        state_reason=_reason(job.get("state_reason")),
         run=_number(job.get("restart_cnt")) or 0,
         read_at=read_at,
     )
+
+
+def _reason(value: object) -> str:
+    """Slurm's pending reason; it says `None` when there is none."""
+    text = _str(value)
+    return "" if text == "None" else text
 
 
 def payload_from_json(data: object) -> JobPayload:

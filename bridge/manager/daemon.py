@@ -32,8 +32,12 @@ from bridge.clients.kube.dra import CLAIMS_PATH, SLICES_PATH
 from bridge.clients.kube.leader_pod import LeaderPodLabel, OwnPod
 from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.kube.watch import ListWatcher, PodWatcher
+from bridge.clients.kube.workload_pods import FIELD_SELECTOR as WORKLOAD_FIELD_SELECTOR
+from bridge.clients.kube.workload_pods import PODS_PATH as WORKLOAD_PODS_PATH
+from bridge.clients.kube.workload_pods import WorkloadPodCache, WorkloadVerbs
 from bridge.clients.slurm import SlurmClient
 from bridge.clients.slurm.rest import RestSlurmClient
+from bridge.controller.kube_workloads import KubeWorkloads
 from bridge.controller.metrics import Metrics
 from bridge.controller.nodesync import NodeHealthSync
 from bridge.controller.reconcile import Reconciler
@@ -48,6 +52,8 @@ from bridge.manager.leader import LeaderElector, LeaseSettings
 log = structlog.get_logger(__name__)
 
 WORKERS = 16
+GANG_WORKERS = 4
+"""Gangs submitted at once (each waits on slurmrestd; slurmctld takes submissions one by one)."""
 LEADER_CONNECTIONS = 2
 CONTROL_CONNECTIONS = 64
 """The main client's pool: the pod and node watches, creates, deletes, patches and short reads.
@@ -202,6 +208,26 @@ async def run(cfg: BridgeConfig) -> int:
     ] if any(p.gpu_mode == "dra" for p in cfg.partitions.values()) else []
     if dra_watchers:
         claims.claim_watch_failing = lambda: dra_watchers[1].failing
+    # Managed namespaces: one cluster-wide watch of the pods handed to the bridge (by schedulerName),
+    # and a work queue of their gangs. Not started without [workloads.namespaces].
+    gang_queue: WorkQueue[str] = WorkQueue()
+    workload_watchers: list[ListWatcher[Any]] = []
+    if cfg.workloads.namespaces:
+        workloads = KubeWorkloads(
+            cfg, slurm, reconciler.jobs, reconciler.sessions,
+            WorkloadPodCache(cfg.workloads.namespaces, cfg.namespace), WorkloadVerbs(api_client), metrics,
+            reconciler.creation.kubernetes_nodes_of)
+        reconciler.workloads = workloads
+
+        def workload_changed(key: str | int) -> None:
+            if isinstance(key, int):
+                queue.add(key)
+            else:
+                gang_queue.add(key)
+
+        workload_watchers.append(ListWatcher(
+            api_client, WORKLOAD_PODS_PATH, "pods of managed namespaces", "", workloads.cache,
+            workload_changed, field_selector=WORKLOAD_FIELD_SELECTOR))
     own_pod = OwnPod.from_environment()
     leader_pod = LeaderPodLabel(api_client, own_pod) if elector is not None and own_pod else None
     if leader_pod is not None:
@@ -209,7 +235,8 @@ async def run(cfg: BridgeConfig) -> int:
         await leader_pod.unmark()
 
     def synced() -> bool:
-        return cache.synced.is_set() and poller.synced.is_set()
+        workload_pods_listed = all(w.listed.is_set() for w in workload_watchers)
+        return cache.synced.is_set() and poller.synced.is_set() and workload_pods_listed
 
     def ready() -> bool:
         return synced() and leading()
@@ -255,6 +282,7 @@ async def run(cfg: BridgeConfig) -> int:
         asyncio.create_task(node_sync.run(), name="node-health"),
         asyncio.create_task(watch_loop_lag(metrics), name="loop-lag"),
         *(asyncio.create_task(w.run(), name=f"{w.resource}-watch") for w in dra_watchers),
+        *(asyncio.create_task(w.run(), name="workload-pod-watch") for w in workload_watchers),
     ]
     if elector is not None:
         background.append(asyncio.create_task(elector.run(), name="leader-election"))
@@ -262,7 +290,8 @@ async def run(cfg: BridgeConfig) -> int:
     exit_code = 0
     try:
         can_act = asyncio.ensure_future(_all_set(
-            cache.synced, poller.synced, *([elector.is_leader] if elector else [])
+            cache.synced, poller.synced, *(w.listed for w in workload_watchers),
+            *([elector.is_leader] if elector else [])
         ))
         stopped = asyncio.ensure_future(stop.wait())
         # Whatever ends the daemon while it acts may also come before it acts: a Lease lost while
@@ -280,6 +309,13 @@ async def run(cfg: BridgeConfig) -> int:
             node_sync.queue_all()
             workers = [asyncio.create_task(queue.run_worker(reconciler.reconcile), name=f"worker-{i}")
                        for i in range(WORKERS)]
+            if reconciler.workloads is not None:
+                for key in reconciler.workloads.cache.gangs():
+                    gang_queue.add(key)
+                for job_id in reconciler.workloads.cache.job_ids():
+                    queue.add(job_id)
+                workers += [asyncio.create_task(gang_queue.run_worker(reconciler.workloads.reconcile_gang),
+                                                name=f"gang-worker-{i}") for i in range(GANG_WORKERS)]
             selector = pod_selector(cfg)
             workers.append(asyncio.create_task(sweep_now_and_then(
                 lambda: reconciler.sweep_payload_secrets(selector), "secret"), name="secret-sweep"))

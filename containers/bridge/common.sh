@@ -118,6 +118,28 @@ host_path = "$SBX_SHARED_HOME"
 TOML
 }
 
+# workloads_config: the managed namespaces (Kubernetes workloads scheduled by Slurm), the same in
+# both modes; only slurmrestd submits in another user's name, so none with the pyslurm backend.
+# The namespaces and the admission policies that hand their pods to the bridge: up.sh/deploy.sh.
+workloads_config() {
+  [ "${SBX_BRIDGE_BACKEND:-rest}" = rest ] || return 0
+  cat <<TOML
+
+[workloads]
+gang_wait_s = 60
+[workloads.namespaces.team-alice]
+user = "alice"
+account = "lab_alice"
+partition = "k8s"
+partitions = ["sim", "dra", "simdra"]
+[workloads.namespaces.team-bob]
+user = "bob"
+account = "lab_bob"
+partition = "k8s"
+partitions = ["sim", "dra", "simdra"]
+TOML
+}
+
 # job_settings_config: top-level keys, the same in both modes.
 job_settings_config() {
   cat <<TOML
@@ -148,6 +170,7 @@ sandbox_bridge_config() {
     printf '\n[slurm]\nurl = "http://127.0.0.1:%s"\ntoken_file = "%s"\n' "$SBX_SLURMRESTD_PORT" "$BRIDGE_STATE/slurm.jwt"
     printf '\n[waiter]\nattach_command = "%s"\nstep_key_file = "%s"\n\n' "$WAITER_COMMAND" "$STEP_KEY"
     partitions_config
+    workloads_config
   } >"$1"
 }
 

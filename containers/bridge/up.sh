@@ -61,6 +61,7 @@ slurmd_hosts = [$slurmd_hosts]
 
 TOML
   partitions_config
+  workloads_config
 } >"$BRIDGE_STATE/config.toml"
 
 start_bg bridge "${daemon[@]}" run -c "$BRIDGE_STATE/config.toml"

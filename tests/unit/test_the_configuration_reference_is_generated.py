@@ -52,9 +52,9 @@ def _example_keys(text: str) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     section = ""
     for line in text.splitlines():
-        header = re.match(r"^#?\s*(\[\[?)([\w.]+)(\]\]?)\s*$", line)
+        header = re.match(r"^#?\s*(\[\[?)([\w.-]+)(\]\]?)\s*$", line)
         if header:
-            path = re.sub(r"^partitions\.[\w-]+", "partitions.NAME", header.group(2))
+            path = re.sub(r"^(partitions|workloads\.namespaces)\.[\w-]+", r"\1.NAME", header.group(2))
             parent, _, name = path.removesuffix(".NAME").rpartition(".")
             found.add((f"[{parent}]" if parent else "", name))
             section = f"{header.group(1)}{path}{header.group(3)}"

@@ -76,8 +76,10 @@ class ListWatcher(Generic[Key]):
         watch_timeout_s: int = 300,
         page_size: int = 500,
         backoff: tuple[float, ...] = BACKOFF,
+        field_selector: str = "",
     ) -> None:
         self._api = api_client
+        self.field_selector = field_selector
         self.resource = resource
         """What is watched, for messages: "pods in namespace slurm-jobs", "nodes"."""
         self.label_selector = label_selector
@@ -97,6 +99,8 @@ class ListWatcher(Generic[Key]):
         self.errors = 0
         """Failures that made the watcher wait before trying again."""
         self.bookmarks = 0
+        self.listed = asyncio.Event()
+        """Set once the first list is in the cache."""
         self.failing = False
         """The last attempt failed and the watcher is waiting to try again: the cache may be older
         than the API server's objects. Cleared once a list or a watch is answered again."""
@@ -143,6 +147,8 @@ class ListWatcher(Generic[Key]):
         query: dict[str, str | int] = {"limit": self._page_size}
         if self.label_selector:
             query["labelSelector"] = self.label_selector
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
         what = f"list {self.resource}"
         while True:
             body = await request_json(self._api, "GET", self._path, what, query=query, timeout=LIST_TIMEOUT)
@@ -160,7 +166,8 @@ class ListWatcher(Generic[Key]):
             "kube.watch.listed", objects=len(objs), keys_changed=len(changed),
             resource_version=self.resource_version,
         )
-        for key in sorted(changed):  # type: ignore[type-var]
+        self.listed.set()
+        for key in sorted(changed, key=str):  # keys may mix kinds (a gang's, a job's)
             self._on_changed(key)
         return changed
 
@@ -174,6 +181,8 @@ class ListWatcher(Generic[Key]):
         }
         if self.label_selector:
             query["labelSelector"] = self.label_selector
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
         if self.resource_version:
             query["resourceVersion"] = self.resource_version
         # A silent connection longer than the server's own timeout (plus bookmarks) is a dead one.
@@ -206,8 +215,8 @@ class ListWatcher(Generic[Key]):
             return
         touched = self._cache.apply(kind, obj)
         self.events += 1
-        self._log.debug("kube.watch_event", type=kind, name=meta.get("name"), keys=sorted(touched))  # type: ignore[type-var]
-        for key in sorted(touched):  # type: ignore[type-var]
+        self._log.debug("kube.watch_event", type=kind, name=meta.get("name"), keys=sorted(touched, key=str))
+        for key in sorted(touched, key=str):
             self._on_changed(key)
 
     async def _pause(self, failures: int, error: Exception) -> int:

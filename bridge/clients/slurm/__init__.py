@@ -7,9 +7,9 @@ it never fails a whole listing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -52,6 +52,13 @@ class SlurmClient(Protocol):
 
     async def signal_job(self, job_id: int, signal: str) -> None:
         """Send a signal to the job's batch step (e.g. to stop a stuck waiter)."""
+
+    async def submit_job(self, user: str, job: Mapping[str, Any]) -> int:
+        """Submit a batch job (slurmrestd's `job` description) as `user`; its id. SlurmRefused says
+        why slurmctld refused it (its message is for the user)."""
+
+    async def cancel_job(self, job_id: int) -> None:
+        """`scancel <job_id>`; a job already over is no error."""
 
     async def set_comment(self, job_id: int, comment: str) -> None:
         """Record a short message in the job's comment (visible in `scontrol show job`)."""

@@ -20,7 +20,7 @@ import asyncio
 import os
 import pwd
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -36,7 +36,7 @@ from bridge.clients.slurm import (
     slurm_node,
 )
 from bridge.core import gres, hostlist
-from bridge.core.errors import PermanentError, SlurmUnavailable
+from bridge.core.errors import PermanentError, SlurmRefused, SlurmUnavailable
 from bridge.core.model import JobAllocation, ModelError, NodeAllocation
 from bridge.core.nodehealth import SlurmNode
 
@@ -117,6 +117,18 @@ class PyslurmSlurmClient:
                     return
             await asyncio.sleep(delay)
 
+    async def submit_job(self, user: str, job: Mapping[str, Any]) -> int:
+        # libslurm submits as this process's uid: only slurmrestd may act as the namespace's user.
+        raise SlurmRefused("Kubernetes workloads are submitted through slurmrestd: "
+                           "set [slurm] backend = \"rest\"")
+
+    async def cancel_job(self, job_id: int) -> None:
+        try:
+            await self._call(f"cancel job {job_id}", self._cancel, job_id)
+        except SlurmRejected as error:
+            if error.errno not in (ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE):
+                log.warning("slurm.cancel_failed", job_id=job_id, error=str(error))
+
     async def set_comment(self, job_id: int, comment: str) -> None:
         try:
             await self._call(f"comment job {job_id}", self._comment, job_id, comment)
@@ -187,6 +199,9 @@ class PyslurmSlurmClient:
         changes = self._pyslurm.Node(**fields)
         self._pyslurm.Node(name).modify(changes)
 
+    def _cancel(self, job_id: int) -> None:
+        self._pyslurm.Job(job_id).cancel()
+
     def _comment(self, job_id: int, comment: str) -> None:
         self._pyslurm.Job(job_id).modify(self._pyslurm.JobSubmitDescription(comment=comment))
 
@@ -216,6 +231,8 @@ class PyslurmSlurmClient:
             batch_host=job.batch_host or "",
             batch=bool(job.is_batch_job),
             cluster=job.cluster or "",
+            comment=getattr(job, "comment", None) or "",  # absent from older pyslurm records
+            state_reason=str(getattr(job, "state_reason", None) or "").replace("None", ""),
             run=job.requeue_count or 0,  # pyslurm's name for restart_cnt
             read_at=read_at,
         )

@@ -26,7 +26,7 @@ from bridge.clients.slurm import (
     parse_listing,
     slurm_node,
 )
-from bridge.core.errors import PermanentError, SlurmAuthError, SlurmUnavailable
+from bridge.core.errors import PermanentError, SlurmAuthError, SlurmRefused, SlurmUnavailable
 from bridge.core.model import JobAllocation, allocation_from_rest
 from bridge.core.nodehealth import SlurmNode
 
@@ -78,13 +78,16 @@ class RestSlurmClient:
                 return await self._request_once(method, path, **kwargs)
         raise AssertionError("unreachable")
 
-    async def _request_once(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    async def _request_once(self, method: str, path: str, *, as_user: str | None = None,
+                            **kwargs: Any) -> dict[str, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         for attempt in (1, 2):
             if self._token is None:
                 self._token = self._read_token()
-            headers = {"X-SLURM-USER-NAME": self._user, "X-SLURM-USER-TOKEN": self._token}
+            # An operator's token may act as another user (auth/jwt lets SlurmUser and root do so):
+            # a gang's job is then that user's own, as if they had submitted it.
+            headers = {"X-SLURM-USER-NAME": as_user or self._user, "X-SLURM-USER-TOKEN": self._token}
             try:
                 async with self._session.request(
                     method, f"{self._url}{path}", headers=headers, **kwargs
@@ -293,6 +296,30 @@ class RestSlurmClient:
                 return
             await asyncio.sleep(delay)
 
+    async def submit_job(self, user: str, job: Mapping[str, Any]) -> int:
+        # Not retried: a submission that timed out may have been made (the caller looks for its
+        # job by comment before submitting again).
+        try:
+            body = await self._request_once("POST", f"/slurm/{API_VERSION}/job/submit", as_user=user,
+                                            json={"job": dict(job)})
+        except MalformedAnswer as answer:
+            # slurmrestd 26.05 sends a refusal (HTTP 422) with more than its Content-Length; the
+            # refusal's own words are in what aiohttp quotes of it.
+            said = refusal_words(str(answer))
+            if not said:
+                raise
+            raise SlurmRefused(said) from None
+        job_id = body.get("job_id")
+        if isinstance(job_id, int) and job_id > 0:
+            return job_id
+        raise SlurmRefused(refusal_words(json.dumps(body)) or "slurmctld refused the job without saying why")
+
+    async def cancel_job(self, job_id: int) -> None:
+        try:
+            await self._request("DELETE", f"/slurm/{API_VERSION}/job/{job_id}")
+        except SlurmRequestFailed as failure:
+            log.info("slurm.cancel_refused", job_id=job_id, errors=failure.body.get("errors"))
+
     async def set_comment(self, job_id: int, comment: str) -> None:
         body = await self._request("POST", f"/slurm/{API_VERSION}/job/{job_id}", json={"comment": comment})
         errors = body.get("errors") or []
@@ -397,6 +424,19 @@ async def decode_json(raw: bytes) -> Any:
     if not raw.strip():
         return None
     return json.loads(raw)
+
+
+_ANSWER_FIELD = re.compile(r'\\?"(job_submit_user_msg|error)\\?": \\?"((?:[^"\\]|\\\\.)*?)\\?"')
+
+
+def refusal_words(text: str) -> str:
+    """What a slurmrestd answer says against a request (job_submit's message to the user, then the
+    `error` fields), found in `text`: the answer, or an exception's message quoting it."""
+    found = sorted(((match.group(1) != "job_submit_user_msg", match.group(2))
+                    for match in _ANSWER_FIELD.finditer(text)), key=lambda item: item[0])
+    words = (said.replace("\\\\/", "/").replace("\\/", "/").replace("\\\\n", " ").replace("\\n", " ")
+             for _, said in found)
+    return "; ".join(dict.fromkeys(word.strip() for word in words if word.strip()))
 
 
 def _refused(body: object) -> bool:

@@ -1,0 +1,304 @@
+"""The Kubernetes-submitted path: pods of managed namespaces wait in Slurm's queue as one job per gang,
+start where Slurm placed them, and end in sacct with their real outcome.
+
+Two halves, one owner of their state (which gangs this daemon submitted, which refusals and waits it
+told the pods about):
+- `reconcile_gang(key)` (its own work queue, keyed by gang): once all of a gang's pods exist, submit
+  one Slurm job for them through slurmrestd as the namespace's user (core.workloads.job_request), and
+  record the job on each pod. A job submitted before a restart is found again by its comment.
+- `reconcile_job(...)` (called by the reconciler for a job that is a gang's): while it pends, the pods
+  say why (a PodScheduled condition and an event with Slurm's reason); once it runs and its waiter
+  (the job's batch script, as for sbatch jobs) has attached, bind the pods to the nodes Slurm gave,
+  and when every pod has ended, hand the waiter the highest exit code. Slurm ending the job (scancel,
+  time limit, preemption) deletes the pods with their grace; their owner deleting them cancels it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from bridge.clients.kube.workload_pods import WorkloadPodCache, WorkloadVerbs
+from bridge.clients.slurm import SlurmClient
+from bridge.controller.facade import over
+from bridge.controller.jobstore import JobStore
+from bridge.controller.metrics import Metrics
+from bridge.controller.sessions import JobSession, SessionRegistry
+from bridge.controller.workqueue import DONE, Result
+from bridge.core import workloads as wl
+from bridge.core.config import BridgeConfig
+from bridge.core.errors import SlurmRefused
+from bridge.core.model import JobAllocation
+from bridge.core.translate import TranslateError, kubernetes_node_names
+
+log = structlog.get_logger(__name__)
+
+MARK_GRACE_S = 60.0
+"""How long a job just submitted may show no pod of its own (the marks are not in the cache yet)."""
+EXIT_NOT_STARTED = 1
+REFUSAL_RETRY_S = 300.0
+
+
+class KubeWorkloads:
+    def __init__(
+        self, cfg: BridgeConfig, slurm: SlurmClient, jobs: JobStore, sessions: SessionRegistry,
+        cache: WorkloadPodCache, verbs: WorkloadVerbs, metrics: Metrics,
+        kubernetes_nodes: Callable[[str], Any],
+    ) -> None:
+        self.cfg = cfg
+        self.slurm = slurm
+        self.jobs = jobs
+        self.sessions = sessions
+        self.cache = cache
+        self.verbs = verbs
+        self.metrics = metrics
+        self._kubernetes_nodes = kubernetes_nodes
+        """`await kubernetes_nodes(partition)`: the Slurm → Kubernetes node map (None: same names)."""
+        self._submitted: dict[str, tuple[int, frozenset[str], float]] = {}
+        """Gang key → (job id, pod uids, when): a gang this daemon submitted, until its marks are seen."""
+        self._refused: dict[str, tuple[frozenset[str], str, float]] = {}
+        """Gang key → (pod uids, why, when): told once; tried again when the gang's pods change, or
+        REFUSAL_RETRY_S later."""
+        self._told: dict[str, str] = {}
+        """Pod uid → the last pending reason its condition and event carry."""
+        self._stopping: set[int] = set()
+        """Jobs whose pods this daemon deletes (their deletion is no owner's cancel)."""
+
+    # -- gangs into jobs ----------------------------------------------------------------------
+    async def reconcile_gang(self, key: str) -> Result:
+        waiting = sorted((p for p in self.cache.gang(key)
+                          if p.job_id is None and not p.deleting and not p.node_name and not p.ended),
+                         key=lambda p: p.name)
+        if not waiting:
+            refused = self._refused.pop(key, None)
+            for uid in refused[0] if refused is not None and not self.cache.gang(key) else ():
+                self._told.pop(uid, None)
+            return DONE
+        bound = log.bind(gang=key)
+        size = await self._size(waiting[0])
+        if size is None:
+            why = (f"label {wl.LABEL_GANG} needs annotation {wl.ANNOTATION_GANG_SIZE}: the gang's size "
+                   "(a positive integer)")
+            return await self._refuse(key, waiting, why, bound)
+        if size <= 0:
+            return DONE  # a Job that needs no more pods (the controller is about to delete these)
+        if len(waiting) < size:
+            return await self._wait_for_the_rest(key, waiting, size)
+        gang = waiting[:size]
+        uids = frozenset(p.uid for p in gang)
+        refused = self._refused.get(key)
+        if refused is not None and refused[0] == uids:
+            # Told already; an administrator's fix (an account, a limit) is tried a while later.
+            left = REFUSAL_RETRY_S - (time.monotonic() - refused[2])
+            if left > 0:
+                return DONE.sooner(left)
+        job_id = self._submitted_job(key, uids)
+        if job_id is None:
+            try:
+                request = wl.job_request(gang, self.cfg.workloads)
+            except wl.WorkloadError as error:
+                return await self._refuse(key, gang, str(error), bound)
+            user = self.cfg.workloads.namespaces[gang[0].namespace].user
+            try:
+                job_id = await self.slurm.submit_job(user, request)
+            except SlurmRefused as error:
+                return await self._refuse(key, gang, f"Slurm refused the job: {error}", bound)
+            self._submitted[key] = (job_id, uids, time.monotonic())
+            self.metrics.inc("workload_jobs_submitted_total")
+            bound.info("gang.submitted", job_id=job_id, pods=[p.name for p in gang], user=user,
+                       account=request["account"], partition=request["partition"], tasks=request["tasks"],
+                       cpus_per_task=request["cpus_per_task"])
+        for pod in gang:
+            if await self.verbs.mark_job(pod, job_id):
+                await self._tell(pod, "Normal", "SubmittedToSlurm",
+                                 f"Slurm job {job_id} ({len(gang)} pods as one job) waits in Slurm's queue")
+        return DONE
+
+    async def _size(self, pod: wl.WorkloadPod) -> int | None:
+        if pod.kind != "Job":
+            return pod.gang_size
+        job = await self.verbs.get_job(pod.namespace, pod.owner)
+        if job is None or ((job.get("metadata") or {}).get("uid") not in (None, pod.owner_uid)):
+            return 0
+        running = sum(1 for p in self.cache.gang(pod.gang) if p.job_id is not None and not p.ended)
+        return wl.job_size(job) - running
+
+    async def _wait_for_the_rest(self, key: str, waiting: list[wl.WorkloadPod], size: int) -> Result:
+        oldest = min((p.created for p in waiting if p.created is not None), default=None)
+        waited = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
+        limit = self.cfg.workloads.gang_wait_s
+        if waited < limit:
+            return DONE.sooner(limit - waited + 0.1)
+        for pod in waiting:
+            await self._tell(pod, "Warning", "GangIncomplete",
+                             f"{len(waiting)} of the gang's {size} pods exist after {int(waited)}s; "
+                             "the job is submitted to Slurm once all do", condition="GangIncomplete")
+        return DONE
+
+    def _submitted_job(self, key: str, uids: frozenset[str]) -> int | None:
+        """The job already submitted for these pods: by this daemon, or (after a restart between the
+        submission and the marks) a live job whose comment names the gang and that no pod is marked with."""
+        known = self._submitted.get(key)
+        if known is not None and known[1] == uids:
+            return known[0]
+        for job_id in self.jobs.job_ids():
+            view = self.jobs.get(job_id)
+            alloc = view.alloc if view is not None else None
+            if (alloc is not None and not over(alloc) and wl.gang_of_comment(alloc.comment) == key
+                    and not self.cache.of_job(job_id)):
+                log.info("gang.adopted", gang=key, job_id=job_id)
+                return job_id
+        return None
+
+    async def _refuse(self, key: str, pods: list[wl.WorkloadPod], why: str, bound: Any) -> Result:
+        self._refused[key] = (frozenset(p.uid for p in pods), why, time.monotonic())
+        self.metrics.inc("workload_gangs_refused_total")
+        bound.warning("gang.refused", reason=why, pods=[p.name for p in pods])
+        for pod in pods:
+            await self._tell(pod, "Warning", "SlurmRefused", why, condition="SlurmRefused")
+        return DONE.sooner(REFUSAL_RETRY_S)
+
+    async def _tell(self, pod: wl.WorkloadPod, kind: str, reason: str, message: str,
+                    condition: str | None = None) -> None:
+        """An event (and, with `condition`, the PodScheduled condition) on the pod, once per change."""
+        said = f"{reason}: {message}"
+        if self._told.get(pod.uid) == said:
+            return
+        self._told[pod.uid] = said
+        await self.verbs.event(pod, kind, reason, message)
+        if condition is not None:
+            await self.verbs.condition(pod, condition, message)
+
+    # -- jobs of gangs ------------------------------------------------------------------------
+    def owns(self, job_id: int, alloc: JobAllocation | None) -> bool:
+        """The job is a gang's: the bridge submitted it (its comment), or pods are marked with it."""
+        if alloc is not None and wl.gang_of_comment(alloc.comment) is not None:
+            return True
+        if self.cache.of_job(job_id):
+            return True
+        return any(s.payload is not None and wl.is_gang_script(s.payload.script)
+                   for s in self.sessions.of_job(job_id))
+
+    async def reconcile_job(self, job_id: int, alloc: JobAllocation | None) -> Result:
+        pods = self.cache.of_job(job_id)
+        bound = log.bind(job_id=job_id)
+        sessions = self.sessions.of_job(job_id)
+        current = None if alloc is None or over(alloc) else alloc.run
+        cancelled = any(s.cancel_requested for s in sessions)
+        if current is None or cancelled:
+            return await self._stop(job_id, alloc, pods, sessions, bound)
+        assert alloc is not None
+        if any(p.deleting for p in pods if not p.ended) and job_id not in self._stopping:
+            return await self._cancel(job_id, "a pod of the job was deleted", bound)
+        if not pods and not self._just_submitted(job_id) and not self._gang_alive(alloc):
+            return await self._cancel(job_id, "the job's pods are gone", bound)
+        if alloc.state == "PENDING":
+            reason = alloc.state_reason if alloc.state_reason not in ("", "None") else "waiting to start"
+            for pod in pods:
+                await self._tell(pod, "Normal", "SlurmPending", f"Slurm job {job_id} pending: {reason}",
+                                 condition="SlurmPending")
+            return DONE
+        session = self.sessions.get(job_id, alloc.run)
+        if alloc.state != "RUNNING" or session is None or session.payload is None:
+            return DONE
+        if session.final is not None:
+            return DONE
+        return await self._run(session, alloc, pods, bound)
+
+    async def _run(
+        self, session: JobSession, alloc: JobAllocation, pods: list[wl.WorkloadPod], bound: Any
+    ) -> Result:
+        shape = wl.task_shape(pods) if pods else None
+        placed = wl.place(pods, alloc, shape) if shape is not None else "the job has no pods"
+        if isinstance(placed, str):
+            return await self._fail(session, pods, placed, bound)
+        part = self.cfg.partition(alloc.partition)
+        try:
+            k8s_nodes = await self._kubernetes_nodes(alloc.partition) if part is not None else None
+            names = dict(zip(alloc.node_names, kubernetes_node_names(alloc, part, k8s_nodes), strict=True)) \
+                if part is not None else {}
+        except TranslateError as error:
+            return await self._fail(session, pods, str(error), bound)
+        for pod in pods:
+            if pod.node_name or pod.ended:
+                continue
+            node = names.get(placed[pod.name], placed[pod.name])
+            if await self.verbs.bind(pod, node):
+                self.metrics.inc("workload_pods_bound_total")
+                bound.info("pod.bound", pod=f"{pod.namespace}/{pod.name}", node=node,
+                           slurm_node=placed[pod.name])
+        end = wl.gang_outcome(pods)
+        if end is not None:
+            bound.info("job.finished", exit_code=end.exit_code, reason=end.reason or None)
+            session.finish({"type": "exit", "code": end.exit_code, "signal": None, "reason": end.reason})
+            return DONE
+        failure = wl.start_failure(pods)
+        if failure is not None:
+            started = alloc.start_time or 0
+            waited = time.time() - started if started else 0.0
+            grace = self.cfg.start_failure_grace_s
+            if waited < grace:
+                return DONE.sooner(grace - waited + 0.1)
+            return await self._fail(session, pods, f"{failure} (not started within {int(grace)}s)", bound)
+        return DONE
+
+    async def _fail(self, session: JobSession, pods: list[wl.WorkloadPod], reason: str, bound: Any) -> Result:
+        """The pods cannot run: the job ends non-zero, and each pod's event says why (a Kubernetes user
+        reads no -o file)."""
+        bound.warning("job.failed_before_start", reason=reason)
+        self.metrics.inc("jobs_failed_before_start_total")
+        session.finish({"type": "exit", "code": EXIT_NOT_STARTED, "signal": None, "reason": reason})
+        for pod in pods:
+            await self._tell(pod, "Warning", "SlurmJobFailed", f"Slurm job {session.job_id} failed: {reason}")
+        return DONE
+
+    async def _stop(self, job_id: int, alloc: JobAllocation | None, pods: list[wl.WorkloadPod],
+                    sessions: list[JobSession], bound: Any) -> Result:
+        """Slurm ended the job (or its waiter asks to stop): the pods still running go with their grace;
+        once none runs, the waiter hears how they ended and the session ends with the run."""
+        self._stopping.add(job_id)
+        live = [p for p in pods if not p.ended]
+        for pod in live:
+            if not pod.deleting and await self.verbs.delete(pod, self.cfg.termination_grace_s):
+                bound.info("pod.deleted", pod=f"{pod.namespace}/{pod.name}")
+        if live:
+            return DONE
+        end = wl.gang_outcome(pods)
+        event = {"type": "exit", "code": end.exit_code if end else 0, "signal": None if end else 15,
+                 "reason": ""}
+        for session in sessions:
+            if alloc is None or over(alloc) or alloc.run != session.run:
+                self.sessions.end(session, event)
+            else:
+                session.finish(event)
+        if alloc is None or over(alloc):
+            self._stopping.discard(job_id)
+            self._forget(pods)
+        return DONE
+
+    async def _cancel(self, job_id: int, why: str, bound: Any) -> Result:
+        bound.info("job.cancelled_by_its_pods", reason=why)
+        self.metrics.inc("workload_jobs_cancelled_total")
+        await self.slurm.cancel_job(job_id)
+        return DONE
+
+    def _just_submitted(self, job_id: int) -> bool:
+        now = time.monotonic()
+        return any(job == job_id and now - at < MARK_GRACE_S for job, _, at in self._submitted.values())
+
+    def _gang_alive(self, alloc: JobAllocation) -> bool:
+        """Pods of the job's gang still wait unmarked (a restart between submission and the marks)."""
+        key = wl.gang_of_comment(alloc.comment)
+        return key is not None and any(p.job_id is None and not p.deleting and not p.ended
+                                       for p in self.cache.gang(key))
+
+    def _forget(self, pods: list[wl.WorkloadPod]) -> None:
+        for pod in pods:
+            self._told.pop(pod.uid, None)
+        gone = {key for key, (job, _, _) in self._submitted.items() if not self.cache.gang(key)}
+        for key in gone:
+            self._submitted.pop(key, None)

@@ -1,0 +1,355 @@
+"""Kubernetes workloads scheduled by Slurm, the pure part: which pods form a gang, the one Slurm job a
+gang becomes, where its pods go once Slurm allocates, and how it ended. Pure.
+
+A gang is the set of pods that must start together:
+- pods labelled `slurm-k8s-bridge/gang=G` (size: `slurm-k8s-bridge/gang-size`): one gang per G;
+- the pods of a batch/v1 Job (size: what the Job runs at once, read from the Job);
+- any other pod alone.
+Each pod is one Slurm task: `--ntasks` = the gang's size, `--cpus-per-task` and `--mem-per-cpu` from
+the largest pod's requests, so Slurm may put several pods on a node and share nodes with sbatch jobs
+at core and memory granularity (docs/architecture.md § Kubernetes workloads).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bridge.core import wellknown
+from bridge.core.config_workloads import ManagedNamespace, WorkloadsConfig
+from bridge.core.model import JobAllocation
+from bridge.core.pod_view import parse_time
+
+MARKER = "slurm-k8s-bridge workload"
+"""Starts the comment of every job the bridge submits for a gang, and a line of its script."""
+
+SCHEDULER_NAME = "slurm-k8s-bridge"
+"""The schedulerName the admission policy gives the pods of managed namespaces."""
+LABEL_GANG = wellknown.PREFIX + "gang"
+ANNOTATION_GANG_SIZE = wellknown.PREFIX + "gang-size"
+ANNOTATION_ACCOUNT = wellknown.PREFIX + "account"
+ANNOTATION_PARTITION = wellknown.PREFIX + "partition"
+ANNOTATION_TIME_LIMIT = wellknown.PREFIX + "time-limit"
+ANNOTATION_SLURM_JOB = wellknown.PREFIX + "slurm-job-id"
+"""Written by the bridge only (the admission policy refuses it from anyone else): the job of a pod."""
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)(m|Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_FACTORS = {None: 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+START_ERRORS = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+    "CreateContainerError", "RunContainerError",
+})
+"""Waiting reasons of a bound pod's container that the kubelet retries, but that rarely heal."""
+
+
+class WorkloadError(ValueError):
+    """A pod or gang that cannot become a Slurm job; the message is for the pod's event."""
+
+
+@dataclass(frozen=True)
+class WorkloadPod:
+    """What the bridge needs of one pod of a managed namespace."""
+
+    namespace: str
+    name: str
+    uid: str
+    gang: str
+    """The gang's key: `<namespace>/<kind>/<id>`."""
+    kind: str
+    """`Job`, `Group` (the gang label) or `Pod`."""
+    owner: str
+    """The Job's or group's name, or the pod's own."""
+    owner_uid: str
+    gang_size: int | None
+    """From the gang label's annotation, 1 for a pod alone; None: the Job's to read."""
+    cpu_millis: int
+    memory_bytes: int
+    gpus: int
+    node_name: str
+    phase: str
+    deleting: bool
+    job_id: int | None
+    """The Slurm job the bridge submitted this pod in."""
+    created: datetime | None
+    annotations: Mapping[str, str]
+    active_deadline_s: int | None
+    exit_code: int | None
+    """The highest exit code of its containers once the pod has ended (Succeeded: 0)."""
+    end_reason: str
+    """Why an ended pod ended, if not by its containers' exit (eviction, deadline)."""
+    waiting_reason: str
+    """A container's waiting reason with its message (ErrImagePull: ...), if any."""
+    started: bool
+    image: str = ""
+    """The first container's image (named in the job's script: job_submit.lua wants one)."""
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def quantity(text: object) -> float:
+    """A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `1e9`) as a number; WorkloadError if it is not one."""
+    match = _QUANTITY.match(str(text).strip())
+    if match is None:
+        raise WorkloadError(f"{text!r} is not a Kubernetes quantity")
+    return float(match.group(1)) * _FACTORS[match.group(2)]
+
+
+def _requests(containers: object) -> list[tuple[float, float, int]]:
+    """(cpus, memory bytes, GPUs) of each container: its requests, else its limits (the API server
+    copies limits into absent requests, but a pod may be read before defaulting)."""
+    found = []
+    for container in containers if isinstance(containers, list) else []:
+        resources = container.get("resources") or {}
+        requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        limits = resources.get("limits") or {}
+        gpus = sum(int(quantity(limits.get(name, requests.get(name, 0)))) for name in GPU_RESOURCES)
+        found.append((quantity(requests.get("cpu", 0)), quantity(requests.get("memory", 0)), gpus))
+    return found
+
+
+def pod_requests(spec: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The pod's effective (millicpus, memory bytes, GPUs), as the scheduler counts them: the sum of its
+    containers, or its largest init container if larger."""
+    main = _requests(spec.get("containers"))
+    init = _requests(spec.get("initContainers"))
+    totals = [sum(c[i] for c in main) for i in range(3)]
+    peaks = [max((c[i] for c in init), default=0) for i in range(3)]
+    cpu, memory, gpus = (max(total, peak) for total, peak in zip(totals, peaks, strict=True))
+    return math.ceil(cpu * 1000), math.ceil(memory), int(gpus)
+
+
+def trim_pod(pod: Mapping[str, Any]) -> WorkloadPod:
+    """The WorkloadPod of a pod object (WorkloadError if its requests cannot be read)."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    kind, owner, owner_uid = "Pod", name, uid
+    size: int | None = 1
+    job_owner = next((ref for ref in meta.get("ownerReferences") or []
+                      if ref.get("kind") == "Job" and ref.get("controller")), None)
+    if labels.get(LABEL_GANG):
+        kind, owner, owner_uid = "Group", labels[LABEL_GANG], labels[LABEL_GANG]
+        size = _positive_int(annotations.get(ANNOTATION_GANG_SIZE, labels.get(ANNOTATION_GANG_SIZE)))
+    elif job_owner is not None:
+        kind, owner, owner_uid, size = "Job", job_owner.get("name", ""), job_owner.get("uid", ""), None
+    try:
+        cpu, memory, gpus = pod_requests(spec)
+    except WorkloadError:
+        cpu, memory, gpus = -1, -1, 0  # judged when the gang is submitted, with an event
+    job = annotations.get(ANNOTATION_SLURM_JOB, "")
+    statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    codes = [s["state"]["terminated"].get("exitCode", 0) for s in statuses
+             if (s.get("state") or {}).get("terminated")]
+    phase = status.get("phase", "")
+    waiting = next(((s["state"]["waiting"].get("reason", ""), s["state"]["waiting"].get("message", ""))
+                    for s in statuses if (s.get("state") or {}).get("waiting")), ("", ""))
+    return WorkloadPod(
+        namespace=namespace, name=name, uid=uid, gang=f"{namespace}/{kind.lower()}/{owner_uid}", kind=kind,
+        owner=owner, owner_uid=owner_uid, gang_size=size, cpu_millis=cpu, memory_bytes=memory, gpus=gpus,
+        node_name=spec.get("nodeName") or "", phase=phase, deleting=bool(meta.get("deletionTimestamp")),
+        job_id=int(job) if job.isdigit() else None, created=parse_time(meta.get("creationTimestamp")),
+        annotations={k: v for k, v in annotations.items() if k.startswith(wellknown.PREFIX)},
+        active_deadline_s=spec.get("activeDeadlineSeconds"),
+        exit_code=0 if phase == "Succeeded" else (max(codes) if codes and phase == "Failed" else None),
+        end_reason=f"{status.get('reason', '')}: {status.get('message', '')}".strip(": ")
+        if phase == "Failed" else "",
+        waiting_reason=": ".join(part for part in waiting if part),
+        started=any((s.get("state") or {}).get("running") or (s.get("state") or {}).get("terminated")
+                    for s in status.get("containerStatuses") or []),
+        image=str(((spec.get("containers") or [{}])[0] or {}).get("image") or ""),
+    )
+
+
+def _positive_int(value: object) -> int | None:
+    text = str(value or "")
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def job_size(job: Mapping[str, Any]) -> int:
+    """How many pods a batch/v1 Job runs at once now: its parallelism, capped by the completions it
+    still needs (none left: 0)."""
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    parallelism = spec.get("parallelism", 1)
+    completions = spec.get("completions")
+    if completions is None:
+        return int(parallelism)
+    return max(0, min(int(parallelism), int(completions) - int(status.get("succeeded", 0))))
+
+
+def time_limit_minutes(text: str) -> int:
+    """Slurm's --time forms (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in whole minutes, rounded up."""
+    days, dash, clock = text.strip().rpartition("-")
+    if dash and not days:
+        raise WorkloadError(f"time limit {text!r} must be positive")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        day_count = int(days) if days else 0
+    except ValueError:
+        raise WorkloadError(f"time limit {text!r} is not in Slurm's --time form (90, 1:30:00, 2-00)") \
+            from None
+    if days:
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    elif len(parts) in (1, 2):
+        hours, minutes, seconds = 0, parts[0], parts[1] if len(parts) == 2 else 0
+    else:
+        raise WorkloadError(f"time limit {text!r} is not in Slurm's --time form (e.g. 90, 1:30:00, 2-00)")
+    total = ((day_count * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0 or min(parts) < 0:
+        raise WorkloadError(f"time limit {text!r} must be positive")
+    return math.ceil(total / 60)
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What each task (pod) of a gang's job gets."""
+
+    cpus: int
+    memory_mb_per_cpu: int
+    """0: the pods request no memory (Slurm's default per CPU applies)."""
+
+
+def task_shape(pods: Sequence[WorkloadPod]) -> TaskShape:
+    """One shape for every task: the largest pod's CPUs (at least one) and memory."""
+    cpus = max(1, math.ceil(max(p.cpu_millis for p in pods) / 1000))
+    memory_mb = math.ceil(max(p.memory_bytes for p in pods) / 2**20)
+    return TaskShape(cpus, math.ceil(memory_mb / cpus) if memory_mb else 0)
+
+
+def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig) -> dict[str, Any]:
+    """slurmrestd v0.0.45's `job` of the one Slurm job the gang `pods` becomes. WorkloadError says why
+    it cannot be one (the pods' event)."""
+    first = pods[0]
+    managed: ManagedNamespace | None = workloads.namespaces.get(first.namespace)
+    if managed is None:
+        raise WorkloadError(f"namespace {first.namespace} is labelled managed but the bridge's config "
+                            "maps it to no Slurm user and account ([workloads.namespaces]); ask your "
+                            "administrator")
+    if any(p.cpu_millis < 0 for p in pods):
+        raise WorkloadError("a container's resource requests are not Kubernetes quantities")
+    if any(p.gpus for p in pods):
+        raise WorkloadError("GPUs for Kubernetes-submitted pods come through DRA claims pinned by Slurm; "
+                            "nvidia.com/gpu requests are not supported yet")
+    account = first.annotations.get(ANNOTATION_ACCOUNT, managed.account)
+    if account not in workloads.allowed_accounts(first.namespace):
+        raise WorkloadError(f"account {account!r} is not allowed in namespace {first.namespace} "
+                            f"(allowed: {', '.join(workloads.allowed_accounts(first.namespace))})")
+    partition = first.annotations.get(ANNOTATION_PARTITION, managed.partition)
+    if partition not in workloads.allowed_partitions(first.namespace):
+        raise WorkloadError(f"partition {partition!r} is not allowed in namespace {first.namespace} "
+                            f"(allowed: {', '.join(workloads.allowed_partitions(first.namespace))})")
+    shape = task_shape(pods)
+    job: dict[str, Any] = {
+        "name": f"{first.namespace}/{first.owner}"[:200],
+        "comment": gang_comment(first),
+        "account": account,
+        "partition": partition,
+        "tasks": len(pods),
+        "cpus_per_task": shape.cpus,
+        "script": gang_script(first),
+        # The waiter's working directory and output: the pods' output is in their logs.
+        "current_working_directory": "/tmp",
+        "standard_output": "/dev/null",
+        "standard_error": "/dev/null",
+        "environment": ["PATH=/usr/bin:/bin"],
+    }
+    if shape.memory_mb_per_cpu:
+        job["memory_per_cpu"] = {"set": True, "infinite": False, "number": shape.memory_mb_per_cpu}
+    limit = _time_limit(first, managed)
+    if limit is not None:
+        job["time_limit"] = {"set": True, "infinite": False, "number": limit}
+    return job
+
+
+def _time_limit(pod: WorkloadPod, managed: ManagedNamespace) -> int | None:
+    text = pod.annotations.get(ANNOTATION_TIME_LIMIT)
+    if text:
+        return time_limit_minutes(text)
+    if isinstance(pod.active_deadline_s, int) and pod.active_deadline_s > 0:
+        return math.ceil(pod.active_deadline_s / 60)
+    return managed.time_limit_min
+
+
+def gang_comment(pod: WorkloadPod) -> str:
+    """The job's comment: finds a submitted gang's job again after a restart, and tells sacct readers
+    whose workload it is."""
+    return f"{MARKER} {pod.gang} {pod.kind} {pod.namespace}/{pod.owner}"
+
+
+def gang_of_comment(comment: str) -> str | None:
+    """The gang key a job's comment names, if the bridge wrote it."""
+    words = comment.split()
+    marker = MARKER.split()
+    if words[: len(marker)] != marker or len(words) <= len(marker):
+        return None
+    return words[len(marker)]
+
+
+def gang_script(pod: WorkloadPod) -> str:
+    """The job's script: it never runs (the waiter binds the pods instead); the image line is what
+    job_submit.lua asks of a script in a partition without a default image."""
+    image = f"#K8S image={pod.image}\n" if _IMAGE.match(pod.image) else ""
+    return (f"#!/bin/sh\n# {MARKER}: the pods of {pod.kind} {pod.namespace}/{pod.owner} run in Kubernetes; "
+            f"this script never runs\n{image}")
+
+
+def is_gang_script(script: str) -> bool:
+    return script.startswith(f"#!/bin/sh\n# {MARKER}: ")
+
+
+def place(pods: Sequence[WorkloadPod], alloc: JobAllocation, shape: TaskShape) -> dict[str, str] | str:
+    """The Slurm node of each pod (by name): as many pods on each allocated node as its CPUs (and memory,
+    when Slurm tracks it) hold, in Slurm's node order. A text says why they do not fit: the allocation
+    is not what the gang needs, and no pod may run beyond what Slurm gave."""
+    free = {n.name: [n.cpus, n.memory_mb] for n in alloc.nodes}
+    tracked = {n.name: n.memory_mb > 0 for n in alloc.nodes}  # 0: Slurm does not track memory there
+    need_mb = shape.memory_mb_per_cpu * shape.cpus
+    placed: dict[str, str] = {}
+    for pod in sorted(pods, key=lambda p: p.name):
+        node = next((name for name, (cpus, memory) in free.items()
+                     if cpus >= shape.cpus and (not tracked[name] or memory >= need_mb)), None)
+        if node is None:
+            return (f"job {alloc.job_id}'s allocation ({alloc.nodelist}) does not hold {len(pods)} tasks of "
+                    f"{shape.cpus} CPUs and {need_mb} MiB")
+        free[node][0] -= shape.cpus
+        free[node][1] -= need_mb
+        placed[pod.name] = node
+    return placed
+
+
+@dataclass(frozen=True)
+class GangEnd:
+    exit_code: int
+    reason: str
+    """Set when a pod ended otherwise than by its containers (eviction, deadline)."""
+
+
+def gang_outcome(pods: Iterable[WorkloadPod]) -> GangEnd | None:
+    """How a started gang ended, once every pod has: the highest exit code, as srun reports a step's."""
+    pods = list(pods)
+    if not pods or not all(p.ended for p in pods):
+        return None
+    code = max((p.exit_code if p.exit_code is not None else 1) for p in pods)
+    reasons = [f"{p.name}: {p.end_reason}" for p in pods if p.exit_code is None and p.end_reason]
+    return GangEnd(code, "; ".join(reasons))
+
+
+def start_failure(pods: Iterable[WorkloadPod]) -> str | None:
+    """A bound pod whose container the kubelet cannot start (image, config): the reason."""
+    for pod in pods:
+        reason = pod.waiting_reason.partition(":")[0]
+        if pod.node_name and not pod.started and reason in START_ERRORS:
+            return f"{pod.namespace}/{pod.name}: {pod.waiting_reason}"
+    return None
