@@ -13,7 +13,8 @@ def pod(name: str, namespace: str = "team-alice", job: str | None = None) -> dic
     annotations = {"slurm-k8s-bridge/slurm-job-id": job} if job else {}
     return {"metadata": {"name": name, "namespace": namespace, "uid": f"u-{name}",
                          "annotations": annotations,
-                         "ownerReferences": [{"kind": "Job", "name": "train", "uid": "j1", "controller": True}]},
+                         "ownerReferences": [
+                             {"kind": "Job", "name": "train", "uid": "j1", "controller": True}]},
             "spec": {"schedulerName": "slurm-k8s-bridge", "containers": [{"name": "c", "image": "i"}]},
             "status": {"phase": "Pending"}}
 
