@@ -216,6 +216,10 @@ class KubeWorkloads:
         placed = wl.place(pods, alloc, shape) if shape is not None else "the job has no pods"
         if isinstance(placed, str):
             return await self._fail(session, pods, placed, bound)
+        # Slurm's record says whose job it is: each pod runs as that user, or not at all.
+        foreign = "; ".join(filter(None, (wl.foreign_ids(pod, alloc.uid, alloc.gid) for pod in pods)))
+        if foreign:
+            return await self._fail(session, pods, foreign, bound)
         part = self.cfg.partition(alloc.partition)
         try:
             k8s_nodes = await self._kubernetes_nodes(alloc.partition) if part is not None else None

@@ -89,6 +89,11 @@ class WorkloadPod:
     started: bool
     image: str = ""
     """The first container's image (named in the job's script: job_submit.lua wants one)."""
+    unsafe: str = ""
+    """Why the pod may not run as a Slurm job's tasks (privileged, the host's namespaces or files,
+    root), if it may not."""
+    run_as: tuple[tuple[int | None, int | None], ...] = ()
+    """(uid, gid) each container runs as: its own securityContext, else the pod's."""
 
     @property
     def ended(self) -> bool:
@@ -168,7 +173,55 @@ def trim_pod(pod: Mapping[str, Any]) -> WorkloadPod:
         started=any((s.get("state") or {}).get("running") or (s.get("state") or {}).get("terminated")
                     for s in status.get("containerStatuses") or []),
         image=str(((spec.get("containers") or [{}])[0] or {}).get("image") or ""),
+        unsafe=unsafe(spec),
+        run_as=run_as(spec),
     )
+
+
+def _containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [c for key in ("initContainers", "containers", "ephemeralContainers")
+            for c in spec.get(key) or [] if isinstance(c, Mapping)]
+
+
+def run_as(spec: Mapping[str, Any]) -> tuple[tuple[int | None, int | None], ...]:
+    pod_context = spec.get("securityContext") or {}
+    found = []
+    for container in _containers(spec):
+        context = container.get("securityContext") or {}
+        found.append((context.get("runAsUser", pod_context.get("runAsUser")),
+                      context.get("runAsGroup", pod_context.get("runAsGroup"))))
+    return tuple(found)
+
+
+def unsafe(spec: Mapping[str, Any]) -> str:
+    """What would let the pod act beyond the Slurm job's user on its node (empty: nothing). A job's
+    tasks run as its user, unprivileged, natively too: a pod must say so, or it is not run."""
+    problems = [f"spec.{key}" for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    problems += [f"hostPath volume {v.get('name')}" for v in spec.get("volumes") or [] if v.get("hostPath")]
+    pod_context = spec.get("securityContext") or {}
+    if 0 in (pod_context.get("supplementalGroups") or []) or pod_context.get("fsGroup") == 0:
+        problems.append("group 0 in the pod's securityContext")
+    for container in _containers(spec):
+        context = container.get("securityContext") or {}
+        name = container.get("name", "?")
+        if context.get("privileged"):
+            problems.append(f"container {name} is privileged")
+        if (context.get("capabilities") or {}).get("add"):
+            problems.append(f"container {name} adds capabilities")
+        if context.get("allowPrivilegeEscalation"):
+            problems.append(f"container {name} allows privilege escalation")
+    for (uid, gid), container in zip(run_as(spec), _containers(spec), strict=True):
+        if not uid or not gid:
+            problems.append(f"container {container.get('name', '?')} must set runAsUser and runAsGroup to "
+                            "the Slurm job's user (not root, not the image's choice)")
+    return "; ".join(problems)
+
+
+def foreign_ids(pod: WorkloadPod, uid: int | None, gid: int | None) -> str:
+    """The containers of `pod` that would run as another user or group than the Slurm job's."""
+    wrong = [f"{u}:{g}" for u, g in pod.run_as if (u, g) != (uid, gid)]
+    return (f"{pod.namespace}/{pod.name} runs as {', '.join(sorted(set(wrong)))}, not as the Slurm job's "
+            f"user {uid}:{gid}") if wrong else ""
 
 
 def _positive_int(value: object) -> int | None:
@@ -239,6 +292,9 @@ def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig) -> dict
                             "administrator")
     if any(p.cpu_millis < 0 for p in pods):
         raise WorkloadError("a container's resource requests are not Kubernetes quantities")
+    for pod in pods:
+        if pod.unsafe:
+            raise WorkloadError(f"pod {pod.name} cannot run as a Slurm job's task: {pod.unsafe}")
     if any(p.gpus for p in pods):
         raise WorkloadError("GPUs for Kubernetes-submitted pods come through DRA claims pinned by Slurm; "
                             "nvidia.com/gpu requests are not supported yet")

@@ -267,3 +267,39 @@ def test_what_slurm_or_the_kubelet_refuses_is_told_on_the_pod(bridge: Sandbox, t
     told = wait_until("the failure on the pod", lambda: (
         text if "SlurmJobFailed" in (text := events(bridge, f"{tag}-noimage")) else None), timeout=30)
     assert "ErrImageNeverPull" in told, told
+
+
+def test_a_pod_never_runs_as_root_privileged_or_as_another_user(bridge: Sandbox, tag: str) -> None:
+    """Hostile alice: a pod that is privileged, runs as root (or as the image likes), or mounts the
+    host never becomes a job; one that says it runs as bob's uid gets a Slurm job of alice's, and that
+    job fails (1:0) before the pod is ever bound. Each is told on the pod."""
+    def hostile(name: str, change: dict[str, Any], pod_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        manifest = bare_pod(f"{tag}-{name}", "id")
+        manifest["spec"]["containers"][0]["securityContext"].update(change)
+        manifest["spec"].update(pod_spec or {})
+        return manifest
+
+    create(bridge,
+           hostile("privileged", {"privileged": True, "allowPrivilegeEscalation": True}),
+           hostile("root", {"runAsUser": 0, "runAsNonRoot": False}),
+           hostile("hostpath", {}, {"volumes": [{"name": "etc", "hostPath": {"path": "/etc"}}]}),
+           hostile("asbob", {"runAsUser": 2002, "runAsGroup": 2002}))
+    for name, said in (("privileged", "is privileged"), ("root", "must set runAsUser"),
+                       ("hostpath", "hostPath volume etc")):
+        told = wait_until(f"the {name} pod's refusal", lambda n=name: (
+            text if "SlurmRefused" in (text := events(bridge, f"{tag}-{n}")) else None), timeout=60)
+        assert said in told, told
+        refused = pod(bridge, f"{tag}-{name}")
+        assert refused is not None and slurm_job_of(refused) is None and not refused["spec"].get("nodeName")
+    # Its job ends at once, and its pod goes with it: found by name in sacct.
+    rows = wait_until("the job of the pod claiming bob's uid",
+                      lambda: jobs_named(bridge, f"{NS}/{tag}-asbob"), timeout=60)
+    job_id = int(rows[0]["JobID"])
+    row = final(bridge, job_id)
+    assert (row["User"], row["State"], row["ExitCode"]) == ("alice", "FAILED", "1:0"), \
+        f"{row}\n{job_trail(job_id)}"
+    told = wait_until("the failure on the pod", lambda: (
+        text if "SlurmJobFailed" in (text := events(bridge, f"{tag}-asbob")) else None), timeout=30)
+    assert "runs as 2002:2002, not as the Slurm job's user 2001:2001" in told, told
+    gone = pod(bridge, f"{tag}-asbob")
+    assert gone is None or not gone["spec"].get("nodeName"), "the pod was bound as another user"

@@ -13,6 +13,7 @@ from bridge.core.config_workloads import ManagedNamespace, WorkloadsConfig
 from bridge.core.model import JobAllocation, NodeAllocation
 from bridge.core.workloads import (
     WorkloadError,
+    foreign_ids,
     gang_comment,
     gang_of_comment,
     gang_outcome,
@@ -43,6 +44,7 @@ def pod(name: str = "p", *, namespace: str = "team-alice", cpu: str = "500m", me
                      "annotations": annotations or {}, "ownerReferences": [owner] if owner else [],
                      "creationTimestamp": "2026-12-05T05:00:00Z"},
         "spec": {"schedulerName": "slurm-k8s-bridge",
+                 "securityContext": {"runAsUser": 2001, "runAsGroup": 2001},
                  "containers": [{"name": "main", "image": "busybox:1",
                                  "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
                  **(extra_spec or {})},
@@ -200,3 +202,35 @@ def test_a_managed_namespace_needs_a_bridged_partition_and_slurmrestd() -> None:
         parse_config(good.replace("[slurm]\n", '[slurm]\nbackend = "pyslurm"\n'))
     with pytest.raises(ConfigError, match="job namespace"):
         parse_config(good.replace("team-alice", "slurm-jobs"))
+
+
+@pytest.mark.parametrize(("spec", "problem"), [
+    ({"hostNetwork": True}, "spec.hostNetwork"),
+    ({"hostPID": True}, "spec.hostPID"),
+    ({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "hostPath volume root"),
+    ({"securityContext": {"runAsUser": 2001, "runAsGroup": 2001, "supplementalGroups": [0]}}, "group 0"),
+    ({"securityContext": {}}, "must set runAsUser and runAsGroup"),
+    ({"securityContext": {"runAsUser": 0, "runAsGroup": 0}}, "must set runAsUser and runAsGroup"),
+])
+def test_a_pod_that_could_act_beyond_its_user_never_becomes_a_job(spec: dict[str, Any], problem: str) -> None:
+    unsafe = trim_pod(pod(extra_spec=spec))
+    with pytest.raises(WorkloadError, match="cannot run as a Slurm job's task") as refused:
+        job_request([unsafe], WORKLOADS)
+    assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize("context", [{"privileged": True}, {"allowPrivilegeEscalation": True},
+                                     {"capabilities": {"add": ["SYS_ADMIN"]}}, {"runAsUser": 0}])
+def test_a_container_that_escalates_or_is_root_is_refused(context: dict[str, Any]) -> None:
+    spec = pod()["spec"]
+    spec["containers"][0]["securityContext"] = context
+    assert trim_pod({**pod(), "spec": spec}).unsafe
+
+
+def test_every_container_runs_as_the_slurm_jobs_user_or_the_job_fails() -> None:
+    own = trim_pod(pod())
+    assert foreign_ids(own, 2001, 2001) == "" and own.unsafe == ""
+    spec = pod()["spec"]
+    spec["initContainers"] = [{"name": "init", "image": "i", "securityContext": {"runAsUser": 2002}}]
+    other = trim_pod({**pod(), "spec": spec})
+    assert "runs as 2002:2001, not as the Slurm job's user 2001:2001" in foreign_ids(other, 2001, 2001)
