@@ -29,6 +29,7 @@ from bridge.core.errors import BridgeError
 from bridge.manager.config_file import secret_file_exposure
 from bridge.manager.doctor_access import needed_access
 from bridge.manager.doctor_gpus import gpu_problems
+from bridge.manager.doctor_workloads import capacity_notes
 
 TOKEN_WARN_S = 24 * 3600
 
@@ -244,7 +245,9 @@ class Doctor:
             own = OwnPod.from_environment() if self.cfg.leader.enabled else None
             own_namespace = own.namespace if own else None
             dra = any(p.gpu_mode == "dra" for p in self.cfg.partitions.values())
-            for verb, group, resource, namespace in needed_access(self.cfg.namespace, own_namespace, dra):
+            workloads = bool(self.cfg.workloads.namespaces)
+            for verb, group, resource, namespace in needed_access(self.cfg.namespace, own_namespace, dra,
+                                                                  workloads):
                 resource_name, _, sub = resource.partition("/")
                 attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": sub}
                 if resource_name == "namespaces":
@@ -390,6 +393,19 @@ class Doctor:
                                                           if len(problems) > 10 else ""))
         return "; ".join(notes) or "no bridged partition has GPUs"
 
+    async def check_workloads(self) -> str:
+        """Managed namespaces: their partitions' nodes admit what Slurm gives their pods."""
+        managed = self.cfg.workloads.namespaces
+        if not managed:
+            return "no managed namespace"
+        if not hasattr(self, "k8s_nodes") or self.cfg.slurm.backend != "rest":
+            raise CheckFailed("skipped: needs the rest backend and the Kubernetes check to pass first")
+        partitions = {p for m in managed.values() for p in (m.partition, *m.partitions)}
+        nodes = (await self._rest(f"/slurm/{API_VERSION}/nodes/")).get("nodes") or []
+        notes = capacity_notes(partitions, nodes, self.k8s_nodes)
+        summary = f"{len(managed)} managed namespace(s) on partitions {', '.join(sorted(partitions))}"
+        return "; ".join([summary, *notes])
+
     async def run(self) -> list[Result]:
         checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
             ("config", self.check_config),
@@ -402,6 +418,7 @@ class Doctor:
             ("node health", self.check_node_health),
             ("partition boundaries", self.check_partition_boundaries),
             ("gpus", self.check_gpus),
+            ("workloads", self.check_workloads),
         ]
         results = []
         for name, check in checks:

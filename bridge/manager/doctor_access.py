@@ -35,16 +35,29 @@ NEEDED_FOR_DRA = (
     ("list", "resource.k8s.io", "resourceslices", False),
     ("watch", "resource.k8s.io", "resourceslices", False),
 )
+# [workloads.namespaces] (bridge/controller/kube_workloads.py): one cluster-wide watch of the pods
+# handed to the bridge, their marks, bindings, conditions, events and deletion; their Jobs' size.
+NEEDED_FOR_WORKLOADS = (
+    ("list", "", "pods", False),
+    ("watch", "", "pods", False),
+    ("patch", "", "pods", False),
+    ("delete", "", "pods", False),
+    ("create", "", "pods/binding", False),
+    ("patch", "", "pods/status", False),
+    ("create", "", "events", False),
+    ("get", "batch", "jobs", False),
+)
 # In a pod, on its own namespace: the leader labels its own pod (bridge/clients/kube/leader_pod.py).
 NEEDED_IN_OWN_NAMESPACE = (("get", "", "pods"), ("list", "", "pods"), ("patch", "", "pods"))
 
 
 def needed_access(
-    job_namespace: str, own_namespace: str | None, dra: bool = False
+    job_namespace: str, own_namespace: str | None, dra: bool = False, workloads: bool = False
 ) -> list[tuple[str, str, str, str | None]]:
     """(verb, group, resource, namespace or None for cluster-wide) the daemon needs."""
+    wanted = NEEDED_ACCESS + (NEEDED_FOR_DRA if dra else ()) + (NEEDED_FOR_WORKLOADS if workloads else ())
     needed = [(verb, group, resource, job_namespace if namespaced else None)
-              for verb, group, resource, namespaced in NEEDED_ACCESS + (NEEDED_FOR_DRA if dra else ())]
+              for verb, group, resource, namespaced in wanted]
     if own_namespace:
         needed += [(verb, group, resource, own_namespace)
                    for verb, group, resource in NEEDED_IN_OWN_NAMESPACE]

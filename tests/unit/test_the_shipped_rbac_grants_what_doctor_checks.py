@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bridge.manager.doctor_access import NEEDED_ACCESS, NEEDED_FOR_DRA
+from bridge.manager.doctor_access import NEEDED_ACCESS, NEEDED_FOR_DRA, NEEDED_FOR_WORKLOADS
 from tests.unit.helm_chart import render
 
 
@@ -46,3 +46,15 @@ def test_the_dra_mode_verbs_are_granted_only_when_asked_for(tmp_path: Path) -> N
     off = render(tmp_path)
     granted = _granted(off, "Role") | _granted(off, "ClusterRole")
     assert not {(verb, group, resource) for verb, group, resource, _ in NEEDED_FOR_DRA} & granted
+
+
+def test_the_workload_verbs_are_granted_only_when_asked_for(tmp_path: Path) -> None:
+    """Managed namespaces need the cluster's pods: watched, marked, bound, told, deleted
+    (workloads.enabled)."""
+    on = render(tmp_path, {"workloads": {"enabled": True}})
+    cluster = _granted(on, "ClusterRole")
+    missing = [(verb, group, resource) for verb, group, resource, _ in NEEDED_FOR_WORKLOADS
+               if (verb, group, resource) not in cluster]
+    assert missing == []
+    off = render(tmp_path)
+    assert ("create", "", "pods/binding") not in _granted(off, "ClusterRole")
