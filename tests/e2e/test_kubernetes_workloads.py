@@ -303,3 +303,63 @@ def test_a_pod_never_runs_as_root_privileged_or_as_another_user(bridge: Sandbox,
     assert "runs as 2002:2002, not as the Slurm job's user 2001:2001" in told, told
     gone = pod(bridge, f"{tag}-asbob")
     assert gone is None or not gone["spec"].get("nodeName"), "the pod was bound as another user"
+
+
+def usage(sandbox: Sandbox, account: str) -> float:
+    out = sandbox.slurm("sshare", "-n", "-P", "-A", account, "-o", "Account,User,RawUsage").stdout
+    return max((float(line.split("|")[2] or 0) for line in out.splitlines() if line.split("|")[1] == ""),
+               default=0.0)
+
+
+def test_fair_share_puts_the_lighter_account_first_whichever_way_it_submits(
+        bridge: Sandbox, tag: str) -> None:
+    """Both accounts start from no usage; alice's sbatch job then holds both real nodes long enough to be
+    counted. Behind it wait, in this order: alice's Kubernetes Job, alice's sbatch job, bob's Kubernetes
+    Job (each needs both nodes). Fair-share, not submission order, decides: bob's Job starts first."""
+    for account in ("lab_alice", "lab_bob"):
+        bridge.slurm("sacctmgr", "-i", "modify", "account", account, "set", "RawUsage=0")
+    script = write_script(bridge, "alice", f"{tag}-heavy.sh", f"#!/bin/sh\n#K8S image={IMAGE}\nsleep 600\n")
+    heavy = bridge.sbatch("-p", "k8s", "-N", "2", "--exclusive", "-o", "/dev/null", str(script))
+    bob_ns = "team-bob"
+    try:
+        wait_until("alice's heavy job to run", lambda: sacct(bridge, heavy).get("State") == "RUNNING",
+                   timeout=60)
+        # Each wants 5 GiB on each of two nodes (Slurm's 8 GiB a node): one at a time.
+        big = {"slurm-k8s-bridge/time-limit": "5"}
+        # Each runs 3 s: their start times (whole seconds in sacct) then tell their order.
+        job = batch_job(f"{tag}-alice", 2, "sleep 3", annotations=big)
+        job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "5Gi"
+        create(bridge, job)
+
+        def job_of(namespace: str, name: str) -> int | None:
+            items = bridge.kubectl_json("get", "pods", "-n", namespace, "-l", f"job-name={name}")["items"]
+            ids = {slurm_job_of(p) for p in items}
+            return ids.pop() if len(items) == 2 and len(ids) == 1 else None
+
+        alice_job = wait_until("alice's Job in Slurm", lambda: job_of(NS, f"{tag}-alice"), timeout=60)
+        alice_sbatch = write_script(bridge, "alice", f"{tag}-next.sh",
+                                    f"#!/bin/sh\n#K8S image={IMAGE}\nsleep 3\n")
+        alice_next = bridge.sbatch("-p", "k8s", "-N", "2", "--mem=5G", "-t", "5", "-o", "/dev/null",
+                                   str(alice_sbatch))
+        bobs = batch_job(f"{tag}-bob", 2, "sleep 3", annotations=big)
+        bobs["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "5Gi"
+        bobs["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(
+            runAsUser=2002, runAsGroup=2002)
+        done = subprocess.run(["kubectl", "-n", bob_ns, "create", "-f", "-", "--as=bob",
+                               "--as-group=system:authenticated"], input=json.dumps(bobs),
+                              env=bridge.environ(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        bob_job = wait_until("bob's Job in Slurm", lambda: job_of(bob_ns, f"{tag}-bob"), timeout=60)
+        # Slurm counts the running job's use once a minute (PriorityCalcPeriod=1, its shortest).
+        wait_until("alice's usage to count", lambda: usage(bridge, "lab_alice") > usage(bridge, "lab_bob"),
+                   timeout=150, interval=2)
+        assert alice_job < alice_next < bob_job, "submitted in this order"
+    finally:
+        bridge.slurm("scancel", str(heavy), check=False)
+    rows = {job_id: final(bridge, job_id, timeout=180) for job_id in (bob_job, alice_job, alice_next)}
+    starts = {job_id: row["Start"] for job_id, row in rows.items()}
+    assert all(row["State"] == "COMPLETED" for row in rows.values()), rows
+    assert starts[bob_job] < starts[alice_job] and starts[bob_job] < starts[alice_next], \
+        f"bob's Job ({bob_job}) should start first: {starts}"
+    assert rows[bob_job]["User"] == "bob" and rows[bob_job]["Account"] == "lab_bob"
+    bridge.kubectl("delete", "job", "-n", bob_ns, f"{tag}-bob", "--wait=false", check=False)
