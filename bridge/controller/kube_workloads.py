@@ -140,8 +140,9 @@ class KubeWorkloads:
         return DONE
 
     def _submitted_job(self, key: str, uids: frozenset[str]) -> int | None:
-        """The job already submitted for these pods: by this daemon, or (after a restart between the
-        submission and the marks) a live job whose comment names the gang and that no pod is marked with."""
+        """The job already submitted for these pods: by this daemon, or a live job whose comment names
+        the gang and that holds no pod but ones being deleted: a restart between the submission and
+        the marks, or a requeued job (its pods deleted) whose Job made new pods, its next run."""
         known = self._submitted.get(key)
         if known is not None and known[1] == uids:
             return known[0]
@@ -149,7 +150,7 @@ class KubeWorkloads:
             view = self.jobs.get(job_id)
             alloc = view.alloc if view is not None else None
             if (alloc is not None and not over(alloc) and wl.gang_of_comment(alloc.comment) == key
-                    and not self.cache.of_job(job_id)):
+                    and all(p.deleting for p in self.cache.of_job(job_id))):
                 log.info("gang.adopted", gang=key, job_id=job_id)
                 return job_id
         return None
@@ -192,6 +193,12 @@ class KubeWorkloads:
         if current is None or cancelled:
             return await self._stop(job_id, alloc, pods, sessions, bound)
         assert alloc is not None
+        earlier = [s for s in sessions if s.run != alloc.run]
+        if alloc.state == "PENDING" and (earlier or any(p.node_name and not p.ended for p in pods)):
+            # Requeued (preempted, a node failed): the run that placed these pods is over. They go
+            # with their grace; new pods of their Job are the job's next run (reconcile_gang adopts
+            # the job again for them), and a bare pod's job, left without pods, is cancelled.
+            return await self._stop(job_id, alloc, [p for p in pods if p.node_name], earlier, bound)
         if any(p.deleting for p in pods if not p.ended) and job_id not in self._stopping:
             return await self._cancel(job_id, "a pod of the job was deleted", bound)
         if not pods and not self._just_submitted(job_id) and not self._gang_alive(alloc):
@@ -207,7 +214,8 @@ class KubeWorkloads:
             return DONE
         if session.final is not None:
             return DONE
-        return await self._run(session, alloc, pods, bound)
+        # Pods being deleted are an earlier run's (a requeue), never this run's tasks.
+        return await self._run(session, alloc, [p for p in pods if not p.deleting], bound)
 
     async def _run(
         self, session: JobSession, alloc: JobAllocation, pods: list[wl.WorkloadPod], bound: Any
@@ -279,8 +287,8 @@ class KubeWorkloads:
                 self.sessions.end(session, event)
             else:
                 session.finish(event)
+        self._stopping.discard(job_id)
         if alloc is None or over(alloc):
-            self._stopping.discard(job_id)
             self._forget(pods)
         return DONE
 

@@ -363,3 +363,38 @@ def test_fair_share_puts_the_lighter_account_first_whichever_way_it_submits(
         f"bob's Job ({bob_job}) should start first: {starts}"
     assert rows[bob_job]["User"] == "bob" and rows[bob_job]["Account"] == "lab_bob"
     bridge.kubectl("delete", "job", "-n", bob_ns, f"{tag}-bob", "--wait=false", check=False)
+
+
+def test_a_preempted_job_gives_its_nodes_back_and_runs_again_with_its_jobs_new_pods(
+        bridge: Sandbox, tag: str) -> None:
+    """alice's Kubernetes Job holds both real nodes; bob's `high` sbatch job preempts it (REQUEUE). Its
+    pods get their grace and go, bob's job runs, and the same Slurm job runs again (Restarts=1) with
+    the pods the Job controller made anew; it ends COMPLETED, as a requeued sbatch job does."""
+    job = batch_job(f"{tag}-preempted", 2, 'echo "start $(date +%s)"; sleep 20',
+                    annotations={"slurm-k8s-bridge/time-limit": "10"})
+    job["spec"]["backoffLimit"] = 4
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "5Gi"
+    create(bridge, job)
+    first = wait_until("alice's Job to run", lambda: (
+        found if len(found := pods_of(bridge, f"job-name={tag}-preempted")) == 2
+        and all(p["status"].get("phase") == "Running" for p in found) else None), timeout=90)
+    job_id = slurm_job_of(first[0])
+    assert job_id is not None
+    high = write_script(bridge, "bob", f"{tag}-high.sh", f"#!/bin/sh\n#K8S image={IMAGE}\nsleep 3\n")
+    high_id = bridge.sbatch("-p", "k8s", "--qos=high", "-N", "2", "--exclusive", "-o", "/dev/null", str(high),
+                            user="bob")
+    first_uids = {p["metadata"]["uid"] for p in first}
+    wait_until("the first pods to go", lambda: not first_uids & {
+        p["metadata"]["uid"] for p in pods_of(bridge, f"job-name={tag}-preempted")
+        if not p["metadata"].get("deletionTimestamp")}, timeout=60)
+    high_row = final(bridge, high_id, timeout=120)
+    assert high_row["State"] == "COMPLETED", f"{high_row}\n{job_trail(high_id)}"
+    row = final(bridge, job_id, timeout=180)
+    assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{job_trail(job_id)}"
+    restarts = bridge.slurm("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "Restarts").stdout.split()
+    assert restarts[-1:] == ["1"], restarts
+    assert high_row["Start"] <= row["Start"], (high_row, row)
+    rows = jobs_named(bridge, f"{NS}/{tag}-preempted")
+    assert [r["JobID"] for r in rows] == [str(job_id)], f"the gang became other jobs too: {rows}"
+    job_status = bridge.kubectl_json("get", "job", "-n", NS, f"{tag}-preempted")["status"]
+    assert job_status.get("succeeded") == 2, job_status
