@@ -41,6 +41,7 @@ MARK_GRACE_S = 60.0
 """How long a job just submitted may show no pod of its own (the marks are not in the cache yet)."""
 EXIT_NOT_STARTED = 1
 REFUSAL_RETRY_S = 300.0
+GANG_INDEX_S = 1.0
 
 
 class KubeWorkloads:
@@ -65,6 +66,8 @@ class KubeWorkloads:
         REFUSAL_RETRY_S later."""
         self._told: dict[str, str] = {}
         """Pod uid → the last pending reason its condition and event carry."""
+        self._gang_index: dict[str, set[int]] = {}
+        self._gang_index_at = float("-inf")
         self._stopping: set[int] = set()
         """Jobs whose pods this daemon deletes (their deletion is no owner's cancel)."""
 
@@ -79,6 +82,13 @@ class KubeWorkloads:
                 self._told.pop(uid, None)
             return DONE
         bound = log.bind(gang=key)
+        incomplete = self._incomplete_job(key, waiting)
+        if incomplete is not None:
+            # A job of this gang lacks marks (a restart between them, or the cache has not seen them
+            # yet): its missing pods are these, never a new job's.
+            job_id, pods = incomplete
+            await self._mark(job_id, pods, bound)
+            return DONE
         size = await self._size(waiting[0])
         if size is None:
             why = (f"label {wl.LABEL_GANG} needs annotation {wl.ANNOTATION_GANG_SIZE}: the gang's size "
@@ -96,27 +106,34 @@ class KubeWorkloads:
             left = REFUSAL_RETRY_S - (time.monotonic() - refused[2])
             if left > 0:
                 return DONE.sooner(left)
-        job_id = self._submitted_job(key, uids)
-        if job_id is None:
-            try:
-                request = wl.job_request(gang, self.cfg.workloads)
-            except wl.WorkloadError as error:
-                return await self._refuse(key, gang, str(error), bound)
-            user = self.cfg.workloads.namespaces[gang[0].namespace].user
-            try:
-                job_id = await self.slurm.submit_job(user, request)
-            except SlurmRefused as error:
-                return await self._refuse(key, gang, f"Slurm refused the job: {error}", bound)
-            self._submitted[key] = (job_id, uids, time.monotonic())
-            self.metrics.inc("workload_jobs_submitted_total")
-            bound.info("gang.submitted", job_id=job_id, pods=[p.name for p in gang], user=user,
-                       account=request["account"], partition=request["partition"], tasks=request["tasks"],
-                       cpus_per_task=request["cpus_per_task"])
-        for pod in gang:
+        known = self._submitted.get(key)
+        if known is not None and uids <= known[1]:
+            await self._mark(known[0], gang, bound)  # its marks are not in the cache yet: again, idempotent
+            return DONE
+        try:
+            request = wl.job_request(gang, self.cfg.workloads)
+        except wl.WorkloadError as error:
+            return await self._refuse(key, gang, str(error), bound)
+        user = self.cfg.workloads.namespaces[gang[0].namespace].user
+        try:
+            job_id = await self.slurm.submit_job(user, request)
+        except SlurmRefused as error:
+            return await self._refuse(key, gang, f"Slurm refused the job: {error}", bound)
+        self._submitted[key] = (job_id, uids, time.monotonic())
+        self.metrics.inc("workload_jobs_submitted_total")
+        bound.info("gang.submitted", job_id=job_id, pods=[p.name for p in gang], user=user,
+                   account=request["account"], partition=request["partition"], tasks=request["tasks"],
+                   cpus_per_task=request["cpus_per_task"])
+        await self._mark(job_id, gang, bound)
+        return DONE
+
+    async def _mark(self, job_id: int, pods: list[wl.WorkloadPod], bound: Any) -> None:
+        for pod in pods:
             if await self.verbs.mark_job(pod, job_id):
                 await self._tell(pod, "Normal", "SubmittedToSlurm",
-                                 f"Slurm job {job_id} ({len(gang)} pods as one job) waits in Slurm's queue")
-        return DONE
+                                 f"Slurm job {job_id} (its gang's pods as one job) waits in Slurm's queue")
+            else:
+                bound.info("gang.mark_failed", job_id=job_id, pod=pod.name)
 
     async def _size(self, pod: wl.WorkloadPod) -> int | None:
         if pod.kind != "Job":
@@ -139,21 +156,40 @@ class KubeWorkloads:
                              "the job is submitted to Slurm once all do", condition="GangIncomplete")
         return DONE
 
-    def _submitted_job(self, key: str, uids: frozenset[str]) -> int | None:
-        """The job already submitted for these pods: by this daemon, or a live job whose comment names
-        the gang and that holds no pod but ones being deleted: a restart between the submission and
-        the marks, or a requeued job (its pods deleted) whose Job made new pods, its next run."""
+    def _incomplete_job(
+        self, key: str, waiting: list[wl.WorkloadPod]
+    ) -> tuple[int, list[wl.WorkloadPod]] | None:
+        """A live job of the gang (its comment names it) with fewer marked pods than tasks and none
+        bound yet, and the waiting pods that complete it: the ones this daemon submitted it for, or,
+        after a restart between the submission and the marks, any of the gang's."""
         known = self._submitted.get(key)
-        if known is not None and known[1] == uids:
-            return known[0]
-        for job_id in self.jobs.job_ids():
+        for job_id in self._gang_jobs(key) | ({known[0]} if known else set()):
             view = self.jobs.get(job_id)
             alloc = view.alloc if view is not None else None
-            if (alloc is not None and not over(alloc) and wl.gang_of_comment(alloc.comment) == key
-                    and all(p.deleting for p in self.cache.of_job(job_id))):
-                log.info("gang.adopted", gang=key, job_id=job_id)
-                return job_id
+            if alloc is None or over(alloc) or wl.gang_of_comment(alloc.comment) != key or alloc.tasks <= 0:
+                continue
+            marked = self.cache.of_job(job_id)
+            missing = alloc.tasks - len(marked)
+            if missing <= 0 or any(p.node_name for p in marked):
+                continue
+            candidates = [p for p in waiting if known is None or known[0] != job_id or p.uid in known[1]]
+            if candidates:
+                return job_id, candidates[:missing]
         return None
+
+    def _gang_jobs(self, key: str) -> set[int]:
+        """The live jobs whose comment names gang `key`, from an index of the job store rebuilt at most
+        once a second (one pass over the store, not one per question)."""
+        now = time.monotonic()
+        if now - self._gang_index_at > GANG_INDEX_S:
+            index: dict[str, set[int]] = {}
+            for job_id in self.jobs.job_ids():
+                view = self.jobs.get(job_id)
+                gang = wl.gang_of_comment(view.alloc.comment) if view is not None and view.alloc else None
+                if gang is not None:
+                    index.setdefault(gang, set()).add(job_id)
+            self._gang_index, self._gang_index_at = index, now
+        return self._gang_index.get(key, set())
 
     async def _refuse(self, key: str, pods: list[wl.WorkloadPod], why: str, bound: Any) -> Result:
         self._refused[key] = (frozenset(p.uid for p in pods), why, time.monotonic())
@@ -195,11 +231,14 @@ class KubeWorkloads:
         assert alloc is not None
         earlier = [s for s in sessions if s.run != alloc.run]
         if alloc.state == "PENDING" and (earlier or any(p.node_name and not p.ended for p in pods)):
-            # Requeued (preempted, a node failed): the run that placed these pods is over. They go
-            # with their grace; new pods of their Job are the job's next run (reconcile_gang adopts
-            # the job again for them), and a bare pod's job, left without pods, is cancelled.
+            # Requeued all the same (gang jobs are submitted not requeueable; an admin may insist):
+            # the run that placed these pods is over. They go with their grace, and the job, left
+            # without pods, is then cancelled; their Job's new pods are a new job.
             return await self._stop(job_id, alloc, [p for p in pods if p.node_name], earlier, bound)
-        if any(p.deleting for p in pods if not p.ended) and job_id not in self._stopping:
+        failed = any(p.phase == "Failed" and not p.deleting for p in pods)
+        if any(p.deleting for p in pods if not p.ended) and job_id not in self._stopping and not failed:
+            # Not after a pod failed: its Job controller deletes the others then, and the failed
+            # pod's exit code is the job's.
             return await self._cancel(job_id, "a pod of the job was deleted", bound)
         if not pods and not self._just_submitted(job_id) and not self._gang_alive(alloc):
             return await self._cancel(job_id, "the job's pods are gone", bound)
@@ -214,12 +253,21 @@ class KubeWorkloads:
             return DONE
         if session.final is not None:
             return DONE
-        # Pods being deleted are an earlier run's (a requeue), never this run's tasks.
-        return await self._run(session, alloc, [p for p in pods if not p.deleting], bound)
+        return await self._run(session, alloc, pods, bound)
 
     async def _run(
-        self, session: JobSession, alloc: JobAllocation, pods: list[wl.WorkloadPod], bound: Any
+        self, session: JobSession, alloc: JobAllocation, every_pod: list[wl.WorkloadPod], bound: Any
     ) -> Result:
+        # Pods being deleted are never placed, nor counted in the outcome; the job ends only once
+        # they have stopped (their Job controller deletes the rest after a failure).
+        pods = [p for p in every_pod if not p.deleting]
+        if not any(p.node_name for p in pods) and len(pods) < alloc.tasks:
+            # The waiter came before the cache saw every mark: wait for them, not long.
+            waited = time.time() - (alloc.start_time or time.time())
+            if waited < MARK_GRACE_S:
+                return DONE.sooner(2.0)
+            missing = f"the job has {len(pods)} of its {alloc.tasks} pods"
+            return await self._fail(session, pods, missing, bound)
         shape = wl.task_shape(pods) if pods else None
         placed = wl.place(pods, alloc, shape) if shape is not None else "the job has no pods"
         if isinstance(placed, str):
@@ -243,7 +291,7 @@ class KubeWorkloads:
                 self.metrics.inc("workload_pods_bound_total")
                 bound.info("pod.bound", pod=f"{pod.namespace}/{pod.name}", node=node,
                            slurm_node=placed[pod.name])
-        end = wl.gang_outcome(pods)
+        end = None if any(p.deleting and not p.ended for p in every_pod) else wl.gang_outcome(pods)
         if end is not None:
             bound.info("job.finished", exit_code=end.exit_code, reason=end.reason or None)
             session.finish({"type": "exit", "code": end.exit_code, "signal": None, "reason": end.reason})

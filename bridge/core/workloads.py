@@ -320,6 +320,10 @@ def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig) -> dict
         "standard_output": "/dev/null",
         "standard_error": "/dev/null",
         "environment": ["PATH=/usr/bin:/bin"],
+        # Not requeued: preempted, its pods go and the job ends PREEMPTED (as a non-requeueable sbatch
+        # job does); their Job controller's new pods are a new job. A requeued gang job would wait
+        # with no pods through the controller's back-off (10 s and more).
+        "requeue": False,
     }
     if shape.memory_mb_per_cpu:
         job["memory_per_cpu"] = {"set": True, "infinite": False, "number": shape.memory_mb_per_cpu}

@@ -96,6 +96,7 @@ def test_a_gang_becomes_one_job_of_one_task_per_pod_in_the_namespaces_account() 
     assert job["memory_per_cpu"]["number"] == 512  # the largest pod's 1 GiB over its 2 CPUs
     assert job["time_limit"]["number"] == 30  # the namespace's default
     assert job["name"] == "team-alice/train"
+    assert job["requeue"] is False  # preempted: PREEMPTED, and the Job's new pods are a new job
     assert gang_of_comment(job["comment"]) == "team-alice/job/job-uid"
     assert is_gang_script(job["script"]) and "#K8S image=busybox:1" in job["script"]
 

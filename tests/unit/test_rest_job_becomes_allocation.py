@@ -40,6 +40,7 @@ def test_running_job_fixture(rest_job: dict[str, Any]) -> None:
         start_time=1764513601,
         batch_host="ksim0003",
         cluster="sandbox",
+        tasks=2,
     )
 
 
