@@ -28,10 +28,11 @@ from bridge.controller.facade import over
 from bridge.controller.jobstore import JobStore
 from bridge.controller.metrics import Metrics
 from bridge.controller.sessions import JobSession, SessionRegistry
+from bridge.controller.steps import read_step_key
 from bridge.controller.workqueue import DONE, Result
 from bridge.core import workloads as wl
-from bridge.core.config import BridgeConfig
-from bridge.core.errors import SlurmRefused
+from bridge.core.config import BridgeConfig, ConfigError
+from bridge.core.errors import SlurmAuthError, SlurmRefused, SlurmUnavailable
 from bridge.core.model import JobAllocation
 from bridge.core.translate import TranslateError, kubernetes_node_names
 
@@ -42,6 +43,8 @@ MARK_GRACE_S = 60.0
 EXIT_NOT_STARTED = 1
 REFUSAL_RETRY_S = 300.0
 GANG_INDEX_S = 1.0
+SUBMIT_SETTLE_S = 5.0
+"""After a submission that got no answer: long enough for the poller to show a job it made."""
 
 
 class KubeWorkloads:
@@ -58,6 +61,10 @@ class KubeWorkloads:
         self.verbs = verbs
         self.metrics = metrics
         self._kubernetes_nodes = kubernetes_nodes
+        key = read_step_key(cfg.waiter.step_key_file)
+        if key is None:
+            raise ConfigError("[workloads.namespaces] needs waiter.step_key_file (it signs gangs' comments)")
+        self._key = key
         """`await kubernetes_nodes(partition)`: the Slurm → Kubernetes node map (None: same names)."""
         self._submitted: dict[str, tuple[int, frozenset[str], float]] = {}
         """Gang key → (job id, pod uids, when): a gang this daemon submitted, until its marks are seen."""
@@ -66,6 +73,8 @@ class KubeWorkloads:
         REFUSAL_RETRY_S later."""
         self._told: dict[str, str] = {}
         """Pod uid → the last pending reason its condition and event carry."""
+        self._unsure: dict[str, float] = {}
+        """Gang key → when its submission failed without an answer (the job may exist)."""
         self._gang_index: dict[str, set[int]] = {}
         self._gang_index_at = float("-inf")
         self._stopping: set[int] = set()
@@ -77,6 +86,7 @@ class KubeWorkloads:
                           if p.job_id is None and not p.deleting and not p.node_name and not p.ended),
                          key=lambda p: p.name)
         if not waiting:
+            self._unsure.pop(key, None)
             refused = self._refused.pop(key, None)
             for uid in refused[0] if refused is not None and not self.cache.gang(key) else ():
                 self._told.pop(uid, None)
@@ -111,14 +121,26 @@ class KubeWorkloads:
             await self._mark(known[0], gang, bound)  # its marks are not in the cache yet: again, idempotent
             return DONE
         try:
-            request = wl.job_request(gang, self.cfg.workloads)
+            request = wl.job_request(gang, self.cfg.workloads, self._key)
         except wl.WorkloadError as error:
             return await self._refuse(key, gang, str(error), bound)
         user = self.cfg.workloads.namespaces[gang[0].namespace].user
+        unsure = self._unsure.get(key)
+        if unsure is not None and time.monotonic() - unsure < SUBMIT_SETTLE_S:
+            return DONE.sooner(SUBMIT_SETTLE_S - (time.monotonic() - unsure) + 0.1)
         try:
             job_id = await self.slurm.submit_job(user, request)
-        except SlurmRefused as error:
+        except (SlurmRefused, SlurmAuthError) as error:
             return await self._refuse(key, gang, f"Slurm refused the job: {error}", bound)
+        except SlurmUnavailable as error:
+            # It may have been made all the same: look for it (the gang's jobs) before submitting again.
+            self._unsure[key] = time.monotonic()
+            bound.warning("gang.submit_unsure", error=repr(error))
+            for pod in gang:
+                await self._tell(pod, "Warning", "SlurmUnavailable",
+                                 f"cannot reach Slurm: {error}; trying again")
+            return DONE.sooner(SUBMIT_SETTLE_S + 0.1)
+        self._unsure.pop(key, None)
         self._submitted[key] = (job_id, uids, time.monotonic())
         self.metrics.inc("workload_jobs_submitted_total")
         bound.info("gang.submitted", job_id=job_id, pods=[p.name for p in gang], user=user,
@@ -166,9 +188,9 @@ class KubeWorkloads:
         for job_id in self._gang_jobs(key) | ({known[0]} if known else set()):
             view = self.jobs.get(job_id)
             alloc = view.alloc if view is not None else None
-            if alloc is None or over(alloc) or wl.gang_of_comment(alloc.comment) != key or alloc.tasks <= 0:
+            if alloc is None or over(alloc) or self.gang_of(alloc) != key or alloc.tasks <= 0:
                 continue
-            marked = self.cache.of_job(job_id)
+            marked = self.members(job_id, alloc)
             missing = alloc.tasks - len(marked)
             if missing <= 0 or any(p.node_name for p in marked):
                 continue
@@ -185,7 +207,7 @@ class KubeWorkloads:
             index: dict[str, set[int]] = {}
             for job_id in self.jobs.job_ids():
                 view = self.jobs.get(job_id)
-                gang = wl.gang_of_comment(view.alloc.comment) if view is not None and view.alloc else None
+                gang = self.gang_of(view.alloc) if view is not None and view.alloc else None
                 if gang is not None:
                     index.setdefault(gang, set()).add(job_id)
             self._gang_index, self._gang_index_at = index, now
@@ -213,15 +235,31 @@ class KubeWorkloads:
     # -- jobs of gangs ------------------------------------------------------------------------
     def owns(self, job_id: int, alloc: JobAllocation | None) -> bool:
         """The job is a gang's: the bridge submitted it (its comment), or pods are marked with it."""
-        if alloc is not None and wl.gang_of_comment(alloc.comment) is not None:
-            return True
-        if self.cache.of_job(job_id):
-            return True
-        return any(s.payload is not None and wl.is_gang_script(s.payload.script)
-                   for s in self.sessions.of_job(job_id))
+        if alloc is not None:
+            return self.gang_of(alloc) is not None
+        # Gone from Slurm: pods marked with it are stopped here (only the bridge marks pods, and
+        # stopping a forged mark's pod hurts only its author).
+        return bool(self.cache.of_job(job_id))
+
+    def gang_of(self, alloc: JobAllocation) -> str | None:
+        """The gang whose job `alloc` is: its comment, signed by this bridge for this job's user."""
+        return wl.verified_gang(alloc.comment, alloc.user, self._key)
+
+    def members(self, job_id: int, alloc: JobAllocation | None) -> list[wl.WorkloadPod]:
+        """The pods of the job: marked with it, of its gang, in a namespace of its user. A mark alone
+        proves nothing where admission did not guard it (a namespace labelled late, say)."""
+        pods = self.cache.of_job(job_id)
+        if alloc is None:
+            return pods
+        gang = self.gang_of(alloc)
+        return [p for p in pods if p.gang == gang and self._user_of(p.namespace) == alloc.user]
+
+    def _user_of(self, namespace: str) -> str | None:
+        managed = self.cfg.workloads.namespaces.get(namespace)
+        return managed.user if managed is not None else None
 
     async def reconcile_job(self, job_id: int, alloc: JobAllocation | None) -> Result:
-        pods = self.cache.of_job(job_id)
+        pods = self.members(job_id, alloc)
         bound = log.bind(job_id=job_id)
         sessions = self.sessions.of_job(job_id)
         current = None if alloc is None or over(alloc) else alloc.run
@@ -352,7 +390,7 @@ class KubeWorkloads:
 
     def _gang_alive(self, alloc: JobAllocation) -> bool:
         """Pods of the job's gang still wait unmarked (a restart between submission and the marks)."""
-        key = wl.gang_of_comment(alloc.comment)
+        key = self.gang_of(alloc)
         return key is not None and any(p.job_id is None and not p.deleting and not p.ended
                                        for p in self.cache.gang(key))
 

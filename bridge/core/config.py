@@ -233,6 +233,12 @@ class BridgeConfig:
             if self.slurm.backend != "rest":
                 # Only slurmrestd submits in another user's name (an operator's token may).
                 raise KeyProblem(where, "managed namespaces need [slurm] backend = \"rest\"")
+            if self.waiter.step_key_file is None:
+                raise KeyProblem(where, "managed namespaces need waiter.step_key_file (it signs their jobs' "
+                                        "comments)")
+            if managed.user in ("root", self.slurm.rest_user or "root"):
+                raise KeyProblem(where, f"user {managed.user!r} may act for every user: map the namespace to "
+                                        "an ordinary Slurm user")
             if name == self.namespace:
                 raise KeyProblem(where, "the job namespace holds the bridge's own pods; it cannot be managed")
             for partition in (managed.partition, *managed.partitions):

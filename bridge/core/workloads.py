@@ -12,6 +12,8 @@ at core and memory granularity (docs/architecture.md § Kubernetes workloads).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +43,13 @@ _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)(m|Ki|Mi|Gi|Ti|Pi|
 _FACTORS = {None: 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+ALLOWED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+"""What a pod may ask for besides GPUs (which are refused for now): any other extended resource (a
+device plugin's) would reach devices Slurm never allocated."""
+SAFE_VOLUMES = frozenset({"configMap", "secret", "emptyDir", "projected", "downwardAPI",
+                          "persistentVolumeClaim", "ephemeral", "image"})
+"""Volume kinds a pod of a managed namespace may use; the others reach the node or a storage system
+directly (hostPath, nfs, iscsi, csi inline, ...), past what the namespace's claims allow."""
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 START_ERRORS = frozenset({
     "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
@@ -94,6 +103,8 @@ class WorkloadPod:
     root), if it may not."""
     run_as: tuple[tuple[int | None, int | None], ...] = ()
     """(uid, gid) each container runs as: its own securityContext, else the pod's."""
+    groups: tuple[int, ...] = ()
+    """The pod's fsGroup and supplementalGroups: only the job's own group is allowed."""
 
     @property
     def ended(self) -> bool:
@@ -108,27 +119,39 @@ def quantity(text: object) -> float:
     return float(match.group(1)) * _FACTORS[match.group(2)]
 
 
-def _requests(containers: object) -> list[tuple[float, float, int]]:
-    """(cpus, memory bytes, GPUs) of each container: its requests, else its limits (the API server
-    copies limits into absent requests, but a pod may be read before defaulting)."""
+def _limits(containers: object) -> list[tuple[float, float, int]]:
+    """(cpus, memory bytes, GPUs) of each container, from its limits: what Slurm allocates is what the
+    pod may use, so a container without CPU and memory limits could use a whole node beyond its job."""
     found = []
     for container in containers if isinstance(containers, list) else []:
         resources = container.get("resources") or {}
-        requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        limits = resources.get("limits") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        if "cpu" not in limits or "memory" not in limits:
+            raise WorkloadError(f"container {container.get('name', '?')} must set resources.limits for cpu "
+                                "and memory: Slurm allocates that much to it, and it may use no more")
+        for name in {*limits, *requests} - ALLOWED_RESOURCES:
+            if name not in GPU_RESOURCES:
+                raise WorkloadError(f"container {container.get('name', '?')} asks for {name}, which Slurm "
+                                    "does not allocate")
         gpus = sum(int(quantity(limits.get(name, requests.get(name, 0)))) for name in GPU_RESOURCES)
-        found.append((quantity(requests.get("cpu", 0)), quantity(requests.get("memory", 0)), gpus))
+        found.append((quantity(limits["cpu"]), quantity(limits["memory"]), gpus))
     return found
 
 
 def pod_requests(spec: Mapping[str, Any]) -> tuple[int, int, int]:
-    """The pod's effective (millicpus, memory bytes, GPUs), as the scheduler counts them: the sum of its
-    containers, or its largest init container if larger."""
-    main = _requests(spec.get("containers"))
-    init = _requests(spec.get("initContainers"))
+    """The pod's (millicpus, memory bytes, GPUs) by its limits, counted as the scheduler counts requests:
+    its containers and sidecars (init containers that keep running) together, or its largest other
+    init container if larger, plus the pod's overhead."""
+    init = spec.get("initContainers") or []
+    sidecars = [c for c in init if isinstance(c, Mapping) and c.get("restartPolicy") == "Always"]
+    main = _limits([*(spec.get("containers") or []), *sidecars])
+    others = _limits([c for c in init if c not in sidecars])
     totals = [sum(c[i] for c in main) for i in range(3)]
-    peaks = [max((c[i] for c in init), default=0) for i in range(3)]
+    peaks = [max((c[i] for c in others), default=0) for i in range(3)]
+    overhead = spec.get("overhead") or {}
     cpu, memory, gpus = (max(total, peak) for total, peak in zip(totals, peaks, strict=True))
+    cpu += quantity(overhead.get("cpu", 0))
+    memory += quantity(overhead.get("memory", 0))
     return math.ceil(cpu * 1000), math.ceil(memory), int(gpus)
 
 
@@ -150,8 +173,10 @@ def trim_pod(pod: Mapping[str, Any]) -> WorkloadPod:
         kind, owner, owner_uid, size = "Job", job_owner.get("name", ""), job_owner.get("uid", ""), None
     try:
         cpu, memory, gpus = pod_requests(spec)
-    except WorkloadError:
-        cpu, memory, gpus = -1, -1, 0  # judged when the gang is submitted, with an event
+        resource_problem = ""
+    except WorkloadError as error:
+        cpu, memory, gpus = -1, -1, 0
+        resource_problem = str(error)  # judged when the gang is submitted, with an event
     job = annotations.get(ANNOTATION_SLURM_JOB, "")
     statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
     codes = [s["state"]["terminated"].get("exitCode", 0) for s in statuses
@@ -173,8 +198,10 @@ def trim_pod(pod: Mapping[str, Any]) -> WorkloadPod:
         started=any((s.get("state") or {}).get("running") or (s.get("state") or {}).get("terminated")
                     for s in status.get("containerStatuses") or []),
         image=str(((spec.get("containers") or [{}])[0] or {}).get("image") or ""),
-        unsafe=unsafe(spec),
+        unsafe="; ".join(filter(None, (resource_problem, unsafe(spec)))),
         run_as=run_as(spec),
+        groups=tuple(int(g) for g in [*((spec.get("securityContext") or {}).get("supplementalGroups") or []),
+                                       (spec.get("securityContext") or {}).get("fsGroup")] if g is not None),
     )
 
 
@@ -196,9 +223,12 @@ def run_as(spec: Mapping[str, Any]) -> tuple[tuple[int | None, int | None], ...]
 def unsafe(spec: Mapping[str, Any]) -> str:
     """What would let the pod act beyond the Slurm job's user on its node (empty: nothing). A job's
     tasks run as its user, unprivileged, natively too: a pod must say so, or it is not run."""
-    problems = [f"spec.{key}" for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
-    problems += [f"hostPath volume {v.get('name')}" for v in spec.get("volumes") or [] if v.get("hostPath")]
     pod_context = spec.get("securityContext") or {}
+    problems = [f"spec.{key}" for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    problems += [f"{kind} volume {v.get('name')}" for v in spec.get("volumes") or []
+                 for kind in set(v) - {"name"} if kind not in SAFE_VOLUMES]
+    if (pod_context.get("seccompProfile") or {}).get("type") == "Unconfined":
+        problems.append("the pod runs without seccomp")
     if 0 in (pod_context.get("supplementalGroups") or []) or pod_context.get("fsGroup") == 0:
         problems.append("group 0 in the pod's securityContext")
     for container in _containers(spec):
@@ -208,8 +238,16 @@ def unsafe(spec: Mapping[str, Any]) -> str:
             problems.append(f"container {name} is privileged")
         if (context.get("capabilities") or {}).get("add"):
             problems.append(f"container {name} adds capabilities")
-        if context.get("allowPrivilegeEscalation"):
-            problems.append(f"container {name} allows privilege escalation")
+        if context.get("allowPrivilegeEscalation") is not False:
+            # Unset is true: a setuid binary of the image would make it root again.
+            problems.append(f"container {name} must set allowPrivilegeEscalation: false")
+        if (context.get("seccompProfile") or {}).get("type") == "Unconfined":
+            problems.append(f"container {name} runs without seccomp")
+        if any(port.get("hostPort") for port in container.get("ports") or []):
+            problems.append(f"container {name} takes a port of the node (hostPort)")
+        for variable in container.get("env") or []:
+            if variable.get("name") == "NVIDIA_VISIBLE_DEVICES" and variable.get("value") != "void":
+                problems.append(f"container {name} sets NVIDIA_VISIBLE_DEVICES (GPUs come from Slurm only)")
     for (uid, gid), container in zip(run_as(spec), _containers(spec), strict=True):
         if not uid or not gid:
             problems.append(f"container {container.get('name', '?')} must set runAsUser and runAsGroup to "
@@ -220,6 +258,7 @@ def unsafe(spec: Mapping[str, Any]) -> str:
 def foreign_ids(pod: WorkloadPod, uid: int | None, gid: int | None) -> str:
     """The containers of `pod` that would run as another user or group than the Slurm job's."""
     wrong = [f"{u}:{g}" for u, g in pod.run_as if (u, g) != (uid, gid)]
+    wrong += [f"group {group}" for group in pod.groups if group != gid]
     return (f"{pod.namespace}/{pod.name} runs as {', '.join(sorted(set(wrong)))}, not as the Slurm job's "
             f"user {uid}:{gid}") if wrong else ""
 
@@ -281,17 +320,15 @@ def task_shape(pods: Sequence[WorkloadPod]) -> TaskShape:
     return TaskShape(cpus, math.ceil(memory_mb / cpus) if memory_mb else 0)
 
 
-def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig) -> dict[str, Any]:
-    """slurmrestd v0.0.45's `job` of the one Slurm job the gang `pods` becomes. WorkloadError says why
-    it cannot be one (the pods' event)."""
+def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig, key: bytes) -> dict[str, Any]:
+    """slurmrestd v0.0.45's `job` of the one Slurm job the gang `pods` becomes (its comment signed with
+    `key`). WorkloadError says why it cannot be one (the pods' event)."""
     first = pods[0]
     managed: ManagedNamespace | None = workloads.namespaces.get(first.namespace)
     if managed is None:
         raise WorkloadError(f"namespace {first.namespace} is labelled managed but the bridge's config "
                             "maps it to no Slurm user and account ([workloads.namespaces]); ask your "
                             "administrator")
-    if any(p.cpu_millis < 0 for p in pods):
-        raise WorkloadError("a container's resource requests are not Kubernetes quantities")
     for pod in pods:
         if pod.unsafe:
             raise WorkloadError(f"pod {pod.name} cannot run as a Slurm job's task: {pod.unsafe}")
@@ -309,7 +346,7 @@ def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig) -> dict
     shape = task_shape(pods)
     job: dict[str, Any] = {
         "name": f"{first.namespace}/{first.owner}"[:200],
-        "comment": gang_comment(first),
+        "comment": gang_comment(first, managed.user, key),
         "account": account,
         "partition": partition,
         "tasks": len(pods),
@@ -342,19 +379,27 @@ def _time_limit(pod: WorkloadPod, managed: ManagedNamespace) -> int | None:
     return managed.time_limit_min
 
 
-def gang_comment(pod: WorkloadPod) -> str:
-    """The job's comment: finds a submitted gang's job again after a restart, and tells sacct readers
-    whose workload it is."""
-    return f"{MARKER} {pod.gang} {pod.kind} {pod.namespace}/{pod.owner}"
+def _comment_mac(key: bytes, gang: str, user: str) -> str:
+    # A key of its own, derived: a comment's MAC is never a step token, nor the reverse.
+    derived = hmac.new(key, b"slurm-k8s-bridge workload comment", hashlib.sha256).digest()
+    return hmac.new(derived, f"{gang}\0{user}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
-def gang_of_comment(comment: str) -> str | None:
-    """The gang key a job's comment names, if the bridge wrote it."""
+def gang_comment(pod: WorkloadPod, user: str, key: bytes) -> str:
+    """The job's comment: names the gang for the daemon (a restart finds the job again by it) and for
+    sacct's readers, with a MAC over the gang and the job's user, so that a comment a user writes
+    (sbatch --comment, scontrol update) never makes a job a gang's."""
+    return f"{MARKER} {pod.gang} {_comment_mac(key, pod.gang, user)} {pod.kind} {pod.namespace}/{pod.owner}"
+
+
+def verified_gang(comment: str, user: str, key: bytes) -> str | None:
+    """The gang a job's comment names, if the bridge wrote it for this user's job."""
     words = comment.split()
     marker = MARKER.split()
-    if words[: len(marker)] != marker or len(words) <= len(marker):
+    if words[: len(marker)] != marker or len(words) < len(marker) + 2:
         return None
-    return words[len(marker)]
+    gang, mac = words[len(marker)], words[len(marker) + 1]
+    return gang if hmac.compare_digest(mac, _comment_mac(key, gang, user)) else None
 
 
 def gang_script(pod: WorkloadPod) -> str:

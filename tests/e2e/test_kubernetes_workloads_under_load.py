@@ -128,7 +128,8 @@ def job_manifest(spec: JobSpec, run: str) -> dict[str, Any]:
     # user's uid and gid, as Slurm and this host know them.
     user = pwd.getpwnam(TEAMS[spec.namespace][0])
     container = {"name": "main", "image": IMAGE, "command": ["true"],
-                 "resources": {"requests": {"cpu": spec.cpu, "memory": "16Mi"}},
+                 "resources": {"requests": {"cpu": spec.cpu, "memory": "16Mi"},
+                               "limits": {"cpu": spec.cpu, "memory": "16Mi"}},
                  "securityContext": {"runAsUser": user.pw_uid, "runAsGroup": user.pw_gid,
                                      "runAsNonRoot": True, "allowPrivilegeEscalation": False}}
     return {

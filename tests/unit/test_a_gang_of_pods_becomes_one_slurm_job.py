@@ -15,7 +15,6 @@ from bridge.core.workloads import (
     WorkloadError,
     foreign_ids,
     gang_comment,
-    gang_of_comment,
     gang_outcome,
     gang_script,
     is_gang_script,
@@ -27,6 +26,7 @@ from bridge.core.workloads import (
     task_shape,
     time_limit_minutes,
     trim_pod,
+    verified_gang,
 )
 
 WORKLOADS = WorkloadsConfig(namespaces={
@@ -46,12 +46,15 @@ def pod(name: str = "p", *, namespace: str = "team-alice", cpu: str = "500m", me
         "spec": {"schedulerName": "slurm-k8s-bridge",
                  "securityContext": {"runAsUser": 2001, "runAsGroup": 2001},
                  "containers": [{"name": "main", "image": "busybox:1",
-                                 "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
+                                 "securityContext": {"allowPrivilegeEscalation": False},
+                                 "resources": {"requests": {"cpu": cpu, "memory": memory},
+                                               "limits": {"cpu": cpu, "memory": memory}}}],
                  **(extra_spec or {})},
         "status": status or {"phase": "Pending"},
     }
 
 
+KEY = b"0123456789abcdef-step-key"
 JOB_OWNER = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "job-uid", "controller": True}
 
 
@@ -78,26 +81,38 @@ def test_a_group_label_makes_a_gang_of_its_size_and_a_pod_alone_is_its_own() -> 
     assert elsewhere.gang != grouped.gang
 
 
-def test_requests_count_as_the_scheduler_counts_them() -> None:
-    spec = {"containers": [{"resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}}},
-                           {"resources": {"limits": {"cpu": "1", "memory": "512Mi", "nvidia.com/gpu": "1"}}}],
-            "initContainers": [{"resources": {"requests": {"cpu": "4", "memory": "100M"}}}]}
-    assert pod_requests(spec) == (4000, 2**30 + 512 * 2**20, 1)
+def test_limits_count_as_the_scheduler_counts_requests() -> None:
+    """What Slurm allocates is what the pod may use: its limits, its sidecars added, its largest other
+    init container if larger, its overhead; a container without CPU and memory limits is refused."""
+    def limited(cpu: str, memory: str, **more: Any) -> dict[str, Any]:
+        return {"name": "c", "resources": {"limits": {"cpu": cpu, "memory": memory}}, **more}
+
+    spec = {"containers": [limited("1500m", "1Gi"), limited("1", "512Mi")],
+            "initContainers": [limited("4", "100M"), limited("500m", "10Mi", restartPolicy="Always")],
+            "overhead": {"cpu": "250m", "memory": "1Mi"}}
+    assert pod_requests(spec) == (4250, 2**30 + 512 * 2**20 + 10 * 2**20 + 2**20, 0)
+    with pytest.raises(WorkloadError, match=r"must set resources\.limits for cpu and memory"):
+        pod_requests({"containers": [{"name": "c",
+                                      "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]})
+    with pytest.raises(WorkloadError, match=r"asks for example\.com/fpga, which Slurm does not allocate"):
+        pod_requests({"containers": [limited("1", "1Gi")
+                                     | {"resources": {"limits": {"cpu": "1", "memory": "1Gi",
+                                                                 "example.com/fpga": "1"}}}]})
     with pytest.raises(WorkloadError):
-        pod_requests({"containers": [{"resources": {"requests": {"cpu": "lots"}}}]})
+        pod_requests({"containers": [limited("lots", "1Gi")]})
 
 
 def test_a_gang_becomes_one_job_of_one_task_per_pod_in_the_namespaces_account() -> None:
     pods = [trim_pod(pod(n, cpu=c, memory=m, owner=JOB_OWNER)) for n, c, m in
             (("a", "500m", "64Mi"), ("b", "1200m", "1Gi"))]
-    job = job_request(pods, WORKLOADS)
+    job = job_request(pods, WORKLOADS, KEY)
     assert (job["account"], job["partition"]) == ("lab_alice", "k8s")
     assert (job["tasks"], job["cpus_per_task"]) == (2, 2)
     assert job["memory_per_cpu"]["number"] == 512  # the largest pod's 1 GiB over its 2 CPUs
     assert job["time_limit"]["number"] == 30  # the namespace's default
     assert job["name"] == "team-alice/train"
     assert job["requeue"] is False  # preempted: PREEMPTED, and the Job's new pods are a new job
-    assert gang_of_comment(job["comment"]) == "team-alice/job/job-uid"
+    assert verified_gang(job["comment"], "alice", KEY) == "team-alice/job/job-uid"
     assert is_gang_script(job["script"]) and "#K8S image=busybox:1" in job["script"]
 
 
@@ -105,23 +120,30 @@ def test_a_pod_picks_only_an_allowed_account_or_partition() -> None:
     shared = trim_pod(pod(annotations={"slurm-k8s-bridge/account": "shared",
                                        "slurm-k8s-bridge/partition": "sim",
                                        "slurm-k8s-bridge/time-limit": "1:30:00"}))
-    job = job_request([shared], WORKLOADS)
+    job = job_request([shared], WORKLOADS, KEY)
     assert (job["account"], job["partition"], job["time_limit"]["number"]) == ("shared", "sim", 90)
     with pytest.raises(WorkloadError, match="account 'lab_bob' is not allowed"):
-        job_request([trim_pod(pod(annotations={"slurm-k8s-bridge/account": "lab_bob"}))], WORKLOADS)
+        job_request([trim_pod(pod(annotations={"slurm-k8s-bridge/account": "lab_bob"}))], WORKLOADS, KEY)
     with pytest.raises(WorkloadError, match="partition 'native' is not allowed"):
-        job_request([trim_pod(pod(annotations={"slurm-k8s-bridge/partition": "native"}))], WORKLOADS)
+        job_request([trim_pod(pod(annotations={"slurm-k8s-bridge/partition": "native"}))], WORKLOADS, KEY)
     with pytest.raises(WorkloadError, match="maps it to no Slurm user"):
-        job_request([trim_pod(pod(namespace="team-eve"))], WORKLOADS)
+        job_request([trim_pod(pod(namespace="team-eve"))], WORKLOADS, KEY)
     deadline = trim_pod(pod(extra_spec={"activeDeadlineSeconds": 61}))
-    assert job_request([deadline], WORKLOADS)["time_limit"]["number"] == 2
+    assert job_request([deadline], WORKLOADS, KEY)["time_limit"]["number"] == 2
 
 
-def test_a_forged_comment_or_script_is_not_a_gang() -> None:
-    assert gang_of_comment("slurm-k8s-bridge workload") is None
-    assert gang_of_comment("my job: slurm-k8s-bridge workload team-bob/pod/x") is None
+def test_only_a_comment_the_bridge_signed_for_that_user_makes_a_job_a_gangs() -> None:
+    """A user writes their job's comment (sbatch --comment, scontrol update): a forged one, one copied
+    from another user's job, or one signed with another key names no gang."""
     first = trim_pod(pod())
-    assert gang_of_comment(gang_comment(first)) == first.gang
+    signed = gang_comment(first, "alice", KEY)
+    assert verified_gang(signed, "alice", KEY) == first.gang
+    assert verified_gang(signed, "bob", KEY) is None  # bob's job with alice's comment
+    assert verified_gang(signed, "alice", b"another-key-of-16-bytes") is None
+    forged = signed.replace(first.gang, "team-alice/group/other")
+    assert verified_gang(forged, "alice", KEY) is None
+    assert verified_gang(f"slurm-k8s-bridge workload {first.gang}", "alice", KEY) is None
+    assert verified_gang(f"my job: {signed}", "alice", KEY) is None
     assert not is_gang_script("#!/bin/bash\necho hi\n")
     assert is_gang_script(gang_script(first))
 
@@ -190,6 +212,8 @@ BASE = """cluster = "c"
 [slurm]
 url = "http://127.0.0.1:1"
 token_file = "/etc/hostname"
+[waiter]
+step_key_file = "/etc/hostname"
 [partitions.k8s]
 """
 
@@ -203,6 +227,10 @@ def test_a_managed_namespace_needs_a_bridged_partition_and_slurmrestd() -> None:
         parse_config(good.replace("[slurm]\n", '[slurm]\nbackend = "pyslurm"\n'))
     with pytest.raises(ConfigError, match="job namespace"):
         parse_config(good.replace("team-alice", "slurm-jobs"))
+    with pytest.raises(ConfigError, match="step_key_file"):
+        parse_config(good.replace('step_key_file = "/etc/hostname"\n', ""))
+    with pytest.raises(ConfigError, match="may act for every user"):
+        parse_config(good.replace('user = "alice"', 'user = "root"'))
 
 
 @pytest.mark.parametrize(("spec", "problem"), [
@@ -211,21 +239,38 @@ def test_a_managed_namespace_needs_a_bridged_partition_and_slurmrestd() -> None:
     ({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "hostPath volume root"),
     ({"securityContext": {"runAsUser": 2001, "runAsGroup": 2001, "supplementalGroups": [0]}}, "group 0"),
     ({"securityContext": {}}, "must set runAsUser and runAsGroup"),
+    ({"volumes": [{"name": "data", "nfs": {"server": "x", "path": "/"}}]}, "nfs volume data"),
+    ({"securityContext": {"runAsUser": 2001, "runAsGroup": 2001, "seccompProfile": {"type": "Unconfined"}}},
+     "without seccomp"),
     ({"securityContext": {"runAsUser": 0, "runAsGroup": 0}}, "must set runAsUser and runAsGroup"),
 ])
 def test_a_pod_that_could_act_beyond_its_user_never_becomes_a_job(spec: dict[str, Any], problem: str) -> None:
     unsafe = trim_pod(pod(extra_spec=spec))
     with pytest.raises(WorkloadError, match="cannot run as a Slurm job's task") as refused:
-        job_request([unsafe], WORKLOADS)
+        job_request([unsafe], WORKLOADS, KEY)
     assert problem in str(refused.value)
 
 
-@pytest.mark.parametrize("context", [{"privileged": True}, {"allowPrivilegeEscalation": True},
-                                     {"capabilities": {"add": ["SYS_ADMIN"]}}, {"runAsUser": 0}])
-def test_a_container_that_escalates_or_is_root_is_refused(context: dict[str, Any]) -> None:
+@pytest.mark.parametrize("change", [{"privileged": True}, {"allowPrivilegeEscalation": True},
+                                    {"allowPrivilegeEscalation": None},
+                                    {"capabilities": {"add": ["SYS_ADMIN"]}}, {"runAsUser": 0}])
+def test_a_container_that_escalates_or_is_root_is_refused(change: dict[str, Any]) -> None:
     spec = pod()["spec"]
-    spec["containers"][0]["securityContext"] = context
+    context = {**spec["containers"][0]["securityContext"], **change}
+    spec["containers"][0]["securityContext"] = {k: v for k, v in context.items() if v is not None}
     assert trim_pod({**pod(), "spec": spec}).unsafe
+    assert trim_pod(pod()).unsafe == ""
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"ports": [{"containerPort": 22, "hostPort": 2222}]}, "hostPort"),
+    ({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, "NVIDIA_VISIBLE_DEVICES"),
+])
+def test_a_container_reaching_the_nodes_ports_or_gpus_is_refused(
+        change: dict[str, Any], problem: str) -> None:
+    spec = pod()["spec"]
+    spec["containers"][0].update(change)
+    assert problem in trim_pod({**pod(), "spec": spec}).unsafe
 
 
 def test_every_container_runs_as_the_slurm_jobs_user_or_the_job_fails() -> None:
@@ -235,3 +280,6 @@ def test_every_container_runs_as_the_slurm_jobs_user_or_the_job_fails() -> None:
     spec["initContainers"] = [{"name": "init", "image": "i", "securityContext": {"runAsUser": 2002}}]
     other = trim_pod({**pod(), "spec": spec})
     assert "runs as 2002:2001, not as the Slurm job's user 2001:2001" in foreign_ids(other, 2001, 2001)
+    spec = pod()["spec"]
+    spec["securityContext"] |= {"supplementalGroups": [2002], "fsGroup": 2001}
+    assert "group 2002" in foreign_ids(trim_pod({**pod(), "spec": spec}), 2001, 2001)
