@@ -190,6 +190,8 @@ class KubeWorkloads:
             alloc = view.alloc if view is not None else None
             if alloc is None or over(alloc) or self.gang_of(alloc) != key or alloc.tasks <= 0:
                 continue
+            if self._user_of(key.partition("/")[0]) != alloc.user:
+                continue  # never another user's job, whatever its comment says
             marked = self.members(job_id, alloc)
             missing = alloc.tasks - len(marked)
             if missing <= 0 or any(p.node_name for p in marked):
