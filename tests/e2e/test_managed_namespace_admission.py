@@ -223,6 +223,19 @@ def test_the_bridges_own_keys_are_refused_to_alice(managed: Sandbox) -> None:
     assert annotations["slurm-k8s-bridge/partition"] == "sim"
 
 
+def test_no_container_is_added_and_no_resource_resized_after_the_fact(managed: Sandbox) -> None:
+    """What Slurm allocated for is what runs: an ephemeral container (kubectl debug) or an in-place
+    resize is refused to all but the bridge, system:masters included (RBAC would let them)."""
+    assert create(managed, pod("debugged"), *ALICE).returncode == 0
+    debug = kubectl(managed, "debug", "-n", NAMESPACE, "debugged", "--image=sandbox.local/busybox:1",
+                    "--container=peek", *MASTER)
+    assert debug.returncode != 0 and "no ephemeral containers" in debug.stderr, debug.stderr
+    bigger = '{"spec":{"containers":[{"name":"c","resources":{"limits":{"cpu":"64"}}}]}}'
+    resize = kubectl(managed, "patch", "pod", "-n", NAMESPACE, "debugged", "--subresource=resize",
+                     "-p", bigger, *MASTER)
+    assert resize.returncode != 0 and "no resize" in resize.stderr, resize.stderr
+
+
 def test_a_jobs_pods_get_the_bridges_scheduler(managed: Sandbox) -> None:
     """The Job controller creates the pods (as its own ServiceAccount): the policy holds them too.
     (Not in team-alice: the daemon would submit and run it there, which is its own tests' subject.)"""
