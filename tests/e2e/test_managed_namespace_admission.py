@@ -226,11 +226,16 @@ def test_the_bridges_own_keys_are_refused_to_alice(managed: Sandbox) -> None:
 def test_no_container_is_added_and_no_resource_resized_after_the_fact(managed: Sandbox) -> None:
     """What Slurm allocated for is what runs: an ephemeral container (kubectl debug) or an in-place
     resize is refused to all but the bridge, system:masters included (RBAC would let them)."""
-    assert create(managed, pod("debugged"), *ALICE).returncode == 0
+    guaranteed = pod("debugged")
+    guaranteed["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m", "memory": "32Mi"},
+                                                        "limits": {"cpu": "100m", "memory": "32Mi"}}
+    assert create(managed, guaranteed, *ALICE).returncode == 0
     debug = kubectl(managed, "debug", "-n", NAMESPACE, "debugged", "--image=sandbox.local/busybox:1",
                     "--container=peek", *MASTER)
     assert debug.returncode != 0 and "no ephemeral containers" in debug.stderr, debug.stderr
-    bigger = '{"spec":{"containers":[{"name":"c","resources":{"limits":{"cpu":"64"}}}]}}'
+    # A resize Kubernetes itself accepts (the QOS class stays): only the policy refuses it.
+    bigger = json.dumps({"spec": {"containers": [
+        {"name": "c", "resources": {"requests": {"cpu": "8"}, "limits": {"cpu": "8"}}}]}})
     resize = kubectl(managed, "patch", "pod", "-n", NAMESPACE, "debugged", "--subresource=resize",
                      "-p", bigger, *MASTER)
     assert resize.returncode != 0 and "no resize" in resize.stderr, resize.stderr
