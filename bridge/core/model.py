@@ -80,8 +80,8 @@ class JobAllocation:
     """The job has a batch script (sbatch); False for an allocation made by salloc or srun, whose
     pods the daemon starts for the first step the user runs in it."""
     cluster: str = ""
-    tasks: int = 0
-    """Its number of tasks (`--ntasks`; 0 if Slurm did not say)."""
+    tasks: int = 1
+    """Its number of tasks (`--ntasks`; 1 if Slurm did not say, as libslurm reads it)."""
     comment: str = ""
     """The job's comment (the bridge's gangs of Kubernetes pods carry core.workloads.MARKER there)."""
     state_reason: str = ""
@@ -169,9 +169,10 @@ def allocation_from_rest(job: Mapping[str, Any], read_at: float = 0.0) -> JobAll
         # Absent from records that predate it: a batch job, as every bridged job was.
         batch=job.get("batch_flag") is not False,
         cluster=_str(job.get("cluster")),
-        tasks=_number(job.get("tasks")) or 0,
+        tasks=_number(job.get("tasks")) or 1,  # unset means one, as libslurm says (pyslurm's ntasks)
         comment=_str(job.get("comment")),
-        state_reason=_reason(job.get("state_reason")),
+        # Its description where Slurm gives one (what libslurm's readers show, pyslurm's too).
+        state_reason=_reason(job.get("state_description") or job.get("state_reason")),
         run=_number(job.get("restart_cnt")) or 0,
         read_at=read_at,
     )

@@ -45,11 +45,13 @@ async def test_backends_agree_on_running_pending_array_and_finished_jobs(
         "-p", "native", "-w", "native1", "--gres=gpu:2", "-c2", "--mem=700", "-t", "5", "--wrap", "sleep 60"
     )
     two_nodes = jobs.submit("-p", "native", "-N2", "-n3", "--gres=gpu:1", "--mem=300", "--wrap", "sleep 60")
+    # bob's array only once alice's jobs run: fair-share would put it first (bob has used less),
+    # and its two tasks could take the cores two_nodes needs beside its GPUs.
+    jobs.wait_state(gpu_job, two_nodes)
     array = jobs.submit("-p", "native", "-a", "0-1", "-t", "3", "--wrap", "sleep 60", user="bob")
     held = jobs.submit("-p", "native", "-H", "--wrap", "true")
     cancelled = jobs.submit("-p", "native", "-H", "--wrap", "true")
     sandbox.slurm("scancel", str(cancelled))
-    jobs.wait_state(gpu_job, two_nodes)
     wait_until("two array tasks with records of their own", lambda: len(jobs.array_tasks(array)) == 2)
     tasks = jobs.array_tasks(array)
     jobs.wait_state(*tasks)

@@ -231,7 +231,7 @@ class PyslurmSlurmClient:
             batch_host=job.batch_host or "",
             batch=bool(job.is_batch_job),
             cluster=job.cluster or "",
-            tasks=int(getattr(job, "ntasks", None) or 0),
+            tasks=int(getattr(job, "ntasks", None) or 1),
             comment=getattr(job, "comment", None) or "",  # absent from older pyslurm records
             state_reason=str(getattr(job, "state_reason", None) or "").replace("None", ""),
             run=job.requeue_count or 0,  # pyslurm's name for restart_cnt
