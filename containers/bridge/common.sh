@@ -118,8 +118,9 @@ host_path = "$SBX_SHARED_HOME"
 TOML
 }
 
-# workloads_config: the managed namespaces (Kubernetes workloads scheduled by Slurm), the same in
-# both modes; only slurmrestd submits in another user's name, so none with the pyslurm backend.
+# workloads_config: the managed namespaces (Kubernetes workloads scheduled by Slurm), for the daemon
+# on the host (the Deployment has no step key, which signs their jobs' comments); only slurmrestd
+# submits in another user's name, so none with the pyslurm backend.
 # The namespaces and the admission policies that hand their pods to the bridge: up.sh/deploy.sh.
 workloads_config() {
   [ "${SBX_BRIDGE_BACKEND:-rest}" = rest ] || return 0

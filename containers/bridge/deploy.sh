@@ -40,7 +40,9 @@ cluster=$(sed -n 's/^cluster = "\(.*\)"$/\1/p' <<<"$settings")
 job_namespace=$(sed -n 's/^namespace = "\(.*\)"$/\1/p' <<<"$settings")
 [ -n "$cluster" ] && [ -n "$job_namespace" ] || die "cannot read cluster and namespace from job_settings_config"
 grep -v '^cluster = \|^namespace = ' <<<"$settings" >"$deploy_dir/top-level.toml"
-{ partitions_config; workloads_config; } >"$deploy_dir/tables.toml"
+# No [workloads] here: the Deployment has no step key file, which signs the gangs' job comments
+# (the chart's admission policies still hold the managed namespaces' pods: they wait).
+partitions_config >"$deploy_dir/tables.toml"
 # JSON is YAML: a values file with every string quoted right, whatever it holds.
 (umask 077 && IMAGE=$image JOB_NAMESPACE=$job_namespace CLUSTER=$cluster BACKEND=$SBX_BRIDGE_BACKEND \
   SLURMRESTD_URL="http://$SBX_CONTROL_IP:$SBX_SLURMRESTD_PORT" SLURM_UID=$slurm_uid \
