@@ -19,9 +19,10 @@ RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRo
 
 
 def _template(tmp_path: Path) -> list[dict]:
-    # rbac.dra: the sandbox's config has partitions in gpu_mode "dra" (dra, simdra).
+    # rbac.dra: the sandbox's config has partitions in gpu_mode "dra" (dra, simdra); workloads: its
+    # managed namespaces (their cluster-wide RBAC, and the admission policies).
     values = {"secrets": {"jwt": {"value": "SLURM_JWT=x"}, "munge": {"keyBase64": "a2V5"}},
-              "rbac": {"dra": True}}
+              "rbac": {"dra": True}, "workloads": {"enabled": True}}
     result = helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, values=values,
                   tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
