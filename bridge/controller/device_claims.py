@@ -166,15 +166,16 @@ class DeviceClaims:
         self, indices: tuple[int, ...], devices: list[PublishedDevice], view: PodView, mine: str, bound: Any
     ) -> None:
         """Raise _Refused when another workload's claim holds one of `devices`, _Wait while one of
-        ours of an ended run does (deleted here once its pod is gone)."""
+        ours of an ended run does (deleted here once its pod is gone), or one of a managed namespace's
+        pods does (Slurm ended its job: Kubernetes releases the claim as the pod ends)."""
         for device, holder in holders(devices, self.claims.holding(devices), mine):
             index = indices[devices.index(device)]
-            if not self.ours(holder):
+            if not self.ours(holder) and holder.namespace not in self.cfg.workloads.namespaces:
                 raise _Refused(
                     f"GPU index {index} on {view.binds_to} ({device.name} of {device.driver}) is held by "
                     f"ResourceClaim {holder.key}, which Kubernetes gave to another workload: it is not free "
                     f"for this job although Slurm allocated it")
-            if not self._owner_alive(holder):
+            if self.ours(holder) and not self._owner_alive(holder):
                 await self._delete_stale(holder, bound)
             raise _Wait(f"GPU index {index} ({device.name}) is still held by ResourceClaim {holder.key} "
                         f"of an ended job")

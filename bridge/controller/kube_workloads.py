@@ -24,17 +24,20 @@ import structlog
 
 from bridge.clients.kube.workload_pods import WorkloadPodCache, WorkloadVerbs
 from bridge.clients.slurm import SlurmClient
+from bridge.controller.device_claims import DeviceClaims
 from bridge.controller.facade import over
 from bridge.controller.jobstore import JobStore
 from bridge.controller.metrics import Metrics
 from bridge.controller.sessions import JobSession, SessionRegistry
 from bridge.controller.steps import read_step_key
+from bridge.controller.workload_devices import DevicesRefused, DevicesWait, WorkloadDevices, waited_s
 from bridge.controller.workqueue import DONE, Result
 from bridge.core import workloads as wl
 from bridge.core.config import BridgeConfig, ConfigError
 from bridge.core.errors import SlurmAuthError, SlurmRefused, SlurmUnavailable
 from bridge.core.model import JobAllocation
 from bridge.core.translate import TranslateError, kubernetes_node_names
+from bridge.core.workload_placement import ClaimsNotReady, claim_gpus, place, task_shape
 
 log = structlog.get_logger(__name__)
 
@@ -43,6 +46,9 @@ MARK_GRACE_S = 60.0
 EXIT_NOT_STARTED = 1
 REFUSAL_RETRY_S = 300.0
 GANG_INDEX_S = 1.0
+CLAIMS_RETRY_S = 1.0
+"""While a gang's claims are being made (Kubernetes' claim controller): when to look again."""
+DEVICES_RETRY_S = 0.5
 SUBMIT_SETTLE_S = 5.0
 """After a submission that got no answer: long enough for the poller to show a job it made."""
 
@@ -51,7 +57,7 @@ class KubeWorkloads:
     def __init__(
         self, cfg: BridgeConfig, slurm: SlurmClient, jobs: JobStore, sessions: SessionRegistry,
         cache: WorkloadPodCache, verbs: WorkloadVerbs, metrics: Metrics,
-        kubernetes_nodes: Callable[[str], Any],
+        kubernetes_nodes: Callable[[str], Any], devices: DeviceClaims,
     ) -> None:
         self.cfg = cfg
         self.slurm = slurm
@@ -61,6 +67,9 @@ class KubeWorkloads:
         self.verbs = verbs
         self.metrics = metrics
         self._kubernetes_nodes = kubernetes_nodes
+        self.devices = devices
+        """The cluster's ResourceSlices and ResourceClaims (the `dra` mode's caches)."""
+        self.gpus = WorkloadDevices(devices, verbs, metrics)
         key = read_step_key(cfg.waiter.step_key_file)
         if key is None:
             raise ConfigError("[workloads.namespaces] needs waiter.step_key_file (it signs gangs' comments)")
@@ -121,9 +130,12 @@ class KubeWorkloads:
             await self._mark(known[0], gang, bound)  # its marks are not in the cache yet: again, idempotent
             return DONE
         try:
-            request = wl.job_request(gang, self.cfg.workloads, self._key)
+            gpus = self._gpus_per_task(gang)
+            request = wl.job_request(gang, self.cfg.workloads, self._key, gpus)
         except wl.WorkloadError as error:
             return await self._refuse(key, gang, str(error), bound)
+        except ClaimsNotReady as wait:
+            return await self._wait_for_claims(gang, str(wait))
         user = self.cfg.workloads.namespaces[gang[0].namespace].user
         unsure = self._unsure.get(key)
         if unsure is not None and time.monotonic() - unsure < SUBMIT_SETTLE_S:
@@ -148,6 +160,29 @@ class KubeWorkloads:
                    cpus_per_task=request["cpus_per_task"])
         await self._mark(job_id, gang, bound)
         return DONE
+
+    def _gpus_per_task(self, gang: list[wl.WorkloadPod]) -> int:
+        """The GPUs of each task: the most any pod's claims ask for (0 without claims)."""
+        if not any(p.claims for p in gang):
+            return 0
+        partition = wl.gang_partition(gang[0], self.cfg.workloads)
+        part = self.cfg.partition(partition)
+        device_class = (part.dra_device_class or part.dra_driver) if part is not None else None
+        if device_class is not None and not self.devices.claims.synced.is_set():
+            raise ClaimsNotReady("the cluster's ResourceClaims are not listed yet")
+        return max(claim_gpus(p, self.devices.claims.get, device_class, partition) for p in gang)
+
+    async def _wait_for_claims(self, gang: list[wl.WorkloadPod], why: str) -> Result:
+        """Kubernetes makes each pod's claims from their templates in a moment; past the gang's wait, the
+        pods say what is missing (a template that does not exist, say)."""
+        oldest = min((p.created for p in gang if p.created is not None), default=None)
+        waited = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
+        if waited >= self.cfg.workloads.gang_wait_s:
+            for pod in gang:
+                await self._tell(pod, "Warning", "ClaimsNotReady", f"{why} after {int(waited)}s; the job is "
+                                 "submitted to Slurm once every claim exists", condition="ClaimsNotReady")
+            return DONE.sooner(CLAIMS_RETRY_S * 5)
+        return DONE.sooner(CLAIMS_RETRY_S)
 
     async def _mark(self, job_id: int, pods: list[wl.WorkloadPod], bound: Any) -> None:
         for pod in pods:
@@ -308,8 +343,9 @@ class KubeWorkloads:
                 return DONE.sooner(2.0)
             missing = f"the job has {len(pods)} of its {alloc.tasks} pods"
             return await self._fail(session, pods, missing, bound)
-        shape = wl.task_shape(pods) if pods else None
-        placed = wl.place(pods, alloc, shape) if shape is not None else "the job has no pods"
+        shape = task_shape(pods) if pods else None
+        gpus = {p.name: self.gpus.count(p) for p in pods if p.claims}
+        placed = place(pods, alloc, shape, gpus) if shape is not None else "the job has no pods"
         if isinstance(placed, str):
             return await self._fail(session, pods, placed, bound)
         # Slurm's record says whose job it is: each pod runs as that user, or not at all.
@@ -323,14 +359,31 @@ class KubeWorkloads:
                 if part is not None else {}
         except TranslateError as error:
             return await self._fail(session, pods, str(error), bound)
+        again: float | None = None
         for pod in pods:
             if pod.node_name or pod.ended:
                 continue
-            node = names.get(placed[pod.name], placed[pod.name])
+            where = placed[pod.name]
+            node = names.get(where.node, where.node)
+            if pod.claims:
+                try:
+                    await self.gpus.give(pod, node, where.gpus, part, bound)
+                except DevicesRefused as refused:
+                    return await self._fail(session, pods, str(refused), bound)
+                except DevicesWait as wait:
+                    limit = self.gpus.wait_limit(self.cfg.start_failure_grace_s)
+                    if waited_s(alloc) >= limit:
+                        return await self._fail(session, pods, f"pod {pod.name} got no GPUs in {limit:.0f}s: "
+                                                f"{wait}", bound)
+                    bound.info("claim.waiting", pod=f"{pod.namespace}/{pod.name}", reason=str(wait))
+                    again = DEVICES_RETRY_S
+                    continue
             if await self.verbs.bind(pod, node):
                 self.metrics.inc("workload_pods_bound_total")
                 bound.info("pod.bound", pod=f"{pod.namespace}/{pod.name}", node=node,
-                           slurm_node=placed[pod.name])
+                           slurm_node=where.node, slurm_gpus=list(where.gpus) or None)
+        if again is not None:
+            return DONE.sooner(again)
         end = None if any(p.deleting and not p.ended for p in every_pod) else wl.gang_outcome(pods)
         if end is not None:
             bound.info("job.finished", exit_code=end.exit_code, reason=end.reason or None)

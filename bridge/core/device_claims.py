@@ -207,14 +207,18 @@ def _selector(identity: str, devices: Sequence[PublishedDevice]) -> str:
     return f"device.attributes['{domain}'].{name} in [{', '.join(values)}]"
 
 
-def claim_status(pod: str, pod_uid: str, node: str, devices: Sequence[PublishedDevice]) -> dict[str, Any]:
+def claim_status(
+    pod: str, pod_uid: str, node: str, devices: Sequence[PublishedDevice], requests: Sequence[str] = (),
+) -> dict[str, Any]:
     """The allocation of exactly `devices` on `node`, reserved for the pod (what the kubelet checks
-    before it asks the driver to prepare them)."""
+    before it asks the driver to prepare them). `requests`: the claim's request each device answers
+    (the bridge's own claims have one, POD_CLAIM_NAME)."""
+    names = list(requests) or [wellknown.POD_CLAIM_NAME] * len(devices)
     return {
         "allocation": {
             "devices": {"results": [
-                {"request": wellknown.POD_CLAIM_NAME, "driver": d.driver, "pool": d.pool, "device": d.name}
-                for d in devices
+                {"request": request, "driver": d.driver, "pool": d.pool, "device": d.name}
+                for d, request in zip(devices, names, strict=True)
             ]},
             "nodeSelector": {"nodeSelectorTerms": [
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
@@ -235,6 +239,18 @@ def claim_pod(spec: dict[str, Any], container: dict[str, Any], annotations: dict
 
 
 @dataclass(frozen=True)
+class ClaimRequest:
+    """One request of a claim's spec, as far as the bridge honours it."""
+
+    name: str
+    device_class: str
+    """"" for a request of alternatives (firstAvailable), which the bridge does not choose among."""
+    count: int
+    """ExactCount's count; 0 for allocationMode All."""
+    admin_access: bool
+
+
+@dataclass(frozen=True)
 class ClaimView:
     """A ResourceClaim trimmed to who holds what."""
 
@@ -251,6 +267,9 @@ class ClaimView:
     """(driver, pool, device) of its allocation."""
     reserved_for: frozenset[str]
     deleting: bool
+    requests: tuple[ClaimRequest, ...] = ()
+    extras: tuple[str, ...] = ()
+    """What else its spec asks that Slurm's choice of devices cannot honour (constraints, config)."""
 
     @property
     def key(self) -> str:
@@ -260,6 +279,7 @@ class ClaimView:
 def trim_claim(obj: Mapping[str, Any]) -> ClaimView:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
+    devices_spec = (obj.get("spec") or {}).get("devices") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or ()
     owners = meta.get("ownerReferences") or ()
     owner: Mapping[str, Any] = next((r for r in owners if r.get("kind") == "Pod" and r.get("controller")), {})
@@ -272,6 +292,19 @@ def trim_claim(obj: Mapping[str, Any]) -> ClaimView:
         devices=frozenset((str(r.get("driver")), str(r.get("pool")), str(r.get("device"))) for r in results),
         reserved_for=frozenset(str(r.get("uid") or "") for r in status.get("reservedFor") or ()),
         deleting=bool(meta.get("deletionTimestamp")),
+        requests=tuple(_request(r) for r in devices_spec.get("requests") or ()),
+        extras=tuple(key for key in ("constraints", "config") if devices_spec.get(key)),
+    )
+
+
+def _request(request: Mapping[str, Any]) -> ClaimRequest:
+    exactly = request.get("exactly") or {}
+    mode = exactly.get("allocationMode") or "ExactCount"
+    return ClaimRequest(
+        name=str(request.get("name") or ""),
+        device_class=str(exactly.get("deviceClassName") or "") if exactly else "",
+        count=int(exactly.get("count") or 1) if mode == "ExactCount" else 0,
+        admin_access=bool(exactly.get("adminAccess")),
     )
 
 

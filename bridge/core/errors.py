@@ -27,6 +27,11 @@ class SlurmRefused(PermanentError):
     """slurmctld refused a request for good (a job it will not take); the message says why."""
 
 
+class WorkloadError(ValueError):
+    """A pod or gang of a managed namespace that cannot become a Slurm job; the message is for the
+    pods' event."""
+
+
 class SlurmAuthError(PermanentError):
     """slurmrestd refused our token (wrong, expired, or for the wrong user)."""
 

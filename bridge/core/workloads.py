@@ -23,8 +23,9 @@ from typing import Any
 
 from bridge.core import wellknown
 from bridge.core.config_workloads import ManagedNamespace, WorkloadsConfig
-from bridge.core.model import JobAllocation
+from bridge.core.errors import WorkloadError
 from bridge.core.pod_view import parse_time
+from bridge.core.workload_placement import task_shape
 from bridge.core.workload_security import run_as, unsafe
 
 MARKER = "slurm-k8s-bridge workload"
@@ -55,8 +56,16 @@ START_ERRORS = frozenset({
 """Waiting reasons of a bound pod's container that the kubelet retries, but that rarely heal."""
 
 
-class WorkloadError(ValueError):
-    """A pod or gang that cannot become a Slurm job; the message is for the pod's event."""
+@dataclass(frozen=True)
+class PodClaim:
+    """One entry of a pod's spec.resourceClaims, and the claim it names."""
+
+    name: str
+    template: str
+    """resourceClaimTemplateName: Kubernetes makes the pod a claim of its own from it."""
+    claim: str
+    """The claim's name: resourceClaimName, or the one made from the template (status.resourceClaimStatuses;
+    "" until it is made)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,8 @@ class WorkloadPod:
     """(uid, gid) each container runs as: its own securityContext, else the pod's."""
     groups: tuple[int, ...] = ()
     """The pod's fsGroup and supplementalGroups: only the job's own group is allowed."""
+    claims: tuple[PodClaim, ...] = ()
+    """Its DRA claims (spec.resourceClaims): its GPUs, pinned by the bridge to Slurm's."""
 
     @property
     def ended(self) -> bool:
@@ -197,9 +208,22 @@ def trim_pod(pod: Mapping[str, Any]) -> WorkloadPod:
         image=str(((spec.get("containers") or [{}])[0] or {}).get("image") or ""),
         unsafe="; ".join(filter(None, (resource_problem, unsafe(spec)))),
         run_as=run_as(spec),
+        claims=_pod_claims(spec, status),
         groups=tuple(int(g) for g in [*((spec.get("securityContext") or {}).get("supplementalGroups") or []),
                                        (spec.get("securityContext") or {}).get("fsGroup")] if g is not None),
     )
+
+
+def _pod_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[PodClaim, ...]:
+    made = {str(s.get("name")): str(s.get("resourceClaimName") or "")
+            for s in status.get("resourceClaimStatuses") or () if isinstance(s, Mapping)}
+    claims = []
+    for entry in spec.get("resourceClaims") or ():
+        name = str(entry.get("name") or "")
+        template = str(entry.get("resourceClaimTemplateName") or "")
+        claims.append(PodClaim(name, template, made.get(name, "") if template else
+                               str(entry.get("resourceClaimName") or "")))
+    return tuple(claims)
 
 
 def foreign_ids(pod: WorkloadPod, uid: int | None, gid: int | None) -> str:
@@ -251,45 +275,46 @@ def time_limit_minutes(text: str) -> int:
     return math.ceil(total / 60)
 
 
-@dataclass(frozen=True)
-class TaskShape:
-    """What each task (pod) of a gang's job gets."""
-
-    cpus: int
-    memory_mb_per_cpu: int
-    """0: the pods request no memory (Slurm's default per CPU applies)."""
-
-
-def task_shape(pods: Sequence[WorkloadPod]) -> TaskShape:
-    """One shape for every task: the largest pod's CPUs (at least one) and memory."""
-    cpus = max(1, math.ceil(max(p.cpu_millis for p in pods) / 1000))
-    memory_mb = math.ceil(max(p.memory_bytes for p in pods) / 2**20)
-    return TaskShape(cpus, math.ceil(memory_mb / cpus) if memory_mb else 0)
+def gang_partition(pod: WorkloadPod, workloads: WorkloadsConfig) -> str:
+    """The partition the gang of `pod` asks for (its annotation, else its namespace's); WorkloadError
+    if the namespace may not use it."""
+    managed = _managed(pod, workloads)
+    partition = pod.annotations.get(ANNOTATION_PARTITION, managed.partition)
+    if partition not in workloads.allowed_partitions(pod.namespace):
+        raise WorkloadError(f"partition {partition!r} is not allowed in namespace {pod.namespace} "
+                            f"(allowed: {', '.join(workloads.allowed_partitions(pod.namespace))})")
+    return partition
 
 
-def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig, key: bytes) -> dict[str, Any]:
-    """slurmrestd v0.0.45's `job` of the one Slurm job the gang `pods` becomes (its comment signed with
-    `key`). WorkloadError says why it cannot be one (the pods' event)."""
-    first = pods[0]
-    managed: ManagedNamespace | None = workloads.namespaces.get(first.namespace)
+def _managed(pod: WorkloadPod, workloads: WorkloadsConfig) -> ManagedNamespace:
+    managed = workloads.namespaces.get(pod.namespace)
     if managed is None:
-        raise WorkloadError(f"namespace {first.namespace} is labelled managed but the bridge's config "
+        raise WorkloadError(f"namespace {pod.namespace} is labelled managed but the bridge's config "
                             "maps it to no Slurm user and account ([workloads.namespaces]); ask your "
                             "administrator")
+    return managed
+
+
+def job_request(
+    pods: Sequence[WorkloadPod], workloads: WorkloadsConfig, key: bytes, gpus_per_task: int = 0
+) -> dict[str, Any]:
+    """slurmrestd v0.0.45's `job` of the one Slurm job the gang `pods` becomes (its comment signed with
+    `key`; each task with `gpus_per_task` GPUs, from the pods' claims). WorkloadError says why it
+    cannot be one (the pods' event)."""
+    first = pods[0]
+    managed = _managed(first, workloads)
     for pod in pods:
         if pod.unsafe:
             raise WorkloadError(f"pod {pod.name} cannot run as a Slurm job's task: {pod.unsafe}")
     if any(p.gpus for p in pods):
-        raise WorkloadError("GPUs for Kubernetes-submitted pods come through DRA claims pinned by Slurm; "
-                            "nvidia.com/gpu requests are not supported yet")
+        raise WorkloadError("GPUs come through a DRA claim of the pod's own (spec.resourceClaims with a "
+                            "resourceClaimTemplateName), which the bridge pins to the GPUs Slurm gives; a "
+                            "limit of nvidia.com/gpu would be another allocator's")
     account = first.annotations.get(ANNOTATION_ACCOUNT, managed.account)
     if account not in workloads.allowed_accounts(first.namespace):
         raise WorkloadError(f"account {account!r} is not allowed in namespace {first.namespace} "
                             f"(allowed: {', '.join(workloads.allowed_accounts(first.namespace))})")
-    partition = first.annotations.get(ANNOTATION_PARTITION, managed.partition)
-    if partition not in workloads.allowed_partitions(first.namespace):
-        raise WorkloadError(f"partition {partition!r} is not allowed in namespace {first.namespace} "
-                            f"(allowed: {', '.join(workloads.allowed_partitions(first.namespace))})")
+    partition = gang_partition(first, workloads)
     shape = task_shape(pods)
     job: dict[str, Any] = {
         "name": f"{first.namespace}/{first.owner}"[:200],
@@ -314,6 +339,8 @@ def job_request(pods: Sequence[WorkloadPod], workloads: WorkloadsConfig, key: by
     limit = _time_limit(first, managed)
     if limit is not None:
         job["time_limit"] = {"set": True, "infinite": False, "number": limit}
+    if gpus_per_task:
+        job["tres_per_task"] = f"gres/gpu:{gpus_per_task}"
     return job
 
 
@@ -359,26 +386,6 @@ def gang_script(pod: WorkloadPod) -> str:
 
 def is_gang_script(script: str) -> bool:
     return script.startswith(f"#!/bin/sh\n# {MARKER}: ")
-
-
-def place(pods: Sequence[WorkloadPod], alloc: JobAllocation, shape: TaskShape) -> dict[str, str] | str:
-    """The Slurm node of each pod (by name): as many pods on each allocated node as its CPUs (and memory,
-    when Slurm tracks it) hold, in Slurm's node order. A text says why they do not fit: the allocation
-    is not what the gang needs, and no pod may run beyond what Slurm gave."""
-    free = {n.name: [n.cpus, n.memory_mb] for n in alloc.nodes}
-    tracked = {n.name: n.memory_mb > 0 for n in alloc.nodes}  # 0: Slurm does not track memory there
-    need_mb = shape.memory_mb_per_cpu * shape.cpus
-    placed: dict[str, str] = {}
-    for pod in sorted(pods, key=lambda p: p.name):
-        node = next((name for name, (cpus, memory) in free.items()
-                     if cpus >= shape.cpus and (not tracked[name] or memory >= need_mb)), None)
-        if node is None:
-            return (f"job {alloc.job_id}'s allocation ({alloc.nodelist}) does not hold {len(pods)} tasks of "
-                    f"{shape.cpus} CPUs and {need_mb} MiB")
-        free[node][0] -= shape.cpus
-        free[node][1] -= need_mb
-        placed[pod.name] = node
-    return placed
 
 
 @dataclass(frozen=True)

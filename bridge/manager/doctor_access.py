@@ -47,6 +47,8 @@ NEEDED_FOR_WORKLOADS = (
     ("create", "", "events", False),
     ("get", "batch", "jobs", False),
 )
+# Both: the GPUs of those pods, written into their own claims in any managed namespace.
+NEEDED_FOR_WORKLOAD_GPUS = (("patch", "resource.k8s.io", "resourceclaims/status", False),)
 # In a pod, on its own namespace: the leader labels its own pod (bridge/clients/kube/leader_pod.py).
 NEEDED_IN_OWN_NAMESPACE = (("get", "", "pods"), ("list", "", "pods"), ("patch", "", "pods"))
 
@@ -55,7 +57,8 @@ def needed_access(
     job_namespace: str, own_namespace: str | None, dra: bool = False, workloads: bool = False
 ) -> list[tuple[str, str, str, str | None]]:
     """(verb, group, resource, namespace or None for cluster-wide) the daemon needs."""
-    wanted = NEEDED_ACCESS + (NEEDED_FOR_DRA if dra else ()) + (NEEDED_FOR_WORKLOADS if workloads else ())
+    wanted = NEEDED_ACCESS + (NEEDED_FOR_DRA if dra else ()) + (NEEDED_FOR_WORKLOADS if workloads else ()) \
+        + (NEEDED_FOR_WORKLOAD_GPUS if dra and workloads else ())
     needed = [(verb, group, resource, job_namespace if namespaced else None)
               for verb, group, resource, namespaced in wanted]
     if own_namespace:

@@ -248,6 +248,21 @@ kind: RoleBinding
 metadata: {name: $user-edit, namespace: $ns}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: $user}]
+---
+# GPUs: a pod asks for them by a claim made from a ResourceClaimTemplate (edit has no DRA objects).
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: dra-user, namespace: $ns}
+rules:
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaimtemplates, resourceclaims]
+  verbs: [get, list, watch, create, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: $user-dra, namespace: $ns}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: dra-user}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: $user}]
 YAML
   done | kc apply -f - >/dev/null
 }

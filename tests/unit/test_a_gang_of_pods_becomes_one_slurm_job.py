@@ -11,6 +11,7 @@ from bridge.clients.slurm.rest import refusal_words
 from bridge.core.config import ConfigError, parse_config
 from bridge.core.config_workloads import ManagedNamespace, WorkloadsConfig
 from bridge.core.model import JobAllocation, NodeAllocation
+from bridge.core.workload_placement import Placement, place, task_shape
 from bridge.core.workloads import (
     WorkloadError,
     foreign_ids,
@@ -20,10 +21,8 @@ from bridge.core.workloads import (
     is_gang_script,
     job_request,
     job_size,
-    place,
     pod_requests,
     start_failure,
-    task_shape,
     time_limit_minutes,
     trim_pod,
     verified_gang,
@@ -168,12 +167,13 @@ def test_pods_go_where_slurms_allocation_holds_them_and_nowhere_else() -> None:
     pods = [trim_pod(pod(f"w{i}", cpu="2", memory="1Gi")) for i in range(3)]
     shape = task_shape(pods)
     placed = place(pods, alloc(("n1", 4, 2048), ("n2", 2, 1024)), shape)
-    assert placed == {"w0": "n1", "w1": "n1", "w2": "n2"}
+    assert placed == {"w0": Placement("n1", ()), "w1": Placement("n1", ()), "w2": Placement("n2", ())}
     # Fewer CPUs (or memory) than the gang needs: no pod runs beyond what Slurm gave.
     assert isinstance(place(pods, alloc(("n1", 4, 2048), ("n2", 1, 1024)), shape), str)
     assert isinstance(place(pods, alloc(("n1", 4, 1024), ("n2", 2, 1024)), shape), str)
     # Slurm not tracking memory (0): CPUs decide.
-    assert place(pods, alloc(("n1", 6, 0)), shape) == {"w0": "n1", "w1": "n1", "w2": "n1"}
+    assert {name: p.node for name, p in place(pods, alloc(("n1", 6, 0)), shape).items()} == \
+        {"w0": "n1", "w1": "n1", "w2": "n1"}
 
 
 def ended(name: str, phase: str, code: int | None = None, reason: str = "") -> dict[str, Any]:

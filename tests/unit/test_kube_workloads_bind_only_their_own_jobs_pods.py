@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.clients.kube.workload_pods import WorkloadPodCache
+from bridge.controller.device_claims import DeviceClaims
 from bridge.controller.jobstore import JobStore
 from bridge.controller.kube_workloads import KubeWorkloads
 from bridge.controller.metrics import Metrics
@@ -123,7 +124,7 @@ class World:
 
         self.workloads = KubeWorkloads(
             cfg, self.slurm, self.jobs, self.sessions, self.cache,  # type: ignore[arg-type]
-            self.verbs, Metrics(), same_names)  # type: ignore[arg-type]
+            self.verbs, Metrics(), same_names, DeviceClaims(cfg, None, None, Metrics()))  # type: ignore[arg-type]
 
     def running(self, job_id: int, user: str, uid: int, comment: str, tasks: int) -> JobAllocation:
         alloc = JobAllocation(job_id=job_id, user=user, uid=uid, gid=uid, partition="k8s", state="RUNNING",

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from bridge.clients.kube.client import request, request_json
 from bridge.clients.kube.errors import KubeConflict, KubeNotFound
+from bridge.core.device_claims import ClaimView
 from bridge.core.workloads import ANNOTATION_SLURM_JOB, SCHEDULER_NAME, WorkloadError, WorkloadPod, trim_pod
 
 log = structlog.get_logger(__name__)
@@ -185,6 +186,20 @@ class WorkloadVerbs:
             await request_json(self._api, "PATCH", f"{_pod_path(pod)}/status",
                                f"patch pods/status in namespace {pod.namespace}", body=body,
                                content_type="application/strategic-merge-patch+json")
+
+    async def allocate_claim(self, claim: ClaimView, status: dict[str, Any]) -> bool:
+        """Write a pod's claim's allocation and reservation (its status), as kube-scheduler would; only
+        into the incarnation seen. False if that claim is gone."""
+        path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}/status"
+        try:
+            response = await request(
+                self._api, "PATCH", path, f"update resourceclaims/status in namespace {claim.namespace}",
+                body={"metadata": {"uid": claim.uid}, "status": status},
+                content_type="application/merge-patch+json")
+        except (KubeNotFound, KubeConflict):
+            return False
+        response.release()
+        return True
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
