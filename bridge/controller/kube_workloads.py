@@ -49,6 +49,9 @@ GANG_INDEX_S = 1.0
 CLAIMS_RETRY_S = 1.0
 """While a gang's claims are being made (Kubernetes' claim controller): when to look again."""
 DEVICES_RETRY_S = 0.5
+REASON_FIRST_READ_S = 1.0
+REASON_READS = 5
+"""A pending job's own reads for Slurm's reason (1, 2, 4, 8, 16 s apart): bounded, never a poll."""
 SUBMIT_SETTLE_S = 5.0
 """After a submission that got no answer: long enough for the poller to show a job it made."""
 
@@ -86,6 +89,8 @@ class KubeWorkloads:
         """Gang key → when its submission failed without an answer (the job may exist)."""
         self._gang_index: dict[str, set[int]] = {}
         self._gang_index_at = float("-inf")
+        self._reason_reads: dict[int, tuple[int, float]] = {}
+        """Pending job → (its record's reads for a reason, when the next is due)."""
         self._stopping: set[int] = set()
         """Jobs whose pods this daemon deletes (their deletion is no owner's cancel)."""
 
@@ -318,17 +323,38 @@ class KubeWorkloads:
         if not pods and not self._just_submitted(job_id) and not self._gang_alive(alloc):
             return await self._cancel(job_id, "the job's pods are gone", bound)
         if alloc.state == "PENDING":
-            reason = alloc.state_reason if alloc.state_reason not in ("", "None") else "waiting to start"
+            reason, again = await self._pending_reason(job_id, alloc)
             for pod in pods:
                 await self._tell(pod, "Normal", "SlurmPending", f"Slurm job {job_id} pending: {reason}",
                                  condition="SlurmPending")
-            return DONE
+            return DONE if again is None else DONE.sooner(again)
+        self._reason_reads.pop(job_id, None)
         session = self.sessions.get(job_id, alloc.run)
         if alloc.state != "RUNNING" or session is None or session.payload is None:
             return DONE
         if session.final is not None:
             return DONE
         return await self._run(session, alloc, pods, bound)
+
+    async def _pending_reason(self, job_id: int, alloc: JobAllocation) -> tuple[str, float | None]:
+        """Slurm's reason the job pends, and when to look again. The poll reads a job's record when its
+        state changes, so a reason Slurm sets at its next scheduling pass (the state still PENDING) is
+        read here: a few times, further apart each time, while there is none yet (REASON_READS reads a
+        job at most; a later change of reason comes with the poll's full listing)."""
+        if alloc.state_reason not in ("", "None"):
+            self._reason_reads.pop(job_id, None)
+            return alloc.state_reason, None
+        now = time.monotonic()
+        count, due = self._reason_reads.setdefault(job_id, (0, now + REASON_FIRST_READ_S))
+        if count >= REASON_READS:
+            return "waiting to start", None
+        if now < due:
+            return "waiting to start", due - now
+        self._reason_reads[job_id] = (count + 1, now + REASON_FIRST_READ_S * 2 ** (count + 1))
+        fresh = (await self.jobs.refresh(job_id)).alloc
+        if fresh is not None and fresh.state_reason not in ("", "None"):
+            return fresh.state_reason, None
+        return "waiting to start", REASON_FIRST_READ_S * 2 ** (count + 1)
 
     async def _run(
         self, session: JobSession, alloc: JobAllocation, every_pod: list[wl.WorkloadPod], bound: Any
@@ -430,6 +456,7 @@ class KubeWorkloads:
                 session.finish(event)
         self._stopping.discard(job_id)
         if alloc is None or over(alloc):
+            self._reason_reads.pop(job_id, None)
             self._forget(pods)
         return DONE
 
