@@ -1,23 +1,23 @@
 """The Kubernetes-submitted path: pods of managed namespaces wait in Slurm's queue as one job per gang,
 start where Slurm placed them, and end in sacct with their real outcome.
 
-Two halves, one owner of their state (which gangs this daemon submitted, which refusals and waits it
-told the pods about):
-- `reconcile_gang(key)` (its own work queue, keyed by gang): once all of a gang's pods exist, submit
-  one Slurm job for them through slurmrestd as the namespace's user (core.workloads.job_request), and
-  record the job on each pod. A job submitted before a restart is found again by its comment.
+Two halves:
+- `reconcile_gang(key)` (its own work queue, keyed by gang): gangs into jobs, in
+  controller.workload_gangs (the owner of which gangs this daemon submitted or was refused).
 - `reconcile_job(...)` (called by the reconciler for a job that is a gang's): while it pends, the pods
   say why (a PodScheduled condition and an event with Slurm's reason); once it runs and its waiter
   (the job's batch script, as for sbatch jobs) has attached, bind the pods to the nodes Slurm gave,
   and when every pod has ended, hand the waiter the highest exit code. Slurm ending the job (scancel,
   time limit, preemption) deletes the pods with their grace; their owner deleting them cancels it.
+  Pods with GPU claims get Slurm's GPUs in their claims first (controller.workload_devices).
+This module owns what the pods were told (each event and condition once per change), the pending
+jobs' reads of their reason, and which jobs' pods this daemon is deleting.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -31,29 +31,21 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.sessions import JobSession, SessionRegistry
 from bridge.controller.steps import read_step_key
 from bridge.controller.workload_devices import DevicesRefused, DevicesWait, WorkloadDevices, waited_s
+from bridge.controller.workload_gangs import MARK_GRACE_S, GangSubmission
 from bridge.controller.workqueue import DONE, Result
 from bridge.core import workloads as wl
 from bridge.core.config import BridgeConfig, ConfigError
-from bridge.core.errors import SlurmAuthError, SlurmRefused, SlurmUnavailable
 from bridge.core.model import JobAllocation
 from bridge.core.translate import TranslateError, kubernetes_node_names
-from bridge.core.workload_placement import ClaimsNotReady, claim_gpus, place, task_shape
+from bridge.core.workload_placement import place, task_shape
 
 log = structlog.get_logger(__name__)
 
-MARK_GRACE_S = 60.0
-"""How long a job just submitted may show no pod of its own (the marks are not in the cache yet)."""
 EXIT_NOT_STARTED = 1
-REFUSAL_RETRY_S = 300.0
-GANG_INDEX_S = 1.0
-CLAIMS_RETRY_S = 1.0
-"""While a gang's claims are being made (Kubernetes' claim controller): when to look again."""
 DEVICES_RETRY_S = 0.5
 REASON_FIRST_READ_S = 1.0
 REASON_READS = 5
 """A pending job's own reads for Slurm's reason (1, 2, 4, 8, 16 s apart): bounded, never a poll."""
-SUBMIT_SETTLE_S = 5.0
-"""After a submission that got no answer: long enough for the poller to show a job it made."""
 
 
 class KubeWorkloads:
@@ -76,194 +68,24 @@ class KubeWorkloads:
         key = read_step_key(cfg.waiter.step_key_file)
         if key is None:
             raise ConfigError("[workloads.namespaces] needs waiter.step_key_file (it signs gangs' comments)")
-        self._key = key
-        """`await kubernetes_nodes(partition)`: the Slurm → Kubernetes node map (None: same names)."""
-        self._submitted: dict[str, tuple[int, frozenset[str], float]] = {}
-        """Gang key → (job id, pod uids, when): a gang this daemon submitted, until its marks are seen."""
-        self._refused: dict[str, tuple[frozenset[str], str, float]] = {}
-        """Gang key → (pod uids, why, when): told once; tried again when the gang's pods change, or
-        REFUSAL_RETRY_S later."""
+        self.key = key
+        """Signs the comments of gangs' jobs."""
+        self.gangs = GangSubmission(self)
         self._told: dict[str, str] = {}
         """Pod uid → the last pending reason its condition and event carry."""
-        self._unsure: dict[str, float] = {}
-        """Gang key → when its submission failed without an answer (the job may exist)."""
-        self._gang_index: dict[str, set[int]] = {}
-        self._gang_index_at = float("-inf")
         self._reason_reads: dict[int, tuple[int, float]] = {}
         """Pending job → (its record's reads for a reason, when the next is due)."""
         self._stopping: set[int] = set()
         """Jobs whose pods this daemon deletes (their deletion is no owner's cancel)."""
 
-    # -- gangs into jobs ----------------------------------------------------------------------
     async def reconcile_gang(self, key: str) -> Result:
-        waiting = sorted((p for p in self.cache.gang(key)
-                          if p.job_id is None and not p.deleting and not p.node_name and not p.ended),
-                         key=lambda p: p.name)
-        if not waiting:
-            self._unsure.pop(key, None)
-            refused = self._refused.pop(key, None)
-            for uid in refused[0] if refused is not None and not self.cache.gang(key) else ():
-                self._told.pop(uid, None)
-            return DONE
-        bound = log.bind(gang=key)
-        incomplete = self._incomplete_job(key, waiting)
-        if incomplete is not None:
-            # A job of this gang lacks marks (a restart between them, or the cache has not seen them
-            # yet): its missing pods are these, never a new job's.
-            job_id, pods = incomplete
-            await self._mark(job_id, pods, bound)
-            return DONE
-        size = await self._size(waiting[0])
-        if size is None:
-            why = (f"label {wl.LABEL_GANG} needs annotation {wl.ANNOTATION_GANG_SIZE}: the gang's size "
-                   "(a positive integer)")
-            return await self._refuse(key, waiting, why, bound)
-        if size <= 0:
-            return DONE  # a Job that needs no more pods (the controller is about to delete these)
-        if len(waiting) < size:
-            return await self._wait_for_the_rest(key, waiting, size)
-        gang = waiting[:size]
-        uids = frozenset(p.uid for p in gang)
-        refused = self._refused.get(key)
-        if refused is not None and refused[0] == uids:
-            # Told already; an administrator's fix (an account, a limit) is tried a while later.
-            left = REFUSAL_RETRY_S - (time.monotonic() - refused[2])
-            if left > 0:
-                return DONE.sooner(left)
-        known = self._submitted.get(key)
-        if known is not None and uids <= known[1]:
-            await self._mark(known[0], gang, bound)  # its marks are not in the cache yet: again, idempotent
-            return DONE
-        try:
-            gpus = self._gpus_per_task(gang)
-            request = wl.job_request(gang, self.cfg.workloads, self._key, gpus)
-        except wl.WorkloadError as error:
-            return await self._refuse(key, gang, str(error), bound)
-        except ClaimsNotReady as wait:
-            return await self._wait_for_claims(gang, str(wait))
-        user = self.cfg.workloads.namespaces[gang[0].namespace].user
-        unsure = self._unsure.get(key)
-        if unsure is not None and time.monotonic() - unsure < SUBMIT_SETTLE_S:
-            return DONE.sooner(SUBMIT_SETTLE_S - (time.monotonic() - unsure) + 0.1)
-        try:
-            job_id = await self.slurm.submit_job(user, request)
-        except (SlurmRefused, SlurmAuthError) as error:
-            return await self._refuse(key, gang, f"Slurm refused the job: {error}", bound)
-        except SlurmUnavailable as error:
-            # It may have been made all the same: look for it (the gang's jobs) before submitting again.
-            self._unsure[key] = time.monotonic()
-            bound.warning("gang.submit_unsure", error=repr(error))
-            for pod in gang:
-                await self._tell(pod, "Warning", "SlurmUnavailable",
-                                 f"cannot reach Slurm: {error}; trying again")
-            return DONE.sooner(SUBMIT_SETTLE_S + 0.1)
-        self._unsure.pop(key, None)
-        self._submitted[key] = (job_id, uids, time.monotonic())
-        self.metrics.inc("workload_jobs_submitted_total")
-        bound.info("gang.submitted", job_id=job_id, pods=[p.name for p in gang], user=user,
-                   account=request["account"], partition=request["partition"], tasks=request["tasks"],
-                   cpus_per_task=request["cpus_per_task"])
-        await self._mark(job_id, gang, bound)
-        return DONE
+        return await self.gangs.reconcile_gang(key)
 
-    def _gpus_per_task(self, gang: list[wl.WorkloadPod]) -> int:
-        """The GPUs of each task: the most any pod's claims ask for (0 without claims)."""
-        if not any(p.claims for p in gang):
-            return 0
-        partition = wl.gang_partition(gang[0], self.cfg.workloads)
-        part = self.cfg.partition(partition)
-        device_class = (part.dra_device_class or part.dra_driver) if part is not None else None
-        if device_class is not None and not self.devices.claims.synced.is_set():
-            raise ClaimsNotReady("the cluster's ResourceClaims are not listed yet")
-        return max(claim_gpus(p, self.devices.claims.get, device_class, partition) for p in gang)
+    def untell(self, uids: frozenset[str]) -> None:
+        for uid in uids:
+            self._told.pop(uid, None)
 
-    async def _wait_for_claims(self, gang: list[wl.WorkloadPod], why: str) -> Result:
-        """Kubernetes makes each pod's claims from their templates in a moment; past the gang's wait, the
-        pods say what is missing (a template that does not exist, say)."""
-        oldest = min((p.created for p in gang if p.created is not None), default=None)
-        waited = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
-        if waited >= self.cfg.workloads.gang_wait_s:
-            for pod in gang:
-                await self._tell(pod, "Warning", "ClaimsNotReady", f"{why} after {int(waited)}s; the job is "
-                                 "submitted to Slurm once every claim exists", condition="ClaimsNotReady")
-            return DONE.sooner(CLAIMS_RETRY_S * 5)
-        return DONE.sooner(CLAIMS_RETRY_S)
-
-    async def _mark(self, job_id: int, pods: list[wl.WorkloadPod], bound: Any) -> None:
-        for pod in pods:
-            if await self.verbs.mark_job(pod, job_id):
-                await self._tell(pod, "Normal", "SubmittedToSlurm",
-                                 f"Slurm job {job_id} (its gang's pods as one job) waits in Slurm's queue")
-            else:
-                bound.info("gang.mark_failed", job_id=job_id, pod=pod.name)
-
-    async def _size(self, pod: wl.WorkloadPod) -> int | None:
-        if pod.kind != "Job":
-            return pod.gang_size
-        job = await self.verbs.get_job(pod.namespace, pod.owner)
-        if job is None or ((job.get("metadata") or {}).get("uid") not in (None, pod.owner_uid)):
-            return 0
-        running = sum(1 for p in self.cache.gang(pod.gang) if p.job_id is not None and not p.ended)
-        return wl.job_size(job) - running
-
-    async def _wait_for_the_rest(self, key: str, waiting: list[wl.WorkloadPod], size: int) -> Result:
-        oldest = min((p.created for p in waiting if p.created is not None), default=None)
-        waited = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
-        limit = self.cfg.workloads.gang_wait_s
-        if waited < limit:
-            return DONE.sooner(limit - waited + 0.1)
-        for pod in waiting:
-            await self._tell(pod, "Warning", "GangIncomplete",
-                             f"{len(waiting)} of the gang's {size} pods exist after {int(waited)}s; "
-                             "the job is submitted to Slurm once all do", condition="GangIncomplete")
-        return DONE
-
-    def _incomplete_job(
-        self, key: str, waiting: list[wl.WorkloadPod]
-    ) -> tuple[int, list[wl.WorkloadPod]] | None:
-        """A live job of the gang (its comment names it) with fewer marked pods than tasks and none
-        bound yet, and the waiting pods that complete it: the ones this daemon submitted it for, or,
-        after a restart between the submission and the marks, any of the gang's."""
-        known = self._submitted.get(key)
-        for job_id in self._gang_jobs(key) | ({known[0]} if known else set()):
-            view = self.jobs.get(job_id)
-            alloc = view.alloc if view is not None else None
-            if alloc is None or over(alloc) or self.gang_of(alloc) != key or alloc.tasks <= 0:
-                continue
-            if self._user_of(key.partition("/")[0]) != alloc.user:
-                continue  # never another user's job, whatever its comment says
-            marked = self.members(job_id, alloc)
-            missing = alloc.tasks - len(marked)
-            if missing <= 0 or any(p.node_name for p in marked):
-                continue
-            candidates = [p for p in waiting if known is None or known[0] != job_id or p.uid in known[1]]
-            if candidates:
-                return job_id, candidates[:missing]
-        return None
-
-    def _gang_jobs(self, key: str) -> set[int]:
-        """The live jobs whose comment names gang `key`, from an index of the job store rebuilt at most
-        once a second (one pass over the store, not one per question)."""
-        now = time.monotonic()
-        if now - self._gang_index_at > GANG_INDEX_S:
-            index: dict[str, set[int]] = {}
-            for job_id in self.jobs.job_ids():
-                view = self.jobs.get(job_id)
-                gang = self.gang_of(view.alloc) if view is not None and view.alloc else None
-                if gang is not None:
-                    index.setdefault(gang, set()).add(job_id)
-            self._gang_index, self._gang_index_at = index, now
-        return self._gang_index.get(key, set())
-
-    async def _refuse(self, key: str, pods: list[wl.WorkloadPod], why: str, bound: Any) -> Result:
-        self._refused[key] = (frozenset(p.uid for p in pods), why, time.monotonic())
-        self.metrics.inc("workload_gangs_refused_total")
-        bound.warning("gang.refused", reason=why, pods=[p.name for p in pods])
-        for pod in pods:
-            await self._tell(pod, "Warning", "SlurmRefused", why, condition="SlurmRefused")
-        return DONE.sooner(REFUSAL_RETRY_S)
-
-    async def _tell(self, pod: wl.WorkloadPod, kind: str, reason: str, message: str,
+    async def tell(self, pod: wl.WorkloadPod, kind: str, reason: str, message: str,
                     condition: str | None = None) -> None:
         """An event (and, with `condition`, the PodScheduled condition) on the pod, once per change."""
         said = f"{reason}: {message}"
@@ -285,7 +107,7 @@ class KubeWorkloads:
 
     def gang_of(self, alloc: JobAllocation) -> str | None:
         """The gang whose job `alloc` is: its comment, signed by this bridge for this job's user."""
-        return wl.verified_gang(alloc.comment, alloc.user, self._key)
+        return wl.verified_gang(alloc.comment, alloc.user, self.key)
 
     def members(self, job_id: int, alloc: JobAllocation | None) -> list[wl.WorkloadPod]:
         """The pods of the job: marked with it, of its gang, in a namespace of its user. A mark alone
@@ -294,9 +116,9 @@ class KubeWorkloads:
         if alloc is None:
             return pods
         gang = self.gang_of(alloc)
-        return [p for p in pods if p.gang == gang and self._user_of(p.namespace) == alloc.user]
+        return [p for p in pods if p.gang == gang and self.user_of(p.namespace) == alloc.user]
 
-    def _user_of(self, namespace: str) -> str | None:
+    def user_of(self, namespace: str) -> str | None:
         managed = self.cfg.workloads.namespaces.get(namespace)
         return managed.user if managed is not None else None
 
@@ -320,12 +142,12 @@ class KubeWorkloads:
             # Not after a pod failed: its Job controller deletes the others then, and the failed
             # pod's exit code is the job's.
             return await self._cancel(job_id, "a pod of the job was deleted", bound)
-        if not pods and not self._just_submitted(job_id) and not self._gang_alive(alloc):
+        if not pods and not self.gangs.just_submitted(job_id) and not self._gang_alive(alloc):
             return await self._cancel(job_id, "the job's pods are gone", bound)
         if alloc.state == "PENDING":
             reason, again = await self._pending_reason(job_id, alloc)
             for pod in pods:
-                await self._tell(pod, "Normal", "SlurmPending", f"Slurm job {job_id} pending: {reason}",
+                await self.tell(pod, "Normal", "SlurmPending", f"Slurm job {job_id} pending: {reason}",
                                  condition="SlurmPending")
             return DONE if again is None else DONE.sooner(again)
         self._reason_reads.pop(job_id, None)
@@ -432,7 +254,7 @@ class KubeWorkloads:
         self.metrics.inc("jobs_failed_before_start_total")
         session.finish({"type": "exit", "code": EXIT_NOT_STARTED, "signal": None, "reason": reason})
         for pod in pods:
-            await self._tell(pod, "Warning", "SlurmJobFailed", f"Slurm job {session.job_id} failed: {reason}")
+            await self.tell(pod, "Warning", "SlurmJobFailed", f"Slurm job {session.job_id} failed: {reason}")
         return DONE
 
     async def _stop(self, job_id: int, alloc: JobAllocation | None, pods: list[wl.WorkloadPod],
@@ -466,10 +288,6 @@ class KubeWorkloads:
         await self.slurm.cancel_job(job_id)
         return DONE
 
-    def _just_submitted(self, job_id: int) -> bool:
-        now = time.monotonic()
-        return any(job == job_id and now - at < MARK_GRACE_S for job, _, at in self._submitted.values())
-
     def _gang_alive(self, alloc: JobAllocation) -> bool:
         """Pods of the job's gang still wait unmarked (a restart between submission and the marks)."""
         key = self.gang_of(alloc)
@@ -479,6 +297,4 @@ class KubeWorkloads:
     def _forget(self, pods: list[wl.WorkloadPod]) -> None:
         for pod in pods:
             self._told.pop(pod.uid, None)
-        gone = {key for key, (job, _, _) in self._submitted.items() if not self.cache.gang(key)}
-        for key in gone:
-            self._submitted.pop(key, None)
+        self.gangs.forget_gone()

@@ -165,7 +165,7 @@ def test_a_comment_a_user_writes_adopts_no_gang(cfg: BridgeConfig) -> None:
         assert ("submit", "bob") in world.slurm.log
         assert not any(entry[0] == "mark" and entry[2] == "600" for entry in world.verbs.log), world.verbs.log
         world.slurm.log.clear()
-        world.workloads._submitted.clear()
+        world.workloads.gangs._submitted.clear()
 
 
 def test_a_gang_half_marked_before_a_restart_is_completed_not_split(cfg: BridgeConfig) -> None:
