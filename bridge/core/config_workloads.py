@@ -36,6 +36,12 @@ class ManagedNamespace:
         "is refused with an event on the pod."))
     partitions: tuple[NonEmpty, ...] = Field(default=(), description=(
         "Other bridged partitions a pod of this namespace may pick."))
+    qos: NonEmpty | None = Field(default=None, description=(
+        "Slurm QOS of the namespace's jobs, unless a pod picks an allowed one (annotation "
+        "`slurm-k8s-bridge/qos`); unset: the user's default QOS."))
+    qoses: tuple[NonEmpty, ...] = Field(default=(), description=(
+        "Other QOSes a pod of this namespace may pick (its limits, e.g. GPUs per user, apply as to "
+        "sbatch --qos)."))
     time_limit_min: StrictInt | None = Field(default=None, gt=0, description=(
         "Time limit of a job whose pods set neither activeDeadlineSeconds nor the annotation "
         "`slurm-k8s-bridge/time-limit` (minutes); unset: the partition's default."))
@@ -65,6 +71,10 @@ class WorkloadsConfig:
     def allowed_accounts(self, namespace: str) -> tuple[str, ...]:
         managed = self.namespaces.get(namespace)
         return () if managed is None else (managed.account, *managed.accounts)
+
+    def allowed_qoses(self, namespace: str) -> tuple[str, ...]:
+        managed = self.namespaces.get(namespace)
+        return () if managed is None else (*((managed.qos,) if managed.qos else ()), *managed.qoses)
 
     def allowed_partitions(self, namespace: str) -> tuple[str, ...]:
         managed = self.namespaces.get(namespace)

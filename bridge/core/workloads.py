@@ -37,6 +37,7 @@ LABEL_GANG = wellknown.PREFIX + "gang"
 ANNOTATION_GANG_SIZE = wellknown.PREFIX + "gang-size"
 ANNOTATION_ACCOUNT = wellknown.PREFIX + "account"
 ANNOTATION_PARTITION = wellknown.PREFIX + "partition"
+ANNOTATION_QOS = wellknown.PREFIX + "qos"
 ANNOTATION_TIME_LIMIT = wellknown.PREFIX + "time-limit"
 ANNOTATION_SLURM_JOB = wellknown.PREFIX + "slurm-job-id"
 """Written by the bridge only (the admission policy refuses it from anyone else): the job of a pod."""
@@ -315,6 +316,10 @@ def job_request(
         raise WorkloadError(f"account {account!r} is not allowed in namespace {first.namespace} "
                             f"(allowed: {', '.join(workloads.allowed_accounts(first.namespace))})")
     partition = gang_partition(first, workloads)
+    qos = first.annotations.get(ANNOTATION_QOS, managed.qos)
+    if qos is not None and qos not in workloads.allowed_qoses(first.namespace):
+        raise WorkloadError(f"QOS {qos!r} is not allowed in namespace {first.namespace} "
+                            f"(allowed: {', '.join(workloads.allowed_qoses(first.namespace)) or 'none'})")
     shape = task_shape(pods)
     job: dict[str, Any] = {
         "name": f"{first.namespace}/{first.owner}"[:200],
@@ -339,6 +344,8 @@ def job_request(
     limit = _time_limit(first, managed)
     if limit is not None:
         job["time_limit"] = {"set": True, "infinite": False, "number": limit}
+    if qos is not None:
+        job["qos"] = qos
     if gpus_per_task:
         job["tres_per_task"] = f"gres/gpu:{gpus_per_task}"
     return job

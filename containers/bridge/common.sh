@@ -133,11 +133,13 @@ user = "alice"
 account = "lab_alice"
 partition = "k8s"
 partitions = ["sim", "dra", "simdra"]
+qoses = ["gpu2"]
 [workloads.namespaces.team-bob]
 user = "bob"
 account = "lab_bob"
 partition = "k8s"
 partitions = ["sim", "dra", "simdra"]
+qoses = ["gpu2"]
 TOML
 }
 

@@ -213,11 +213,18 @@ done
 if ! in_ns sacctmgr -n -P show qos format=name | grep -qx high; then
   in_ns sacctmgr -i add qos high priority=1000 preempt=normal >/dev/null
 fi
+# A QOS with a GPU limit per user: `gpu2` lets a user hold 2 GPUs at once; more pend with reason
+# QOSMaxGRESPerUser (sbatch --qos=gpu2, or a managed namespace's pod annotated with it).
+if ! in_ns sacctmgr -n -P show qos format=name | grep -qx gpu2; then
+  in_ns sacctmgr -i add qos gpu2 maxtresperuser=gres/gpu=2 >/dev/null
+fi
 for entry in $SBX_USERS; do
   name=${entry%%:*}
-  if ! in_ns sacctmgr -n -P show assoc user="$name" format=qos | tr ',' '\n' | grep -qx high; then
-    in_ns sacctmgr -i modify user "$name" set qos+=high >/dev/null
-  fi
+  for qos in high gpu2; do
+    if ! in_ns sacctmgr -n -P show assoc user="$name" format=qos | tr ',' '\n' | grep -qx "$qos"; then
+      in_ns sacctmgr -i modify user "$name" set qos+="$qos" >/dev/null
+    fi
+  done
 done
 
 # --- slurmd for the native partition ----------------------------------------

@@ -202,3 +202,35 @@ def test_a_claim_that_would_reach_beyond_its_pod_is_refused_on_the_pod(bridge: S
             text if "SlurmRefused" in (text := events(bridge, f"{tag}-admin")) else None), timeout=60)
         assert "admin access" in said, said
     bridge.kubectl("delete", "resourceclaim", "-n", NS, f"{tag}-shared", "--wait=false", check=False)
+
+
+def test_a_qos_gpu_limit_per_user_holds_her_pods_and_her_sbatch_jobs_alike(
+        bridge: Sandbox, tag: str) -> None:
+    """QOS gpu2 lets a user hold 2 GPUs at once. alice's first pod (2 GPUs, annotated with the QOS)
+    runs; her second pod and her sbatch job with --qos=gpu2 both pend with Slurm's reason
+    QOSMaxGRESPerUser, the pod saying so in its events, and both run once the first pod is done."""
+    qos = {"slurm-k8s-bridge/qos": "gpu2"}
+    create(bridge, template(f"{tag}-two", 2),
+           with_gpus(bare_pod(f"{tag}-first", SHOW.format(hold=12), annotations=dict(qos)), f"{tag}-two"))
+    first = wait_until("the first pod to run", lambda: (
+        p if (p := pod(bridge, f"{tag}-first")) and p["status"].get("phase") == "Running" else None),
+        timeout=90)
+    create(bridge, with_gpus(bare_pod(f"{tag}-second", SHOW.format(hold=1), annotations=dict(qos)),
+                             f"{tag}-two"))
+    sbatch_job, _ = sbatch_gpus(bridge, f"{tag}-capped", "--qos=gpu2", "--gres=gpu:1", hold=1, user="alice")
+    said = wait_until("the second pod to say Slurm's reason", lambda: (
+        text if "QOSMaxGRESPerUser" in (text := events(bridge, f"{tag}-second")) else None), timeout=60)
+    assert "pending: QOSMaxGRESPerUser" in said, said
+    reason = bridge.slurm("squeue", "-h", "-j", str(sbatch_job), "-o", "%r").stdout.strip()
+    assert reason == "QOSMaxGRESPerUser", reason
+    first_job = slurm_job_of(first)
+    assert first_job is not None and running(bridge, first_job)
+    second = pod(bridge, f"{tag}-second")
+    assert second is not None and not second["spec"].get("nodeName"), "the limit let a third GPU through"
+    second_job = slurm_job_of(second)
+    assert second_job is not None
+    for job_id in (first_job, second_job):
+        row = final(bridge, job_id, timeout=120)
+        assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{job_trail(job_id)}"
+    row = bridge.wait_job_final(sbatch_job, timeout=120)
+    assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{job_trail(sbatch_job)}"

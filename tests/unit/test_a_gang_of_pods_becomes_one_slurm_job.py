@@ -131,6 +131,18 @@ def test_a_pod_picks_only_an_allowed_account_or_partition() -> None:
     assert job_request([deadline], WORKLOADS, KEY)["time_limit"]["number"] == 2
 
 
+def test_a_pod_picks_only_an_allowed_qos_whose_limits_then_apply() -> None:
+    capped = WorkloadsConfig(namespaces={"team-alice": ManagedNamespace(
+        user="alice", account="lab_alice", partition="k8s", qoses=("gpu2",))})
+    assert "qos" not in job_request([trim_pod(pod())], capped, KEY)  # the user's default QOS
+    picked = trim_pod(pod(annotations={"slurm-k8s-bridge/qos": "gpu2"}))
+    assert job_request([picked], capped, KEY)["qos"] == "gpu2"
+    with pytest.raises(WorkloadError, match="QOS 'high' is not allowed"):
+        job_request([trim_pod(pod(annotations={"slurm-k8s-bridge/qos": "high"}))], capped, KEY)
+    with pytest.raises(WorkloadError, match=r"QOS 'gpu2' is not allowed .*\(allowed: none\)"):
+        job_request([picked], WORKLOADS, KEY)
+
+
 def test_only_a_comment_the_bridge_signed_for_that_user_makes_a_job_a_gangs() -> None:
     """A user writes their job's comment (sbatch --comment, scontrol update): a forged one, one copied
     from another user's job, or one signed with another key names no gang."""
