@@ -29,7 +29,7 @@ from bridge.core.errors import BridgeError
 from bridge.manager.config_file import secret_file_exposure
 from bridge.manager.doctor_access import needed_access
 from bridge.manager.doctor_gpus import gpu_problems
-from bridge.manager.doctor_workloads import capacity_notes
+from bridge.manager.doctor_workloads import capacity_notes, not_slurms
 
 TOKEN_WARN_S = 24 * 3600
 
@@ -276,11 +276,15 @@ class Doctor:
                     " or grant these verbs"
                 )
             nodes = await request_json(api, "GET", "/api/v1/nodes", "list nodes")
+            # Managed namespaces: what the pods Slurm does not place (DaemonSets) hold on the nodes.
+            running = await request_json(api, "GET", "/api/v1/pods?fieldSelector=status.phase%3DRunning",
+                                         "list pods") if self.cfg.workloads.namespaces else {}
         except BridgeError as error:
             raise CheckFailed(f"Kubernetes: {error}") from None
         finally:
             await api.close()
         self.k8s_nodes = {n["metadata"]["name"]: n for n in nodes.get("items") or []}
+        self.k8s_running_pods: list[dict] = running.get("items") or []
         return f"API server {version.get('gitVersion', '?')} reachable, RBAC sufficient"
 
     async def check_node_mapping(self) -> str:
@@ -402,7 +406,7 @@ class Doctor:
             raise CheckFailed("skipped: needs the rest backend and the Kubernetes check to pass first")
         partitions = {p for m in managed.values() for p in (m.partition, *m.partitions)}
         nodes = (await self._rest(f"/slurm/{API_VERSION}/nodes/")).get("nodes") or []
-        notes = capacity_notes(partitions, nodes, self.k8s_nodes)
+        notes = capacity_notes(partitions, nodes, self.k8s_nodes, not_slurms(self.k8s_running_pods))
         summary = f"{len(managed)} managed namespace(s) on partitions {', '.join(sorted(partitions))}"
         return "; ".join([summary, *notes])
 
