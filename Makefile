@@ -62,6 +62,7 @@ contract: venv sandbox-up  ## the SlurmClient contract, against slurmrestd and p
 
 bench: venv bridge-up  ## latency numbers on the sandbox (prints, asserts nothing)
 	PYTHONPATH=. $(VENV)/bin/python bench/latency.py
+	PYTHONPATH=. $(VENV)/bin/python bench/kubelet_start.py
 
 bench-scale: venv bridge-up  ## an array of many short jobs, bridged and native (prints; last line JSON)
 	PYTHONPATH=. $(VENV)/bin/python bench/scale.py

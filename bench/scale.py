@@ -81,10 +81,11 @@ def final_rows(sandbox: Sandbox, array_id: int) -> dict[int, tuple[str, str]]:
 
 def run_array(sandbox: Sandbox, partition: str, tasks: int, script: Path, env: str, *,
               user: str = "alice", output: str = "/dev/null",
-              options: tuple[str, ...] = ()) -> tuple[float, int, int]:
-    """(seconds, array job id, tasks not COMPLETED 0:0)."""
+              options: tuple[str, ...] = (), at_once: int | None = None) -> tuple[float, int, int]:
+    """(seconds, array job id, tasks not COMPLETED 0:0); `at_once` tasks at most run at once."""
     started = time.monotonic()
-    array_id = sandbox.sbatch("-p", partition, f"--array=0-{tasks - 1}", "-o", output, *options,
+    limit = f"%{at_once}" if at_once else ""
+    array_id = sandbox.sbatch("-p", partition, f"--array=0-{tasks - 1}{limit}", "-o", output, *options,
                               f"--export=ALL,{env}", str(script), user=user, cwd=str(script.parent))
     deadline = started + max(600.0, 3.0 * tasks)
     while True:
