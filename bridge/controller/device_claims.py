@@ -73,6 +73,9 @@ class DeviceClaims:
         """The cluster's ResourceSlices (their watch runs only where a partition is in `dra` mode)."""
         self.claims = claims if claims is not None else ClaimCache(cfg.namespace, cfg.cluster)
         """The cluster's ResourceClaims."""
+        self.workload_user_of: Callable[[str, int], str | None] = lambda _node, _index: None
+        """The live pod of a managed namespace given Slurm GPU index (on a Kubernetes node), as words
+        (controller.workload_devices sets it where namespaces are managed)."""
         self.claim_watch_failing: Callable[[], bool] = lambda: False
         """True while the claims' watch waits to try again (the daemon sets it): who holds a device
         is then not known, and no allocation is written."""
@@ -166,11 +169,19 @@ class DeviceClaims:
         self, indices: tuple[int, ...], devices: list[PublishedDevice], view: PodView, mine: str, bound: Any
     ) -> None:
         """Raise _Refused when another workload's claim holds one of `devices`, _Wait while one of
-        ours of an ended run does (deleted here once its pod is gone), or one of a managed namespace's
-        pods does (Slurm ended its job: Kubernetes releases the claim as the pod ends)."""
+        ours of an ended run does (deleted here once its pod is gone), or a managed namespace's pod
+        given one still runs (Slurm ended its job: the pod goes within its grace)."""
+        for index in indices:
+            # A managed namespace's pod uses what the bridge gave it (its record) until it ends, whatever
+            # its user did to its claims; their claims themselves decide nothing.
+            user = self.workload_user_of(view.binds_to or "", index)
+            if user is not None:
+                raise _Wait(f"GPU index {index} on {view.binds_to} is still used by {user}")
         for device, holder in holders(devices, self.claims.holding(devices), mine):
             index = indices[devices.index(device)]
-            if not self.ours(holder) and holder.namespace not in self.cfg.workloads.namespaces:
+            if holder.namespace in self.cfg.workloads.namespaces:
+                continue
+            if not self.ours(holder):
                 raise _Refused(
                     f"GPU index {index} on {view.binds_to} ({device.name} of {device.driver}) is held by "
                     f"ResourceClaim {holder.key}, which Kubernetes gave to another workload: it is not free "

@@ -64,7 +64,7 @@ class KubeWorkloads:
         self._kubernetes_nodes = kubernetes_nodes
         self.devices = devices
         """The cluster's ResourceSlices and ResourceClaims (the `dra` mode's caches)."""
-        self.gpus = WorkloadDevices(devices, verbs, metrics)
+        self.gpus = WorkloadDevices(devices, verbs, metrics, cache, cfg.workloads.namespaces)
         key = read_step_key(cfg.waiter.step_key_file)
         if key is None:
             raise ConfigError("[workloads.namespaces] needs waiter.step_key_file (it signs gangs' comments)")
@@ -75,6 +75,8 @@ class KubeWorkloads:
         """Pod uid → the last pending reason its condition and event carry."""
         self._reason_reads: dict[int, tuple[int, float]] = {}
         """Pending job → (its record's reads for a reason, when the next is due)."""
+        self._hastened: set[str] = set()
+        """Pods (uid) whose deletion this daemon shortened to its own grace."""
         self._stopping: set[int] = set()
         """Jobs whose pods this daemon deletes (their deletion is no owner's cancel)."""
 
@@ -141,6 +143,7 @@ class KubeWorkloads:
         if any(p.deleting for p in pods if not p.ended) and job_id not in self._stopping and not failed:
             # Not after a pod failed: its Job controller deletes the others then, and the failed
             # pod's exit code is the job's.
+            await self._hasten([p for p in pods if p.deleting and not p.ended], bound)
             return await self._cancel(job_id, "a pod of the job was deleted", bound)
         if not pods and not self.gangs.just_submitted(job_id) and not self._gang_alive(alloc):
             return await self._cancel(job_id, "the job's pods are gone", bound)
@@ -191,15 +194,12 @@ class KubeWorkloads:
                 return DONE.sooner(2.0)
             missing = f"the job has {len(pods)} of its {alloc.tasks} pods"
             return await self._fail(session, pods, missing, bound)
-        shape = task_shape(pods) if pods else None
-        gpus = {p.name: self.gpus.count(p) for p in pods if p.claims}
-        placed = place(pods, alloc, shape, gpus) if shape is not None else "the job has no pods"
-        if isinstance(placed, str):
-            return await self._fail(session, pods, placed, bound)
-        # Slurm's record says whose job it is: each pod runs as that user, or not at all.
+        # Slurm's record says whose job it is: each pod runs as that user, or not at all. And whatever
+        # way a pod joined the job, nothing it may not do runs.
         foreign = "; ".join(filter(None, (wl.foreign_ids(pod, alloc.uid, alloc.gid) for pod in pods)))
-        if foreign:
-            return await self._fail(session, pods, foreign, bound)
+        unsafe = "; ".join(f"pod {p.name}: {p.unsafe}" for p in pods if p.unsafe and not p.node_name)
+        if foreign or unsafe:
+            return await self._fail(session, pods, "; ".join(filter(None, (foreign, unsafe))), bound)
         part = self.cfg.partition(alloc.partition)
         try:
             k8s_nodes = await self._kubernetes_nodes(alloc.partition) if part is not None else None
@@ -207,6 +207,17 @@ class KubeWorkloads:
                 if part is not None else {}
         except TranslateError as error:
             return await self._fail(session, pods, str(error), bound)
+        # Pods bound already keep their node and GPUs, also while they are being deleted (they still
+        # run: what they hold is no one else's).
+        holding = [p for p in every_pod if p.node_name and not p.ended]
+        slurm_name = {k8s: slurm for slurm, k8s in names.items()}
+        bound_to = {p.name: slurm_name.get(p.node_name, p.node_name) for p in holding}
+        placing = [*pods, *(p for p in holding if p.deleting)]
+        shape = task_shape(pods) if pods else None
+        gpus = {p.name: self.gpus.count(p) for p in pods if p.claims}
+        placed = place(placing, alloc, shape, gpus, bound_to) if shape is not None else "the job has no pods"
+        if isinstance(placed, str):
+            return await self._fail(session, pods, placed, bound)
         again: float | None = None
         for pod in pods:
             if pod.node_name or pod.ended:
@@ -215,7 +226,7 @@ class KubeWorkloads:
             node = names.get(where.node, where.node)
             if pod.claims:
                 try:
-                    await self.gpus.give(pod, node, where.gpus, part, bound)
+                    await self.gpus.give(pod, node, where.gpus, part, alloc.partition, bound)
                 except DevicesRefused as refused:
                     return await self._fail(session, pods, str(refused), bound)
                 except DevicesWait as wait:
@@ -266,6 +277,7 @@ class KubeWorkloads:
         for pod in live:
             if not pod.deleting and await self.verbs.delete(pod, self.cfg.termination_grace_s):
                 bound.info("pod.deleted", pod=f"{pod.namespace}/{pod.name}")
+        await self._hasten([p for p in live if p.deleting], bound)
         if live:
             return DONE
         end = wl.gang_outcome(pods)
@@ -282,6 +294,18 @@ class KubeWorkloads:
             self._forget(pods)
         return DONE
 
+    async def _hasten(self, deleting: list[wl.WorkloadPod], bound: Any) -> None:
+        """Pods their owner deleted go within the bridge's grace, not theirs: Slurm frees their CPUs
+        and GPUs when the job ends, and the next job there must not meet them (a deletion's grace may
+        be shortened, never lengthened)."""
+        for pod in deleting:
+            if pod.uid in self._hastened:
+                continue
+            self._hastened.add(pod.uid)
+            if await self.verbs.delete(pod, self.cfg.termination_grace_s):
+                bound.info("pod.deletion_hastened", pod=f"{pod.namespace}/{pod.name}",
+                           grace_s=self.cfg.termination_grace_s)
+
     async def _cancel(self, job_id: int, why: str, bound: Any) -> Result:
         bound.info("job.cancelled_by_its_pods", reason=why)
         self.metrics.inc("workload_jobs_cancelled_total")
@@ -296,5 +320,6 @@ class KubeWorkloads:
 
     def _forget(self, pods: list[wl.WorkloadPod]) -> None:
         for pod in pods:
+            self._hastened.discard(pod.uid)
             self._told.pop(pod.uid, None)
         self.gangs.forget_gone()

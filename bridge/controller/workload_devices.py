@@ -3,24 +3,28 @@ indices Slurm gave its task, before the pod is bound (the kubelet then has the d
 those, and the runtime inject them by CDI).
 
 The same steps as kube-scheduler's, with Slurm's choice instead of its own: the devices must be
-published and free (no other claim holds one: an ended job's claim is waited for, not long), the
-allocation and the reservation are written into that incarnation of each claim, then the pod is
-bound. Each step is idempotent, so a pass after a restart goes on where the last one stopped.
+published and free (no other claim holds one, no live pod was given one: an ended job's is waited
+for, not long), Slurm's indices are recorded on the pod (an annotation only the bridge may write: the
+bridge's own record of who uses a GPU, whatever a user does to their claims), the allocation and the
+reservation are written into that incarnation of each claim, then the pod is bound. Each step is
+idempotent, so a pass after a restart goes on where the last one stopped.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 from bridge.clients.kube.errors import KubeRejected
-from bridge.clients.kube.workload_pods import WorkloadVerbs
+from bridge.clients.kube.workload_pods import WorkloadPodCache, WorkloadVerbs
 from bridge.controller.device_claims import CLAIM_WAIT_S, DeviceClaims
 from bridge.controller.metrics import Metrics
 from bridge.core.config import PartitionConfig
 from bridge.core.device_claims import ClaimView, DeviceMappingError, claim_status, devices_for, holders
+from bridge.core.errors import WorkloadError
 from bridge.core.model import JobAllocation
-from bridge.core.workload_placement import claim_results
+from bridge.core.workload_placement import ClaimsNotReady, claim_gpus, claim_results
 from bridge.core.workloads import WorkloadPod
 
 
@@ -33,10 +37,26 @@ class DevicesRefused(Exception):
 
 
 class WorkloadDevices:
-    def __init__(self, devices: DeviceClaims, verbs: WorkloadVerbs, metrics: Metrics) -> None:
+    def __init__(
+        self, devices: DeviceClaims, verbs: WorkloadVerbs, metrics: Metrics, pods: WorkloadPodCache,
+        managed: Collection[str],
+    ) -> None:
         self._devices = devices
         self._verbs = verbs
         self._metrics = metrics
+        self._pods = pods
+        self._managed = frozenset(managed)
+        # The sbatch path asks too: a managed namespace's claim holds a device only while the pod the
+        # bridge gave it to runs (a user may edit or delete their claims; the record on the pod is ours).
+        devices.workload_user_of = self.user_of
+
+    def user_of(self, node: str, index: int, except_job: int | None = None) -> str | None:
+        """The live pod of a managed namespace that was given Slurm GPU index `index` on Kubernetes node
+        `node` (its record), other than `except_job`'s, as words; None if none."""
+        for pod in self._pods.on_node(node):
+            if not pod.ended and pod.slurm_gpus and index in pod.slurm_gpus and pod.job_id != except_job:
+                return f"pod {pod.namespace}/{pod.name} of Slurm job {pod.job_id}"
+        return None
 
     def claims_of(self, pod: WorkloadPod) -> list[ClaimView | None]:
         return [self._devices.claims.get(pod.namespace, entry.claim) if entry.claim else None
@@ -50,13 +70,26 @@ class WorkloadDevices:
         return max(CLAIM_WAIT_S, grace_s)
 
     async def give(
-        self, pod: WorkloadPod, node: str, indices: tuple[int, ...], part: PartitionConfig | None, bound: Any,
+        self, pod: WorkloadPod, node: str, indices: tuple[int, ...], part: PartitionConfig | None,
+        partition: str, bound: Any,
     ) -> None:
-        """Allocate Slurm's GPUs `indices` on Kubernetes node `node` to the pod's claims. Raises
-        DevicesWait or DevicesRefused."""
+        """Record Slurm's GPUs `indices` on Kubernetes node `node` on the pod and allocate them to its
+        claims. Raises DevicesWait or DevicesRefused."""
         if part is None or part.dra_driver is None:
             raise DevicesRefused(f"pod {pod.name} has DRA claims, but its partition gives no GPUs by DRA "
                                  "claims (gpu_mode changed while the job waited?)")
+        try:
+            # Checked again: a claim deleted and made anew since the submission was never judged.
+            claim_gpus(pod, self._devices.claims.get, part.dra_device_class or part.dra_driver, partition,
+                       allocated_by_bridge=True)
+        except WorkloadError as error:
+            raise DevicesRefused(str(error)) from error
+        except ClaimsNotReady as wait:
+            raise DevicesWait(str(wait)) from wait
+        for index in indices:
+            user = self.user_of(node, index, except_job=pod.job_id)
+            if user is not None:
+                raise DevicesWait(f"GPU index {index} on {node} is still used by {user}")
         devices, claims = self._devices.slices, self._devices.claims
         if not (devices.synced.is_set() and claims.synced.is_set()) or self._devices.claim_watch_failing():
             raise DevicesWait("the cluster's ResourceSlices and ResourceClaims are not listed (or their "
@@ -73,8 +106,12 @@ class WorkloadDevices:
             raise DevicesWait(str(error)) from error
         except ValueError as error:
             raise DevicesRefused(f"pod {pod.name}'s claims and its task's GPUs differ: {error}") from error
+        if pod.slurm_gpus != indices and not await self._verbs.record_gpus(pod, indices):
+            raise DevicesRefused(f"pod {pod.name} went away before its GPUs were recorded")
         for view, given, requests in shares:
-            held = holders(given, claims.holding(given), view.key)
+            # A managed namespace's claim holds nothing by itself: the record on its pod (above) decides.
+            held = [(d, h) for d, h in holders(given, claims.holding(given), view.key)
+                    if h.namespace not in self._managed]
             if held:
                 device, holder = held[0]
                 raise DevicesWait(f"GPU {device.name} on {node} is still held by ResourceClaim {holder.key}")

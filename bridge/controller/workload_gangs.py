@@ -73,6 +73,13 @@ class GangSubmission:
             # A job of this gang lacks marks (a restart between them, or the cache has not seen them
             # yet): its missing pods are these, never a new job's.
             job_id, pods = incomplete
+            try:
+                # The checks of a submission: a pod that joins a job is judged like one that starts it.
+                wl.job_request(pods, self._owner.cfg.workloads, self._owner.key, self._gpus_per_task(pods))
+            except wl.WorkloadError as error:
+                return await self._refuse(key, pods, str(error), bound)
+            except ClaimsNotReady as wait:
+                return await self._wait_for_claims(pods, str(wait))
             await self._mark(job_id, pods, bound)
             return DONE
         size = await self._size(waiting[0])
@@ -177,8 +184,8 @@ class GangSubmission:
             return DONE.sooner(limit - waited + 0.1)
         for pod in waiting:
             await self._owner.tell(pod, "Warning", "GangIncomplete",
-                             f"{len(waiting)} of the gang's {size} pods exist after {int(waited)}s; "
-                             "the job is submitted to Slurm once all do", condition="GangIncomplete")
+                                   f"{len(waiting)} of the gang's {size} pods exist after {int(waited)}s; "
+                                   "the job is submitted to Slurm once all do", condition="GangIncomplete")
         return DONE
 
     def _incomplete_job(

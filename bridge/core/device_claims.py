@@ -248,6 +248,9 @@ class ClaimRequest:
     count: int
     """ExactCount's count; 0 for allocationMode All."""
     admin_access: bool
+    unhonoured: tuple[str, ...] = ()
+    """What else it asks that Slurm's choice of devices cannot honour (selectors, tolerations,
+    capacity)."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +308,7 @@ def _request(request: Mapping[str, Any]) -> ClaimRequest:
         device_class=str(exactly.get("deviceClassName") or "") if exactly else "",
         count=int(exactly.get("count") or 1) if mode == "ExactCount" else 0,
         admin_access=bool(exactly.get("adminAccess")),
+        unhonoured=tuple(key for key in ("selectors", "tolerations", "capacity") if exactly.get(key)),
     )
 
 

@@ -55,40 +55,49 @@ class Placement:
 
 def place(
     pods: Sequence[WorkloadPod], alloc: JobAllocation, shape: TaskShape,
-    gpus: Mapping[str, int] | None = None,
+    gpus: Mapping[str, int] | None = None, bound_to: Mapping[str, str] | None = None,
 ) -> dict[str, Placement] | str:
     """Where each pod (by name) goes: as many pods on each allocated node as its CPUs (and memory, when
     Slurm tracks it) and GPUs hold, in Slurm's node order; each pod gets `gpus[name]` of the node's GPU
-    indices, none twice. A text says why they do not fit: the allocation is not what the gang needs,
-    and no pod may run beyond what Slurm gave."""
+    indices, none twice. A pod bound already (`bound_to`: its Slurm node) stays there with the indices
+    it was given (its record), whatever its claims say now. A text says why they do not fit: the
+    allocation is not what the gang needs, and no pod may run beyond what Slurm gave."""
     wanted = gpus or {}
+    fixed = bound_to or {}
     free = {n.name: [n.cpus, n.memory_mb] for n in alloc.nodes}
     free_gpus = {n.name: list(n.gpu_indices) for n in alloc.nodes}
     tracked = {n.name: n.memory_mb > 0 for n in alloc.nodes}  # 0: Slurm does not track memory there
     need_mb = shape.memory_mb_per_cpu * shape.cpus
     placed: dict[str, Placement] = {}
-    for pod in sorted(pods, key=lambda p: p.name):
+    ordered = sorted(pods, key=lambda p: (p.name not in fixed, p.name))
+    for pod in ordered:
         need_gpus = wanted.get(pod.name, 0)
-        node = next((name for name, (cpus, memory) in free.items()
-                     if cpus >= shape.cpus and (not tracked[name] or memory >= need_mb)
-                     and len(free_gpus[name]) >= need_gpus), None)
+        if pod.name in fixed and fixed[pod.name] in free:
+            node: str | None = fixed[pod.name]
+            given = tuple(i for i in pod.slurm_gpus or () if i in free_gpus[fixed[pod.name]])
+        else:
+            node = next((name for name, (cpus, memory) in free.items()
+                         if cpus >= shape.cpus and (not tracked[name] or memory >= need_mb)
+                         and len(free_gpus[name]) >= need_gpus), None)
+            given = tuple(free_gpus[node][:need_gpus]) if node is not None else ()
         if node is None:
             gpu_words = f" and {max(wanted.values())} GPUs" if any(wanted.values()) else ""
             return (f"job {alloc.job_id}'s allocation ({alloc.nodelist}) does not hold {len(pods)} tasks of "
                     f"{shape.cpus} CPUs and {need_mb} MiB{gpu_words}")
         free[node][0] -= shape.cpus
         free[node][1] -= need_mb
-        given, free_gpus[node] = tuple(free_gpus[node][:need_gpus]), free_gpus[node][need_gpus:]
+        free_gpus[node] = [i for i in free_gpus[node] if i not in given]
         placed[pod.name] = Placement(node, given)
     return placed
 
 
 def claim_gpus(
     pod: WorkloadPod, claims: Callable[[str, str], ClaimView | None], device_class: str | None,
-    partition: str,
+    partition: str, *, allocated_by_bridge: bool = False,
 ) -> int:
     """How many GPUs `pod`'s claims ask for (0 without claims). WorkloadError when the claims cannot be
-    honoured; ClaimsNotReady while one is not made yet."""
+    honoured; ClaimsNotReady while one is not made yet. `allocated_by_bridge`: checked again at bind
+    time, when the bridge may have written their allocation already."""
     if not pod.claims:
         return 0
     if device_class is None:
@@ -108,7 +117,7 @@ def claim_gpus(
             raise ClaimsNotReady(f"ResourceClaim {pod.namespace}/{entry.claim} is not seen yet")
         if view.owner_pod_uid != pod.uid:
             raise WorkloadError(f"ResourceClaim {view.key} is not pod {pod.name}'s own")
-        if view.devices:
+        if view.devices and not allocated_by_bridge:
             raise WorkloadError(f"ResourceClaim {view.key} was allocated before Slurm chose its GPUs")
         if view.extras:
             raise WorkloadError(f"ResourceClaim {view.key} sets {' and '.join(view.extras)}: Slurm chooses "
@@ -123,6 +132,10 @@ def claim_gpus(
             if request.admin_access:
                 raise WorkloadError(f"request {request.name} of ResourceClaim {view.key} asks for admin "
                                     "access: a device Slurm gave another job is never shared")
+            if request.unhonoured:
+                raise WorkloadError(f"request {request.name} of ResourceClaim {view.key} sets "
+                                    f"{' and '.join(request.unhonoured)}: Slurm chooses the GPUs, and only "
+                                    "their count is honoured")
             if request.count <= 0:
                 raise WorkloadError(f"request {request.name} of ResourceClaim {view.key} asks for all "
                                     "devices; ask for a count (allocationMode ExactCount)")

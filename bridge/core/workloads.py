@@ -41,6 +41,9 @@ ANNOTATION_QOS = wellknown.PREFIX + "qos"
 ANNOTATION_TIME_LIMIT = wellknown.PREFIX + "time-limit"
 ANNOTATION_SLURM_JOB = wellknown.PREFIX + "slurm-job-id"
 """Written by the bridge only (the admission policy refuses it from anyone else): the job of a pod."""
+ANNOTATION_SLURM_GPUS = wellknown.PREFIX + "slurm-gpus"
+"""Written by the bridge only, before it binds the pod: Slurm's GPU indices on its node that the pod's
+claims get. The bridge's own record of who uses a GPU, whatever a user does to their claims."""
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)(m|Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 _FACTORS = {None: 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
@@ -114,6 +117,8 @@ class WorkloadPod:
     """The pod's fsGroup and supplementalGroups: only the job's own group is allowed."""
     claims: tuple[PodClaim, ...] = ()
     """Its DRA claims (spec.resourceClaims): its GPUs, pinned by the bridge to Slurm's."""
+    slurm_gpus: tuple[int, ...] | None = None
+    """Slurm's GPU indices on its node the bridge gave it (ANNOTATION_SLURM_GPUS); None: none given."""
 
     @property
     def ended(self) -> bool:
@@ -210,9 +215,16 @@ def trim_pod(pod: Mapping[str, Any]) -> WorkloadPod:
         unsafe="; ".join(filter(None, (resource_problem, unsafe(spec)))),
         run_as=run_as(spec),
         claims=_pod_claims(spec, status),
+        slurm_gpus=_indices(annotations.get(ANNOTATION_SLURM_GPUS)),
         groups=tuple(int(g) for g in [*((spec.get("securityContext") or {}).get("supplementalGroups") or []),
                                        (spec.get("securityContext") or {}).get("fsGroup")] if g is not None),
     )
+
+
+def _indices(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    return tuple(int(i) for i in text.split(",") if i.strip().isdigit())
 
 
 def _pod_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[PodClaim, ...]:

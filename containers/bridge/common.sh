@@ -258,7 +258,7 @@ metadata: {name: dra-user, namespace: $ns}
 rules:
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates, resourceclaims]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [get, list, watch, create, delete]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

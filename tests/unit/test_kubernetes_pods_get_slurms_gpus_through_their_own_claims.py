@@ -93,6 +93,7 @@ def test_a_pods_gpus_are_the_counts_of_its_own_claims() -> None:
     (claim("w0-gpu0", "u-w0", request=asking(allocationMode="All")), "all devices"),
     (claim("w0-gpu0", "u-w0", request={"name": "gpu", "firstAvailable": [{"name": "a"}]}), "alternatives"),
     (claim("w0-gpu0", "u-w0", extra={"constraints": [{"matchAttribute": "x"}]}), "constraints"),
+    (claim("w0-gpu0", "u-w0", request=asking(selectors=[{"cel": {"expression": "true"}}])), "selectors"),
     (claim("w0-gpu0", "u-w0", held=["gpu-0"]), "allocated before Slurm"),
 ])
 def test_a_claim_that_slurms_choice_cannot_honour_is_refused(the_claim: dict[str, Any], words: str) -> None:
@@ -173,6 +174,10 @@ class Verbs:
         self.log.append(("bind", pod.name, node))
         return True
 
+    async def record_gpus(self, pod: WorkloadPod, indices: tuple[int, ...]) -> bool:
+        self.log.append(("record", pod.name, indices))
+        return True
+
     async def allocate_claim(self, claim: ClaimView, status: dict[str, Any]) -> bool:
         results = status["allocation"]["devices"]["results"]
         reserved = [r["uid"] for r in status["reservedFor"]]
@@ -186,6 +191,7 @@ class Verbs:
         pass
 
     async def delete(self, pod: WorkloadPod, grace_seconds: int | None = None) -> bool:
+        self.log.append(("delete", pod.name, grace_seconds))
         return True
 
 
@@ -198,7 +204,7 @@ class Slurm:
         return 40
 
     async def cancel_job(self, job_id: int) -> None:
-        pass
+        self.jobs.append({"cancelled": job_id})
 
 
 def a_slice(node: str, count: int = 4) -> dict[str, Any]:
@@ -262,8 +268,8 @@ def test_each_pods_claim_gets_its_slurm_gpus_before_the_pod_is_bound(cfg: Bridge
     alloc = world.running((2, 3))
     asyncio.run(world.workloads.reconcile_job(40, alloc))
     assert world.verbs.log == [
-        ("allocate", "w0-gpu0", ("gpu-2",), ("u-w0",)), ("bind", "w0", "kreal1"),
-        ("allocate", "w1-gpu0", ("gpu-3",), ("u-w1",)), ("bind", "w1", "kreal1"),
+        ("record", "w0", (2,)), ("allocate", "w0-gpu0", ("gpu-2",), ("u-w0",)), ("bind", "w0", "kreal1"),
+        ("record", "w1", (3,)), ("allocate", "w1-gpu0", ("gpu-3",), ("u-w1",)), ("bind", "w1", "kreal1"),
     ]
 
 
@@ -280,3 +286,64 @@ def test_a_gpu_another_claim_still_holds_is_never_given_and_the_pod_not_bound(cf
     asyncio.run(world.workloads.reconcile_job(40, world.jobs.get(40).alloc))  # type: ignore[union-attr]
     failed = [entry for entry in world.verbs.log if entry[0] == "event" and entry[2] == "SlurmJobFailed"]
     assert failed and "still held by ResourceClaim slurm-jobs/slurm-9-0-gpu" in failed[0][3]
+
+
+def bound(name: str, gpus: str | None, *, job: str = "40", phase: str = "Running",
+          deleting: bool = False) -> dict[str, Any]:
+    p = marked(name)
+    p["metadata"]["annotations"]["slurm-k8s-bridge/slurm-job-id"] = job
+    if gpus is not None:
+        p["metadata"]["annotations"]["slurm-k8s-bridge/slurm-gpus"] = gpus
+    if deleting:
+        p["metadata"]["deletionTimestamp"] = "2026-12-05T06:00:00Z"
+    p["spec"]["nodeName"] = "kreal1"
+    p["status"]["phase"] = phase
+    return p
+
+
+def test_a_bound_pod_keeps_its_gpus_even_when_its_claim_is_deleted(cfg: BridgeConfig) -> None:
+    """w0 runs with Slurm's GPU 2 (its record); alice deletes its claim: w1 still gets GPU 3, never 2."""
+    world = World(cfg, [bound("w0", "2"), marked("w1")], [claim("w1-gpu0", "u-w1")])
+    asyncio.run(world.workloads.reconcile_job(40, world.running((2, 3))))
+    assert ("allocate", "w1-gpu0", ("gpu-3",), ("u-w1",)) in world.verbs.log, world.verbs.log
+    assert not any(e[0] == "allocate" and "gpu-2" in e[2] for e in world.verbs.log)
+
+
+def test_a_gpu_another_jobs_live_pod_was_given_is_waited_for_whatever_its_claims(cfg: BridgeConfig) -> None:
+    """Job 39's pod still runs on GPU 3 (its grace), its claim deleted by its user: job 40's pod waits
+    for it, and the sbatch path does too; an ended pod, or a managed namespace's claim alone, holds
+    nothing."""
+    stale = claim("old-gpu0", "u-gone", held=["gpu-2"])  # kept allocated by its user, its pod gone
+    world = World(cfg, [bound("old", "3", job="39"), marked("w0"), marked("w1")],
+                  [claim("w0-gpu0", "u-w0"), claim("w1-gpu0", "u-w1"), stale])
+    asyncio.run(world.workloads.reconcile_job(40, world.running((2, 3))))
+    assert ("bind", "w0", "kreal1") in world.verbs.log  # GPU 2: only a stale claim of alice's holds it
+    assert ("bind", "w1", "kreal1") not in world.verbs.log
+    assert world.workloads.devices.workload_user_of("kreal1", 3) == "pod team-alice/old of Slurm job 39"
+    assert world.workloads.devices.workload_user_of("kreal1", 2) is None
+    ended = World(cfg, [bound("old", "3", job="39", phase="Succeeded")], [])
+    assert ended.workloads.devices.workload_user_of("kreal1", 3) is None
+
+
+def test_a_pod_deleted_by_its_owner_goes_within_the_bridges_grace(cfg: BridgeConfig) -> None:
+    """alice deletes a running pod with a day's grace: the job is cancelled, and the pod's deletion is
+    shortened to the bridge's grace (Slurm frees its GPU at once: the next job must not meet it)."""
+    world = World(cfg, [bound("w0", "2", deleting=True), bound("w1", "3")],
+                  [claim("w0-gpu0", "u-w0", held=["gpu-2"]), claim("w1-gpu0", "u-w1", held=["gpu-3"])])
+    asyncio.run(world.workloads.reconcile_job(40, world.running((2, 3))))
+    assert ("delete", "w0", cfg.termination_grace_s) in world.verbs.log
+    assert {"cancelled": 40} in world.slurm.jobs
+
+
+def test_a_pod_joining_a_job_is_judged_as_a_submission_is(cfg: BridgeConfig) -> None:
+    """A job of gang g lacks a pod (one was deleted before it ran); a privileged pod of the gang never
+    completes it: refused, never marked."""
+    bad = pod("w9")
+    bad["spec"]["containers"][0]["securityContext"]["privileged"] = True
+    world = World(cfg, [marked("w0"), bad], [claim("w0-gpu0", "u-w0"), claim("w9-gpu0", "u-w9")])
+    comment = gang_comment(trim_pod(pod("w0")), "alice", KEY)
+    world.jobs.record(JobAllocation(job_id=40, user="alice", uid=2001, gid=2001, partition="dra",
+                                    state="PENDING", comment=comment, tasks=2))
+    asyncio.run(world.workloads.reconcile_gang("team-alice/group/g"))
+    assert ("mark", "w9") not in world.verbs.log
+    assert any(e[0] == "event" and e[1] == "w9" and e[2] == "SlurmRefused" for e in world.verbs.log)

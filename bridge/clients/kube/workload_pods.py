@@ -16,7 +16,14 @@ from kubernetes_asyncio.client import ApiClient
 from bridge.clients.kube.client import request, request_json
 from bridge.clients.kube.errors import KubeConflict, KubeNotFound
 from bridge.core.device_claims import ClaimView
-from bridge.core.workloads import ANNOTATION_SLURM_JOB, SCHEDULER_NAME, WorkloadError, WorkloadPod, trim_pod
+from bridge.core.workloads import (
+    ANNOTATION_SLURM_GPUS,
+    ANNOTATION_SLURM_JOB,
+    SCHEDULER_NAME,
+    WorkloadError,
+    WorkloadPod,
+    trim_pod,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +47,7 @@ class WorkloadPodCache:
         """By `namespace/name`."""
         self._by_gang: dict[str, dict[str, WorkloadPod]] = {}
         self._by_job: dict[int, dict[str, WorkloadPod]] = {}
+        self._by_node: dict[str, dict[str, WorkloadPod]] = {}
         self.unreadable = 0
 
     def __len__(self) -> int:
@@ -50,6 +58,10 @@ class WorkloadPodCache:
 
     def of_job(self, job_id: int) -> list[WorkloadPod]:
         return list(self._by_job.get(job_id, {}).values())
+
+    def on_node(self, node: str) -> list[WorkloadPod]:
+        """The pods bound to Kubernetes node `node`."""
+        return list(self._by_node.get(node, {}).values())
 
     def job_ids(self) -> set[int]:
         return set(self._by_job)
@@ -72,7 +84,7 @@ class WorkloadPodCache:
 
     def replace_all(self, objs: Iterable[WorkloadPod | None]) -> set[Key]:
         before = list(self._pods.values())
-        self._pods, self._by_gang, self._by_job = {}, {}, {}
+        self._pods, self._by_gang, self._by_job, self._by_node = {}, {}, {}, {}
         for pod in objs:
             if pod is not None:
                 self._put(pod)
@@ -92,6 +104,8 @@ class WorkloadPodCache:
         self._by_gang.setdefault(pod.gang, {})[name] = pod
         if pod.job_id is not None:
             self._by_job.setdefault(pod.job_id, {})[name] = pod
+        if pod.node_name:
+            self._by_node.setdefault(pod.node_name, {})[name] = pod
 
     def _remove(self, name: str) -> WorkloadPod | None:
         pod = self._pods.pop(name, None)
@@ -100,6 +114,8 @@ class WorkloadPodCache:
         _drop(self._by_gang, pod.gang, name)
         if pod.job_id is not None:
             _drop(self._by_job, pod.job_id, name)
+        if pod.node_name:
+            _drop(self._by_node, pod.node_name, name)
         return pod
 
 
@@ -129,6 +145,18 @@ class WorkloadVerbs:
     async def mark_job(self, pod: WorkloadPod, job_id: int) -> bool:
         """Record the pod's Slurm job on it (only on the incarnation seen); False if it is gone."""
         body = {"metadata": {"uid": pod.uid, "annotations": {ANNOTATION_SLURM_JOB: str(job_id)}}}
+        try:
+            await request_json(self._api, "PATCH", _pod_path(pod), f"annotate pods in {pod.namespace}",
+                               body=body, content_type="application/merge-patch+json")
+        except (KubeNotFound, KubeConflict):
+            return False
+        return True
+
+    async def record_gpus(self, pod: WorkloadPod, indices: tuple[int, ...]) -> bool:
+        """Record on the pod (only the incarnation seen) Slurm's GPU indices its claims get; False if
+        it is gone."""
+        body = {"metadata": {"uid": pod.uid, "annotations": {
+            ANNOTATION_SLURM_GPUS: ",".join(str(i) for i in indices)}}}
         try:
             await request_json(self._api, "PATCH", _pod_path(pod), f"annotate pods in {pod.namespace}",
                                body=body, content_type="application/merge-patch+json")
