@@ -75,8 +75,8 @@ class KubeWorkloads:
         """Pod uid → the last pending reason its condition and event carry."""
         self._reason_reads: dict[int, tuple[int, float]] = {}
         """Pending job → (its record's reads for a reason, when the next is due)."""
-        self._hastened: set[str] = set()
-        """Pods (uid) whose deletion this daemon shortened to its own grace."""
+        self._owner_deleted: set[int] = set()
+        """Jobs a pod of which its owner deleted: cancelled once no such pod runs."""
         self._stopping: set[int] = set()
         """Jobs whose pods this daemon deletes (their deletion is no owner's cancel)."""
 
@@ -140,10 +140,15 @@ class KubeWorkloads:
             # without pods, is then cancelled; their Job's new pods are a new job.
             return await self._stop(job_id, alloc, [p for p in pods if p.node_name], earlier, bound)
         failed = any(p.phase == "Failed" and not p.deleting for p in pods)
-        if any(p.deleting for p in pods if not p.ended) and job_id not in self._stopping and not failed:
+        deleted = any(p.deleting for p in pods if not p.ended) or job_id in self._owner_deleted
+        if deleted and job_id not in self._stopping and not failed:
             # Not after a pod failed: its Job controller deletes the others then, and the failed
-            # pod's exit code is the job's.
-            await self._hasten([p for p in pods if p.deleting and not p.ended], bound)
+            # pod's exit code is the job's. The job keeps its allocation while a deleted pod still
+            # runs: the kubelet stops it within the grace its deletion asked, which nothing shortens
+            # once it has begun, and what it holds must not be given to the next job meanwhile.
+            self._owner_deleted.add(job_id)
+            if any(p.deleting and p.node_name and not p.ended for p in pods):
+                return DONE
             return await self._cancel(job_id, "a pod of the job was deleted", bound)
         if not pods and not self.gangs.just_submitted(job_id) and not self._gang_alive(alloc):
             return await self._cancel(job_id, "the job's pods are gone", bound)
@@ -277,7 +282,6 @@ class KubeWorkloads:
         for pod in live:
             if not pod.deleting and await self.verbs.delete(pod, self.cfg.termination_grace_s):
                 bound.info("pod.deleted", pod=f"{pod.namespace}/{pod.name}")
-        await self._hasten([p for p in live if p.deleting], bound)
         if live:
             return DONE
         end = wl.gang_outcome(pods)
@@ -291,20 +295,9 @@ class KubeWorkloads:
         self._stopping.discard(job_id)
         if alloc is None or over(alloc):
             self._reason_reads.pop(job_id, None)
+            self._owner_deleted.discard(job_id)
             self._forget(pods)
         return DONE
-
-    async def _hasten(self, deleting: list[wl.WorkloadPod], bound: Any) -> None:
-        """Pods their owner deleted go within the bridge's grace, not theirs: Slurm frees their CPUs
-        and GPUs when the job ends, and the next job there must not meet them (a deletion's grace may
-        be shortened, never lengthened)."""
-        for pod in deleting:
-            if pod.uid in self._hastened:
-                continue
-            self._hastened.add(pod.uid)
-            if await self.verbs.delete(pod, self.cfg.termination_grace_s):
-                bound.info("pod.deletion_hastened", pod=f"{pod.namespace}/{pod.name}",
-                           grace_s=self.cfg.termination_grace_s)
 
     async def _cancel(self, job_id: int, why: str, bound: Any) -> Result:
         bound.info("job.cancelled_by_its_pods", reason=why)
@@ -320,6 +313,5 @@ class KubeWorkloads:
 
     def _forget(self, pods: list[wl.WorkloadPod]) -> None:
         for pod in pods:
-            self._hastened.discard(pod.uid)
             self._told.pop(pod.uid, None)
         self.gangs.forget_gone()

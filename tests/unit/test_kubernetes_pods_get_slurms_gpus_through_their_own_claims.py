@@ -325,13 +325,17 @@ def test_a_gpu_another_jobs_live_pod_was_given_is_waited_for_whatever_its_claims
     assert ended.workloads.devices.workload_user_of("kreal1", 3) is None
 
 
-def test_a_pod_deleted_by_its_owner_goes_within_the_bridges_grace(cfg: BridgeConfig) -> None:
-    """alice deletes a running pod with a day's grace: the job is cancelled, and the pod's deletion is
-    shortened to the bridge's grace (Slurm frees its GPU at once: the next job must not meet it)."""
+def test_a_job_keeps_its_gpus_while_a_pod_its_owner_deleted_still_runs(cfg: BridgeConfig) -> None:
+    """alice deletes a running pod (its grace is hers: the kubelet stops it within it, and nothing
+    shortens that once begun): the job is not cancelled, so Slurm does not free its GPU, until the pod
+    is gone; then it is."""
     world = World(cfg, [bound("w0", "2", deleting=True), bound("w1", "3")],
                   [claim("w0-gpu0", "u-w0", held=["gpu-2"]), claim("w1-gpu0", "u-w1", held=["gpu-3"])])
-    asyncio.run(world.workloads.reconcile_job(40, world.running((2, 3))))
-    assert ("delete", "w0", cfg.termination_grace_s) in world.verbs.log
+    alloc = world.running((2, 3))
+    asyncio.run(world.workloads.reconcile_job(40, alloc))
+    assert {"cancelled": 40} not in world.slurm.jobs
+    world.cache.replace_all([world.cache.trim(bound("w1", "3"))])  # w0 is gone
+    asyncio.run(world.workloads.reconcile_job(40, alloc))
     assert {"cancelled": 40} in world.slurm.jobs
 
 
