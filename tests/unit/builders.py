@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from bridge.clients.kube.cache import PodCache
-from bridge.core.config import BridgeConfig, PartitionConfig, PodsConfig
+from bridge.core.config import BridgeConfig, PartitionConfig, PodsConfig, parse_config
 from bridge.core.model import JobAllocation, JobPayload, NodeAllocation
 
 SCRIPT = "#!/bin/bash\n#K8S image=debian:12\necho hello\n"
@@ -99,3 +100,20 @@ class RecordingKube(SecretStore):
     async def delete_pod(self, name: str, grace_seconds: int | None = None) -> bool:
         self.deleted.append(name)
         return True
+
+
+def workloads_config(tmp_path: Path, key: bytes, tables: str) -> BridgeConfig:
+    """A config for the Kubernetes-submitted path (slurmrestd, a step key of `key`), with `tables`
+    (its partitions and managed namespaces) after the common part."""
+    key_file = tmp_path / "step.key"
+    key_file.write_bytes(key)
+    key_file.chmod(0o600)
+    token = tmp_path / "jwt"
+    token.write_text("t")
+    return parse_config(f"""cluster = "c"
+[slurm]
+url = "http://127.0.0.1:1"
+token_file = "{token}"
+[waiter]
+step_key_file = "{key_file}"
+""" + tables)

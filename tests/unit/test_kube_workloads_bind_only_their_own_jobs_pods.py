@@ -18,9 +18,11 @@ from bridge.controller.jobstore import JobStore
 from bridge.controller.kube_workloads import KubeWorkloads
 from bridge.controller.metrics import Metrics
 from bridge.controller.sessions import SessionRegistry
-from bridge.core.config import BridgeConfig, parse_config
+from bridge.core.config import BridgeConfig
 from bridge.core.model import JobAllocation, JobPayload, NodeAllocation
 from bridge.core.workloads import WorkloadPod, gang_comment, trim_pod
+
+from .builders import workloads_config
 
 KEY = b"a-step-key-of-at-least-16-bytes"
 
@@ -65,18 +67,7 @@ class Slurm:
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> BridgeConfig:
-    key = tmp_path / "step.key"
-    key.write_bytes(KEY)
-    key.chmod(0o600)
-    token = tmp_path / "jwt"
-    token.write_text("t")
-    return parse_config(f"""cluster = "c"
-[slurm]
-url = "http://127.0.0.1:1"
-token_file = "{token}"
-[waiter]
-step_key_file = "{key}"
-[partitions.k8s]
+    return workloads_config(tmp_path, KEY, """[partitions.k8s]
 [workloads.namespaces.team-alice]
 user = "alice"
 account = "lab_alice"

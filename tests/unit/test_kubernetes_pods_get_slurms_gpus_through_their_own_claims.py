@@ -20,12 +20,14 @@ from bridge.controller.jobstore import JobStore
 from bridge.controller.kube_workloads import KubeWorkloads
 from bridge.controller.metrics import Metrics
 from bridge.controller.sessions import SessionRegistry
-from bridge.core.config import BridgeConfig, parse_config
+from bridge.core.config import BridgeConfig
 from bridge.core.device_claims import ClaimView, trim_claim
 from bridge.core.errors import WorkloadError
 from bridge.core.model import JobAllocation, JobPayload, NodeAllocation
 from bridge.core.workload_placement import ClaimsNotReady, claim_gpus, place, task_shape
 from bridge.core.workloads import WorkloadPod, gang_comment, job_request, trim_pod
+
+from .builders import workloads_config
 
 KEY = b"a-step-key-of-at-least-16-bytes"
 DRIVER = "gpu.example.com"
@@ -139,18 +141,7 @@ def test_the_gangs_job_asks_slurm_for_the_gpus_per_task(cfg: BridgeConfig) -> No
 # -- the controller, with fake verbs -----------------------------------------------------------------
 @pytest.fixture
 def cfg(tmp_path: Path) -> BridgeConfig:
-    key = tmp_path / "step.key"
-    key.write_bytes(KEY)
-    key.chmod(0o600)
-    token = tmp_path / "jwt"
-    token.write_text("t")
-    return parse_config(f"""cluster = "c"
-[slurm]
-url = "http://127.0.0.1:1"
-token_file = "{token}"
-[waiter]
-step_key_file = "{key}"
-[partitions.k8s]
+    return workloads_config(tmp_path, KEY, f"""[partitions.k8s]
 [partitions.dra]
 gpu_mode = "dra"
 dra_driver = "{DRIVER}"

@@ -144,19 +144,15 @@ class WorkloadVerbs:
 
     async def mark_job(self, pod: WorkloadPod, job_id: int) -> bool:
         """Record the pod's Slurm job on it (only on the incarnation seen); False if it is gone."""
-        body = {"metadata": {"uid": pod.uid, "annotations": {ANNOTATION_SLURM_JOB: str(job_id)}}}
-        try:
-            await request_json(self._api, "PATCH", _pod_path(pod), f"annotate pods in {pod.namespace}",
-                               body=body, content_type="application/merge-patch+json")
-        except (KubeNotFound, KubeConflict):
-            return False
-        return True
+        return await self._annotate(pod, {ANNOTATION_SLURM_JOB: str(job_id)})
 
     async def record_gpus(self, pod: WorkloadPod, indices: tuple[int, ...]) -> bool:
         """Record on the pod (only the incarnation seen) Slurm's GPU indices its claims get; False if
         it is gone."""
-        body = {"metadata": {"uid": pod.uid, "annotations": {
-            ANNOTATION_SLURM_GPUS: ",".join(str(i) for i in indices)}}}
+        return await self._annotate(pod, {ANNOTATION_SLURM_GPUS: ",".join(str(i) for i in indices)})
+
+    async def _annotate(self, pod: WorkloadPod, annotations: dict[str, str]) -> bool:
+        body = {"metadata": {"uid": pod.uid, "annotations": annotations}}
         try:
             await request_json(self._api, "PATCH", _pod_path(pod), f"annotate pods in {pod.namespace}",
                                body=body, content_type="application/merge-patch+json")
