@@ -239,6 +239,8 @@ func run(pidfile string, merged bool, argv []string) int {
 	// The payload Secret's script key, which the pod's env sets to the script's path so that the
 	// script never becomes a variable: the job's own environment never had it.
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT")
+	interval := usageInterval() // the bridge's, not the job's: read, then gone from its environment
+	_ = os.Unsetenv("SLURM_K8S_BRIDGE_USAGE_INTERVAL")
 	if pending := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING"); pending != "" {
 		// A script too big for an annotation: the daemon copies it in (receive-script).
 		_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING")
@@ -295,14 +297,18 @@ func run(pidfile string, merged bool, argv []string) int {
 		go out.relay('e', stderr, errDone)
 	}
 
+	sampler := startUsageSampler(pid, out, interval)
+
 	// Wait for the script itself, not for its pipes (cmd.Wait would wait for both).
 	var status syscall.WaitStatus
+	var rusage syscall.Rusage
 	for {
-		_, err := syscall.Wait4(pid, &status, 0, nil)
+		_, err := syscall.Wait4(pid, &status, 0, &rusage)
 		if err != syscall.EINTR {
 			break
 		}
 	}
+	sampler.finish(&rusage)
 	// What the script left running goes with it, as slurmstepd ends a batch step.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	deadline := time.After(drainAfterExit)

@@ -160,8 +160,10 @@ class LogRelay:
 
 def output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
     """One log line of the in-pod agent as the waiter's event: "o <base64>" is the script's stdout,
-    "e <base64>" its stderr (passed on still encoded: the waiter writes the bytes). Anything else
-    is the agent's own complaint (it could not start the script), a line of stderr."""
+    "e <base64>" its stderr (passed on still encoded: the waiter writes the bytes); on the first
+    pod, "s", "c" and "k" are the script's srun, Slurm commands and step signals, "u" a sample of
+    its processes' usage (agent/usage.go). Anything else is the agent's own complaint (it could not
+    start the script), a line of stderr."""
     tag, sep, data = line.partition(" ")
     if sep and tag in ("o", "e"):
         return {"type": "out", "pod": index, "ts": stamp, "fd": 1 if tag == "o" else 2, "data": data}
@@ -169,6 +171,8 @@ def output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
         return {"type": "step", "pod": index, "ts": stamp, "data": data}
     if sep and tag == "c" and index == 0:
         return {"type": "command", "pod": index, "ts": stamp, "data": data}
+    if sep and tag == "u" and index == 0:
+        return {"type": "usage", "pod": index, "ts": stamp, "data": data}
     if sep and tag == "k" and index == 0:
         return {"type": "step-signal", "pod": index, "ts": stamp, "data": data}
     text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()

@@ -193,6 +193,8 @@ def _container_env(
     if cfg.pods.agent_image:
         # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
         env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
+        if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:
+            env[wellknown.ENV_USAGE_INTERVAL] = str(cfg.pods.usage_interval_s)
     env[wellknown.SECRET_SCRIPT_KEY] = _script_path(index, delivered)
     return env
 

@@ -107,6 +107,11 @@ never becomes an environment variable (one is capped at 128 KiB, and every child
 ENV_SCRIPT_PENDING: Final = "SLURM_K8S_BRIDGE_SCRIPT_PENDING"
 """Set in the first pod when its script is copied in: the agent waits for that file."""
 
+ENV_USAGE_INTERVAL: Final = "SLURM_K8S_BRIDGE_USAGE_INTERVAL"
+"""Seconds between the usage samples the first pod's agent sends ([pods] usage_interval_s), when
+not its default of 30 (agent/usage.go). The agent unsets it before the script runs."""
+DEFAULT_USAGE_INTERVAL_S: Final = 30
+
 ANNOTATION_SCRIPT_DELIVERY: Final = PREFIX + "script-delivery"
 """`exec` on a pod whose script the daemon copies in once it runs (too big for an annotation)."""
 

@@ -29,6 +29,7 @@ from bridge.waiter.http_client import DaemonError, post, reconnect_delay, split_
 from bridge.waiter.output import output_merged, say, write_all
 from bridge.waiter.script_signals import ScriptSignals
 from bridge.waiter.steps import ScriptSteps
+from bridge.waiter.usage import UsageFile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class Waiter:
         started_as = list(getattr(sys, "orig_argv", [sys.executable, "-I", "-S", *sys.argv]))
         own_command = started_as[:len(started_as) - 1 - len(self._arguments)]
         self._steps = ScriptSteps(self._url, job_id, ca_file, own_command, self._post)
+        self._usage = UsageFile()
         self._commands = ScriptCommands(self._url, job_id, ca_file, self._steps.done)
 
     def _post(self, action: str, body: dict[str, Any], timeout: float | None) -> IO[bytes]:
@@ -172,6 +174,9 @@ class Waiter:
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "command":
                     self._commands.start(event)
+                    self._state.last_log[str(event["pod"])] = event["ts"]
+                elif kind == "usage":
+                    self._usage.record_frame(str(event.get("data", "")))
                     self._state.last_log[str(event["pod"])] = event["ts"]
                 elif kind == "step-signal":
                     self._steps.signal(str(event.get("key")), event.get("signal"))

@@ -57,6 +57,8 @@ partitions_config() {
 [pods]
 # The in-pod agent, built from agent/ by containers/images/agent.sh at sandbox-up.
 agent_image = "sandbox.local/slurm-k8s-bridge-agent:1"
+# As slurm.conf's JobAcctGatherFrequency=task=5: sstat sees a bridged job's use as often as a native one's.
+usage_interval_s = 5
 
 [nodes]
 # Tests make nodes NotReady and wait for Slurm to follow; sites keep the 60 s default or more.

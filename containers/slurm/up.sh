@@ -99,7 +99,10 @@ cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/cgroup.conf"
 # mount; the same path resolves inside the rootfs too, so jobs that inherit
 # this SLURM_CONF from a host-side sbatch still find their plugins.
 mkdir -p "$SLURM_ETC/host"
-{ echo "PluginDir=$ROOTFS/usr/lib/x86_64-linux-gnu/slurm-wlm"; cat "$SLURM_ETC/slurm.conf"; } >"$SLURM_ETC/host/slurm.conf"
+{
+  echo "PluginDir=$ROOTFS/usr/lib/x86_64-linux-gnu/slurm-wlm:$SLURM_STATE/plugins"
+  grep -v '^PluginDir=' "$SLURM_ETC/slurm.conf"
+} >"$SLURM_ETC/host/slurm.conf"
 cp "$SLURM_DIR/etc/cgroup.conf" "$SLURM_ETC/host/cgroup.conf"
 # The bridge's job_submit.lua and SPANK step guard fail closed without their settings: the
 # sandbox's bridged partitions are bridged from the start (bridge-up rewrites them from its config).
@@ -142,6 +145,18 @@ if [ "$(cat "$STEP_GUARD.key" 2>/dev/null)" != "$guard_key" ]; then
   cp "$guard_src" "$SLURM_STATE/spank/guard.c"
   in_ns gcc -O2 -Wall -Werror -fPIC -shared -o "$STEP_GUARD.new" "$SLURM_STATE/spank/guard.c"
   mv "$STEP_GUARD.new" "$STEP_GUARD" && echo "$guard_key" >"$STEP_GUARD.key"
+fi
+
+# --- jobacct_gather/k8s_bridge (deploy/slurm/jobacct): pods' usage in Slurm's accounting ------
+# Before slurmctld and the slurmds start (slurm.conf names it); rebuilt only when its source changed.
+jobacct_src="$SBX_REPO/deploy/slurm/jobacct/jobacct_gather_k8s_bridge.c"
+jobacct_plugin="$SLURM_STATE/plugins/jobacct_gather_k8s_bridge.so"
+jobacct_key=$(cat "$jobacct_src" | sha256sum | cut -c1-12)
+if [ "$(cat "$jobacct_plugin.key" 2>/dev/null)" != "$jobacct_key" ]; then
+  mkdir -p "$SLURM_STATE/plugins"
+  cp "$jobacct_src" "$SLURM_STATE/plugins/jobacct.c"
+  in_ns gcc -O2 -Wall -Werror -fPIC -shared -o "$jobacct_plugin.new" "$SLURM_STATE/plugins/jobacct.c" -ldl
+  mv "$jobacct_plugin.new" "$jobacct_plugin" && echo "$jobacct_key" >"$jobacct_plugin.key"
 fi
 
 # --- munge ------------------------------------------------------------------

@@ -54,12 +54,14 @@ def frame_lines(stdout: bytes) -> list[bytes]:
 
 
 def frames(stdout: bytes) -> list[tuple[str, bytes]]:
-    """(tag, decoded bytes) of every frame; every line must be a well-formed frame."""
+    """(tag, decoded bytes) of every output frame; every line must be a well-formed frame. Usage
+    samples ("u", each second of a script's run) are frames too, but not output."""
     result = []
     for line in frame_lines(stdout):
         tag, sep, data = line.partition(b" ")
-        assert sep and tag in (b"o", b"e"), f"not a frame: {line[:80]!r}"
-        result.append((tag.decode(), base64.b64decode(data, validate=True)))
+        assert sep and tag in (b"o", b"e", b"u"), f"not a frame: {line[:80]!r}"
+        if tag != b"u":
+            result.append((tag.decode(), base64.b64decode(data, validate=True)))
     return result
 
 
@@ -189,7 +191,8 @@ def test_frames_decode_to_the_same_bytes_through_the_daemon_and_the_waiter(
     written: dict[int, bytes] = {1: b"", 2: b""}
     for line in frame_lines(result.stdout):
         event = _output_event(0, "2025-12-01T12:00:00Z", line.decode("ascii"))
-        written[event["fd"]] += binascii.a2b_base64(event["data"])
+        if event["type"] == "out":  # not the usage sample the script's end sends
+            written[event["fd"]] += binascii.a2b_base64(event["data"])
 
     assert written == {1: data.read_bytes(), 2: data.read_bytes()}
 

@@ -43,6 +43,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,6 +56,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <unistd.h>
 
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
@@ -646,13 +648,77 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-/* In slurmstepd, after the step's tasks are forked (all of them, before the first call): for a
- * user's step, slurmstepd execs nothing more (forbid_further_execs). */
+/* Where a waiter task passes its pods' usage to jobacct_gather/k8s_bridge (deploy/slurm/jobacct):
+ * one file per task pid, made here by root and given to the job's user, in a directory only root
+ * writes. So a user's waiter can write its own task's figures and no other's, and a file never
+ * outlives the task it was made for (made afresh at each fork, removed at the step's end). */
+#define USAGE_DIR "/run/slurm-k8s-bridge/usage"
+#define MAX_USAGE_FILES 256
+static pid_t usage_pids[MAX_USAGE_FILES];
+static int usage_pid_count;
+
+static void usage_path(char *path, size_t size, pid_t pid)
+{
+	snprintf(path, size, "%s/%d", USAGE_DIR, (int) pid);
+}
+
+static void make_usage_file(spank_t sp)
+{
+	pid_t pid = 0;
+	uid_t uid;
+	gid_t gid;
+	char path[128];
+	int fd;
+
+	if (spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || pid <= 0 ||
+	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+		return;
+	(void) mkdir("/run/slurm-k8s-bridge", 0755);
+	(void) mkdir(USAGE_DIR, 0755);
+	usage_path(path, sizeof(path), pid);
+	(void) unlink(path); /* a file of an earlier task with this pid */
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		slurm_info("slurm-k8s-bridge: no usage file for task %d (%m): sacct will show the "
+			   "waiter's own usage for it", (int) pid);
+		return;
+	}
+	if (fchown(fd, uid, gid) != 0)
+		slurm_info("slurm-k8s-bridge: cannot give %s to uid %u: %m", path, (unsigned) uid);
+	close(fd);
+	if (usage_pid_count < MAX_USAGE_FILES)
+		usage_pids[usage_pid_count++] = pid;
+}
+
+/* In slurmstepd, after the step's tasks are forked (all of them, before the first call): a usage
+ * file for each waiter task; for a user's step, slurmstepd execs nothing more
+ * (forbid_further_execs). */
 int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 {
 	(void) ac;
 	(void) av;
-	if (spank_remote(sp) != 1 || !user_step_of_bridged_job)
+	if (spank_remote(sp) != 1 || !batch_of_bridged_job)
+		return 0;
+	make_usage_file(sp);
+	if (!user_step_of_bridged_job)
 		return 0;
 	return forbid_further_execs();
+}
+
+/* The step is over and its accounting sent: its tasks' usage files go. */
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	char path[128];
+
+	(void) ac;
+	(void) av;
+	if (spank_remote(sp) != 1)
+		return 0;
+	for (int i = 0; i < usage_pid_count; i++) {
+		usage_path(path, sizeof(path), usage_pids[i]);
+		(void) unlink(path);
+	}
+	usage_pid_count = 0;
+	return 0;
 }

@@ -1,0 +1,144 @@
+"""A bridged batch script's usage is measured in its pod and handed to Slurm's accounting in the
+waiter's place: the agent samples the script's process tree ("u" frames, agent/usage.go), the
+daemon passes them on as "usage" events, and the waiter writes each into the usage file the step
+guard made for its task (bridge/waiter/usage.py), which jobacct_gather/k8s_bridge reads."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.controller.log_relay import output_event
+from bridge.waiter.usage import RECORD_SIZE, USAGE_MAGIC, UsageFile, usage_record
+
+from .test_agent_keeps_output_byte_exact_and_passes_signals_on import agent, frame_lines  # noqa: F401
+
+FIGURES = "1500000 20000 67108864 70000000 100000000 120000000 4096 8192 3"
+
+# Burns about 1.5 s of CPU while it holds 64 MiB it has written to (so they are resident).
+BURN_AND_HOLD = (
+    "import time\n"
+    "held = b'x' * (64 << 20)\n"
+    "start = time.process_time()\n"
+    "while time.process_time() - start < 1.5:\n"
+    "    pass\n"
+    "time.sleep(1.2)\n"
+)
+
+
+def usage_frames(stdout: bytes) -> list[list[int]]:
+    samples = []
+    for line in frame_lines(stdout):
+        tag, _, data = line.partition(b" ")
+        if tag == b"u":
+            samples.append([int(part) for part in base64.b64decode(data).split()])
+    return samples
+
+
+def test_the_agent_samples_the_script_and_ends_with_its_rusage(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    script = tmp_path / "burn.py"
+    script.write_text(BURN_AND_HOLD)
+
+    result = subprocess.run(
+        [str(agent), "run", str(tmp_path / "pid"), "merged", "--", sys.executable, str(script)],
+        capture_output=True, timeout=60, check=False)
+
+    assert result.returncode == 0, result.stderr
+    samples = usage_frames(result.stdout)
+    assert len(samples) >= 2, "a sample while it runs, and the final one"
+    assert all(len(sample) == 9 for sample in samples)
+    user_us, sys_us, _rss, max_rss = samples[-1][:4]
+    assert user_us + sys_us >= 1_400_000, "the final figures carry the script's CPU"
+    assert max_rss >= 64 << 20, "and the memory it held"
+    assert samples[0][3] <= samples[-1][3], "the maximum only grows"
+
+
+def test_a_child_the_script_started_counts_while_it_runs(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    script = tmp_path / "burn.py"
+    script.write_text(BURN_AND_HOLD)
+
+    # The shell waits on python: samples taken meanwhile sum the tree, the shell's child included.
+    result = subprocess.run(
+        [str(agent), "run", str(tmp_path / "pid"), "merged", "--", "/bin/sh", "-c",
+         f"{sys.executable} {script}; true"],
+        capture_output=True, timeout=60, check=False)
+
+    assert result.returncode == 0, result.stderr
+    running = usage_frames(result.stdout)[:-1]
+    assert running and max(sample[3] for sample in running) >= 64 << 20
+
+
+def test_a_record_carries_the_figures_and_their_sum() -> None:
+    record = usage_record(FIGURES, (41_000, 7_000))
+
+    assert record is not None and len(record) == RECORD_SIZE and record.endswith(b"\n")
+    fields = record.decode().split()
+    assert fields[0] == USAGE_MAGIC
+    assert fields[1:10] == FIGURES.split()
+    assert fields[10:12] == ["41000", "7000"], "the waiter's own CPU, which slurmstepd's rusage brings"
+    assert int(fields[12]) == sum(int(part) for part in FIGURES.split()) + 48_000
+
+
+@pytest.mark.parametrize("figures", [
+    "1 2 3",                                   # too few
+    FIGURES + " 5",                            # too many
+    FIGURES.replace("4096", "-4096"),          # not a count
+    FIGURES.replace("4096", "0x10"),
+    FIGURES.replace("4096", "\uff14\uff10\uff19\uff16"),  # digits, but not ASCII ones
+    FIGURES.replace("4096", str(1 << 64)),     # beyond Slurm's 64 bits
+    "",
+])
+def test_a_frame_that_is_not_nine_counts_makes_no_record(figures: str) -> None:
+    assert usage_record(figures, (0, 0)) is None
+
+
+def test_the_waiter_writes_into_the_guards_file_and_replaces_the_last_record(tmp_path: Path) -> None:
+    (tmp_path / "4242").write_bytes(b"")
+    usage = UsageFile(pid=4242, directory=str(tmp_path))
+
+    usage.record(FIGURES)
+    usage.record(FIGURES.replace("1500000", "2500000"))
+
+    content = (tmp_path / "4242").read_bytes()
+    assert len(content) == RECORD_SIZE, "one record, written over the last"
+    fields = content.split()
+    assert fields[1] == b"2500000"
+    assert int(fields[10]) > 0, "this process's own CPU so far"
+
+
+def test_the_waiter_never_makes_a_usage_file(tmp_path: Path) -> None:
+    UsageFile(pid=4242, directory=str(tmp_path)).record(FIGURES)
+
+    assert not (tmp_path / "4242").exists(), "only the guard (root) makes them"
+
+
+def test_the_waiter_does_not_write_through_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"untouched")
+    os.symlink(target, tmp_path / "4242")
+
+    UsageFile(pid=4242, directory=str(tmp_path)).record(FIGURES)
+
+    assert target.read_bytes() == b"untouched"
+
+
+def test_a_frame_that_is_not_base64_is_dropped(tmp_path: Path) -> None:
+    (tmp_path / "4242").write_bytes(b"")
+
+    UsageFile(pid=4242, directory=str(tmp_path)).record_frame("not base64 !!")
+
+    assert (tmp_path / "4242").read_bytes() == b""
+
+
+def test_the_daemon_passes_the_first_pods_samples_on_as_usage() -> None:
+    data = base64.b64encode(FIGURES.encode()).decode()
+
+    event = output_event(0, "2026-12-05T12:00:00Z", f"u {data}")
+
+    assert event == {"type": "usage", "pod": 0, "ts": "2026-12-05T12:00:00Z", "data": data}
+    assert output_event(1, "t", f"u {data}")["type"] == "out", "only the batch host's agent samples"
