@@ -210,7 +210,9 @@ start_bg slurmctld "$SLURM_DIR/in-ns.sh" slurmctld -D -i
 wait_for slurmctld 30 in_ns scontrol ping
 # A running slurmctld caches users' groups: a membership added above reaches jobs after this.
 # So does a slurm.conf changed under a running one (a checkout with new settings).
-if [ "$groups_changed" = 1 ] || { [ -n "$previous_conf" ] && [ "$previous_conf" != "$(cat "$SLURM_ETC/slurm.conf")" ]; }; then
+conf_changed=0
+if [ -n "$previous_conf" ] && [ "$previous_conf" != "$(cat "$SLURM_ETC/slurm.conf")" ]; then conf_changed=1; fi
+if [ "$groups_changed" = 1 ] || [ "$conf_changed" = 1 ]; then
   in_ns scontrol reconfigure
 fi
 
@@ -248,6 +250,11 @@ done
 for node in $(native_nodes); do
   grep -qw "$node" "$ROOTFS/etc/hosts" || echo "127.0.0.1 $node" >>"$ROOTFS/etc/hosts"
 done
+# A changed slurm.conf (a plugin type, say) reaches a running slurmd only by its restart; the
+# bridged slurmds restart at bridge-up. Running jobs keep their slurmstepds.
+if [ "$conf_changed" = 1 ]; then
+  for node in $(native_nodes); do stop_bg "slurmd-$node"; done
+fi
 for node in $(native_nodes); do start_slurmd "$node"; done
 
 # --- slurmrestd (JWT; loopback, and the control address for pods) -----------
