@@ -29,6 +29,7 @@ const usageGrowth = 1.1
 const clockTicksPerSecond = 100 // USER_HZ on Linux
 
 type usage struct {
+	ioUnknown       bool // a process's /proc/PID/io could not be read: read and write are "-"
 	userUs, sysUs   int64
 	rss, maxRss     int64
 	vsize, maxVsize int64
@@ -42,6 +43,9 @@ func (u *usage) line() []byte {
 	parts := make([]string, len(fields))
 	for i, value := range fields {
 		parts[i] = strconv.FormatInt(value, 10)
+	}
+	if u.ioUnknown { // never a made-up figure: Slurm keeps its own for these
+		parts[6], parts[7] = "-", "-"
 	}
 	return []byte(strings.Join(parts, " "))
 }
@@ -78,11 +82,11 @@ func readProcStat(pid int) (procSample, bool) {
 	}, true
 }
 
-// readProcIO gives rchar and wchar of /proc/PID/io (0 where it cannot be read).
-func readProcIO(pid int) (int64, int64) {
+// readProcIO gives rchar and wchar of /proc/PID/io; false where it cannot be read.
+func readProcIO(pid int) (int64, int64, bool) {
 	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
 	if err != nil {
-		return 0, 0
+		return 0, 0, false
 	}
 	var read, write int64
 	for _, line := range strings.Split(string(raw), "\n") {
@@ -98,7 +102,7 @@ func readProcIO(pid int) (int64, int64) {
 			write = number
 		}
 	}
-	return read, write
+	return read, write, true
 }
 
 // sampleTree sums the figures of root and every process descending from it.
@@ -135,9 +139,10 @@ func sampleTree(root int) (usage, bool) {
 		total.rss += sample.rssPages * pageSize
 		total.vsize += sample.vsize
 		total.majorFaults += sample.majorFaults
-		read, write := readProcIO(pid)
+		read, write, ok := readProcIO(pid)
 		total.read += read
 		total.write += write
+		total.ioUnknown = total.ioUnknown || !ok
 	}
 	total.userUs = ticks[0] * 1_000_000 / clockTicksPerSecond
 	total.sysUs = ticks[1] * 1_000_000 / clockTicksPerSecond

@@ -20,22 +20,25 @@ USAGE_FIELDS = 9
 """user µs, system µs, RSS, max RSS, virtual size, max virtual size (bytes), characters read,
 written, major page faults: the order of the agent's frame (agent/usage.go) and of the plugin,
 which then reads the waiter's own user and system µs."""
+UNKNOWN = "-"
+"""A figure the pod could not read: Slurm keeps its own, nothing is made up."""
 RECORD_SIZE = 256
 """Every record is this long (padded with spaces), so one write replaces the last whole."""
 
 
 def usage_record(figures: str, own_cpu_us: tuple[int, int]) -> bytes | None:
     """The usage file's record for one "u" frame's text, or None for a frame that is not
-    USAGE_FIELDS whole numbers. Then the waiter's own user and system CPU so far (µs, its reaped
+    USAGE_FIELDS whole numbers (or UNKNOWN). Then the waiter's own user and system CPU so far (µs, its reaped
     children's included): when the task ends, slurmstepd keeps the larger of the seconds but
     always the waiter's microseconds (its wait4 rusage), and the plugin, knowing them, rounds the
     pod's seconds so that the sum stays the pod's. The last field is the sum of all, modulo 2^64:
     the plugin reads no record it caught half-written."""
     parts = figures.split()
-    if len(parts) != USAGE_FIELDS or not all(part.isascii() and part.isdigit() for part in parts):
+    if len(parts) != USAGE_FIELDS or not all(part == UNKNOWN or (part.isascii() and part.isdigit())
+                                              for part in parts):
         return None
     parts += [str(max(0, value)) for value in own_cpu_us]
-    values = [int(part) for part in parts]
+    values = [int(part) for part in parts if part != UNKNOWN]
     if any(value >= 1 << 64 for value in values):
         return None
     line = " ".join([USAGE_MAGIC, *parts, str(sum(values) % (1 << 64))])

@@ -84,10 +84,20 @@ def test_a_record_carries_the_figures_and_their_sum() -> None:
     assert int(fields[12]) == sum(int(part) for part in FIGURES.split()) + 48_000
 
 
+def test_a_figure_the_pod_could_not_read_stays_unknown() -> None:
+    record = usage_record(FIGURES.replace("4096 8192", "- -"), (0, 0))
+
+    assert record is not None
+    fields = record.decode().split()
+    assert fields[7:9] == ["-", "-"]
+    assert int(fields[12]) == sum(int(part) for part in FIGURES.split()) - 4096 - 8192
+
+
 @pytest.mark.parametrize("figures", [
     "1 2 3",                                   # too few
     FIGURES + " 5",                            # too many
     FIGURES.replace("4096", "-4096"),          # not a count
+    FIGURES.replace("4096", "--"),
     FIGURES.replace("4096", "0x10"),
     FIGURES.replace("4096", "\uff14\uff10\uff19\uff16"),  # digits, but not ASCII ones
     FIGURES.replace("4096", str(1 << 64)),     # beyond Slurm's 64 bits
