@@ -1,10 +1,10 @@
 package main
 
 // What the batch script's processes use, measured in the pod as Slurm's jobacct_gather/linux
-// measures a task on a host: the process tree's utime+stime, RSS, virtual size, major faults and
-// read/written characters from /proc while it runs, and the script's wait4 rusage (its reaped
+// measures a task on a host: the process tree's CPU time (with what its processes reaped), RSS,
+// virtual size, major faults and read/written characters from /proc while it runs, and the script's wait4 rusage (its reaped
 // descendants included) when it ends. Each sample is a "u" frame; the daemon passes it to the
-// job's waiter, and jobacct_gather/k8s_bridge puts it in Slurm's accounting in the waiter's place
+// job's waiter, and jobacct_gather/linux_k8s_bridge puts it in Slurm's accounting in the waiter's place
 // (deploy/slurm/jobacct).
 
 import (
@@ -76,9 +76,11 @@ func readProcStat(pid int) (procSample, bool) {
 		value, _ := strconv.ParseInt(fields[field-3], 10, 64)
 		return value
 	}
+	// With what each process reaped (cutime, cstime, cmajflt): a child that ended still counts,
+	// so the figures never go down while the script runs.
 	return procSample{
-		ppid: int(number(4)), majorFaults: number(12), utime: number(14), stime: number(15),
-		vsize: number(23), rssPages: number(24),
+		ppid: int(number(4)), majorFaults: number(12) + number(13), utime: number(14) + number(16),
+		stime: number(15) + number(17), vsize: number(23), rssPages: number(24),
 	}, true
 }
 
@@ -199,6 +201,10 @@ func startUsageSampler(root int, out *frames, interval time.Duration) *usageSamp
 func (s *usageSampler) keep(now usage) {
 	now.maxRss = max(now.rss, s.last.maxRss)
 	now.maxVsize = max(now.vsize, s.last.maxVsize)
+	// A reaped child whose parent ended too leaves the tree: what it used was counted already.
+	now.userUs = max(now.userUs, s.last.userUs)
+	now.sysUs = max(now.sysUs, s.last.sysUs)
+	now.majorFaults = max(now.majorFaults, s.last.majorFaults)
 	s.last = now
 }
 

@@ -1,12 +1,13 @@
 """The pods' usage, handed to Slurm's accounting: the in-pod agent samples the batch script's
 processes as jobacct_gather/linux would on a host ("u" frames: bridge/controller/log_relay.py),
 and the waiter writes each sample into the usage file the step guard made for this task. Slurm's
-jobacct_gather/k8s_bridge (deploy/slurm/jobacct) reads it in place of the waiter's own figures, so
+jobacct_gather/linux_k8s_bridge (deploy/slurm/jobacct) reads it in place of the waiter's own figures, so
 `sacct`, `sstat` and `seff` report what the job's processes used.
 
-The file is made by root at the task's fork and given to the job's user, in a directory only root
-writes: the waiter writes into it and never creates one. Without it (a slurmd without the guard's
-usage files, or another JobAcctGatherType) the figures are dropped and Slurm keeps its own.
+The file is made by root at the task's fork and given to the job's user, in directories only root
+writes (one per slurmstepd): the waiter writes into it and never creates one. Without it (a slurmd
+without the guard's usage files, or another JobAcctGatherType) the figures are dropped and Slurm
+keeps its own.
 """
 
 from __future__ import annotations
@@ -47,11 +48,23 @@ def usage_record(figures: str, own_cpu_us: tuple[int, int]) -> bytes | None:
     return (line + " " * (RECORD_SIZE - 1 - len(line)) + "\n").encode()
 
 
-class UsageFile:
-    """This task's usage file, opened on the first sample (and only if the guard made it)."""
+def own_cpu_us() -> tuple[int, int]:
+    """This process's user and system CPU so far, with its reaped children's (munge), in µs: what
+    slurmstepd's wait4 rusage of the waiter will hold."""
+    import resource  # only for jobs whose pods send usage
 
-    def __init__(self, pid: int | None = None, directory: str = USAGE_DIR) -> None:
-        self._path = os.path.join(directory, str(pid if pid is not None else os.getpid()))
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (round((own.ru_utime + children.ru_utime) * 1e6), round((own.ru_stime + children.ru_stime) * 1e6))
+
+
+class UsageFile:
+    """This task's usage file, `USAGE_DIR/<slurmstepd's pid>/<this pid>` (slurmstepd forks the
+    task, and the batch script's wrapper execs the waiter: its parent is its slurmstepd), opened
+    on the first sample, and only if the guard made it."""
+
+    def __init__(self, directory: str = USAGE_DIR, stepd: int | None = None, pid: int | None = None) -> None:
+        self._path = os.path.join(directory, str(stepd if stepd is not None else os.getppid()),
+                                  str(pid if pid is not None else os.getpid()))
         self._fd: int | None = None
         self._missing = False
 
@@ -59,16 +72,13 @@ class UsageFile:
         """Write one "u" frame's sample (its base64 text, as the daemon passes it on)."""
         try:
             figures = binascii.a2b_base64(data).decode("ascii")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (binascii.Error), not ASCII on either side
             return
         self.record(figures)
 
     def record(self, figures: str) -> None:
         """Write one sample over the last."""
-        times = os.times()
-        own = (round((times.user + times.children_user) * 1e6),
-               round((times.system + times.children_system) * 1e6))
-        record = usage_record(figures, own)
+        record = usage_record(figures, own_cpu_us())
         if record is None or self._missing:
             return
         if self._fd is None:

@@ -147,10 +147,10 @@ if [ "$(cat "$STEP_GUARD.key" 2>/dev/null)" != "$guard_key" ]; then
   mv "$STEP_GUARD.new" "$STEP_GUARD" && echo "$guard_key" >"$STEP_GUARD.key"
 fi
 
-# --- jobacct_gather/k8s_bridge (deploy/slurm/jobacct): pods' usage in Slurm's accounting ------
+# --- jobacct_gather/linux_k8s_bridge (deploy/slurm/jobacct): pods' usage in Slurm's accounting ------
 # Before slurmctld and the slurmds start (slurm.conf names it); rebuilt only when its source changed.
-jobacct_src="$SBX_REPO/deploy/slurm/jobacct/jobacct_gather_k8s_bridge.c"
-jobacct_plugin="$SLURM_STATE/plugins/jobacct_gather_k8s_bridge.so"
+jobacct_src="$SBX_REPO/deploy/slurm/jobacct/jobacct_gather_linux_k8s_bridge.c"
+jobacct_plugin="$SLURM_STATE/plugins/jobacct_gather_linux_k8s_bridge.so"
 jobacct_key=$(cat "$jobacct_src" | sha256sum | cut -c1-12)
 if [ "$(cat "$jobacct_plugin.key" 2>/dev/null)" != "$jobacct_key" ]; then
   mkdir -p "$SLURM_STATE/plugins"

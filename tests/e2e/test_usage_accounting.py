@@ -1,5 +1,5 @@
 """What a bridged job's processes use reaches Slurm's accounting as a native job's does (issue 21):
-jobacct_gather/k8s_bridge (deploy/slurm/jobacct) puts the figures the in-pod agent measured in place
+jobacct_gather/linux_k8s_bridge (deploy/slurm/jobacct) puts the figures the in-pod agent measured in place
 of the waiter's. The same script runs in `native` (the oracle) and in `k8s`: TotalCPU and MaxRSS
 agree within 20 %, `sstat` shows the use while it runs, and a seff-like client (reportseff, which
 reads sacct as seff does) reports a true CPU efficiency. Several jobs at once each get their own
@@ -181,16 +181,40 @@ def test_one_user_cannot_make_or_change_anothers_usage_file(bridge: Sandbox) -> 
                               capture_output=True, text=True, timeout=60, check=False)
 
     listing = subprocess.run(
-        [str(IN_SLURM_ROOTFS), "sh", "-c", f"stat -c '%U %a %n' {USAGE_DIR} {USAGE_DIR}/*"],
+        [str(IN_SLURM_ROOTFS), "sh", "-c", f"find {USAGE_DIR} -exec stat -c '%U %a %F %n' {{}} +"],
         capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
-    assert listing[0].startswith("root 755 "), listing
-    bobs = [line.split()[-1] for line in listing[1:] if line.startswith("bob 600 ")]
-    assert bobs, f"the guard made a usage file for bob's waiter: {listing}"
+    dirs = [line.split() for line in listing if " directory " in line]
+    assert dirs and all(d[0] == "root" and d[1] == "755" for d in dirs), listing
+    bobs = [line.split()[-1] for line in listing if line.startswith("bob 600 regular")]
+    assert bobs, f"the guard made a usage file for bob's waiter, in its slurmstepd's directory: {listing}"
+    step_dir = bobs[0].rsplit("/", 1)[0]
 
-    planted = in_rootfs("alice", f"echo k8s-bridge-usage-v1 > {USAGE_DIR}/1")
-    changed = in_rootfs("alice", f"echo k8s-bridge-usage-v1 > {bobs[0]}")
-    assert planted.returncode != 0 and "Permission denied" in planted.stderr, planted
-    assert changed.returncode != 0 and "Permission denied" in changed.stderr, changed
+    attempts = {
+        "plant in the usage directory": in_rootfs("alice", f"echo k8s-bridge-usage-v1 > {USAGE_DIR}/1"),
+        "plant beside bob's": in_rootfs("alice", f"echo k8s-bridge-usage-v1 > {step_dir}/1"),
+        "write bob's": in_rootfs("alice", f"echo k8s-bridge-usage-v1 > {bobs[0]}"),
+        "remove bob's": in_rootfs("alice", f"rm -f {bobs[0]}"),
+    }
+    for what, attempt in attempts.items():
+        assert attempt.returncode != 0 and "Permission denied" in attempt.stderr, (what, attempt)
 
     assert bridge.wait_job_final(job_id, timeout=300)["State"] == "COMPLETED", job_trail(job_id)
     assert seconds(batch_usage(bridge, job_id)["TotalCPU"]) >= 9, "bob's figures are his pod's"
+
+
+def test_a_users_umask_does_not_shut_the_others_out(bridge: Sandbox) -> None:
+    # The first bridged batch step on a host makes the directories, under the umask its user gave
+    # slurmstepd (SLURM_UMASK): 077 would leave them 700, and nobody else's waiter could write.
+    subprocess.run([str(IN_SLURM_ROOTFS), "rm", "-rf", "/run/slurm-k8s-bridge"], check=True, timeout=60)
+    script = write_script(bridge, "alice", "usage-umask.sh", burn_script(cpu_s=1, hold_mb=16, sleep_s=1))
+    first = int(subprocess.run(
+        ["runuser", "-u", "alice", "--", "sh", "-c",
+         f"umask 077; sbatch --parsable -p k8s -o /dev/null {script}"],
+        env=bridge.environ(), cwd=str(bridge.home("alice")), capture_output=True, text=True, check=True,
+        timeout=60).stdout.strip())
+    second = submit(bridge, "k8s", "usage-after-umask", burn_script(cpu_s=6, hold_mb=96), user="bob")
+
+    for job_id in (first, second):
+        assert bridge.wait_job_final(job_id, timeout=300)["State"] == "COMPLETED", job_trail(job_id)
+    row = batch_usage(bridge, second)
+    assert seconds(row["TotalCPU"]) >= 5.4 and kilobytes(row["MaxRSS"]) >= 96 * 1024, row

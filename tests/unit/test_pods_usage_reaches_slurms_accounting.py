@@ -1,7 +1,7 @@
 """A bridged batch script's usage is measured in its pod and handed to Slurm's accounting in the
 waiter's place: the agent samples the script's process tree ("u" frames, agent/usage.go), the
 daemon passes them on as "usage" events, and the waiter writes each into the usage file the step
-guard made for its task (bridge/waiter/usage.py), which jobacct_gather/k8s_bridge reads."""
+guard made for its task (bridge/waiter/usage.py), which jobacct_gather/linux_k8s_bridge reads."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bridge.controller.log_relay import output_event
-from bridge.waiter.usage import RECORD_SIZE, USAGE_MAGIC, UsageFile, usage_record
+from bridge.waiter.usage import RECORD_SIZE, USAGE_DIR, USAGE_MAGIC, UsageFile, usage_record
 
 from .test_agent_keeps_output_byte_exact_and_passes_signals_on import agent, frame_lines  # noqa: F401
 
@@ -29,6 +29,9 @@ BURN_AND_HOLD = (
     "    pass\n"
     "time.sleep(1.2)\n"
 )
+
+
+EVERY_SECOND = {**os.environ, "SLURM_K8S_BRIDGE_USAGE_INTERVAL": "1"}
 
 
 def usage_frames(stdout: bytes) -> list[list[int]]:
@@ -73,6 +76,33 @@ def test_a_child_the_script_started_counts_while_it_runs(agent: Path, tmp_path: 
     assert running and max(sample[3] for sample in running) >= 64 << 20
 
 
+def test_a_child_that_ended_still_counts_while_the_script_runs(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    script = tmp_path / "burn.py"
+    script.write_text(BURN_AND_HOLD.replace("time.sleep(1.2)", "pass"))
+
+    # python ends and the shell reaps it, then sleeps: the samples meanwhile keep python's CPU.
+    result = subprocess.run(
+        [str(agent), "run", str(tmp_path / "pid"), "merged", "--", "/bin/sh", "-c",
+         f"{sys.executable} {script}; sleep 3"],
+        capture_output=True, timeout=60, check=False, env=EVERY_SECOND)
+
+    assert result.returncode == 0, result.stderr
+    running = usage_frames(result.stdout)[:-1]
+    cpu = [sample[0] + sample[1] for sample in running]
+    assert cpu[-1] >= 1_400_000, cpu
+    assert cpu == sorted(cpu), "never less than before"
+
+
+def test_the_interval_setting_never_reaches_the_script(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    result = subprocess.run(
+        [str(agent), "run", str(tmp_path / "pid"), "merged", "--", "/bin/sh", "-c",
+         "echo \"[${SLURM_K8S_BRIDGE_USAGE_INTERVAL-unset}]\""],
+        capture_output=True, timeout=60, check=False, env=EVERY_SECOND)
+
+    assert b"".join(base64.b64decode(line[2:]) for line in frame_lines(result.stdout)
+                    if line.startswith(b"o ")) == b"[unset]\n"
+
+
 def test_a_record_carries_the_figures_and_their_sum() -> None:
     record = usage_record(FIGURES, (41_000, 7_000))
 
@@ -108,13 +138,14 @@ def test_a_frame_that_is_not_nine_counts_makes_no_record(figures: str) -> None:
 
 
 def test_the_waiter_writes_into_the_guards_file_and_replaces_the_last_record(tmp_path: Path) -> None:
-    (tmp_path / "4242").write_bytes(b"")
-    usage = UsageFile(pid=4242, directory=str(tmp_path))
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "4242").write_bytes(b"")
+    usage = UsageFile(directory=str(tmp_path), stepd=77, pid=4242)
 
     usage.record(FIGURES)
     usage.record(FIGURES.replace("1500000", "2500000"))
 
-    content = (tmp_path / "4242").read_bytes()
+    content = (tmp_path / "77" / "4242").read_bytes()
     assert len(content) == RECORD_SIZE, "one record, written over the last"
     fields = content.split()
     assert fields[1] == b"2500000"
@@ -122,27 +153,40 @@ def test_the_waiter_writes_into_the_guards_file_and_replaces_the_last_record(tmp
 
 
 def test_the_waiter_never_makes_a_usage_file(tmp_path: Path) -> None:
-    UsageFile(pid=4242, directory=str(tmp_path)).record(FIGURES)
+    (tmp_path / "77").mkdir()
+    UsageFile(directory=str(tmp_path), stepd=77, pid=4242).record(FIGURES)
 
-    assert not (tmp_path / "4242").exists(), "only the guard (root) makes them"
+    assert not (tmp_path / "77" / "4242").exists(), "only the guard (root) makes them"
 
 
 def test_the_waiter_does_not_write_through_a_link(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere"
     target.write_bytes(b"untouched")
-    os.symlink(target, tmp_path / "4242")
+    (tmp_path / "77").mkdir()
+    os.symlink(target, tmp_path / "77" / "4242")
 
-    UsageFile(pid=4242, directory=str(tmp_path)).record(FIGURES)
+    UsageFile(directory=str(tmp_path), stepd=77, pid=4242).record(FIGURES)
 
     assert target.read_bytes() == b"untouched"
 
 
-def test_a_frame_that_is_not_base64_is_dropped(tmp_path: Path) -> None:
-    (tmp_path / "4242").write_bytes(b"")
+NOT_ASCII_FIGURES = base64.b64encode("\uff11 \uff12".encode()).decode()
 
-    UsageFile(pid=4242, directory=str(tmp_path)).record_frame("not base64 !!")
 
-    assert (tmp_path / "4242").read_bytes() == b""
+@pytest.mark.parametrize("data", ["not base64 !!", "MTIz\ufffd", NOT_ASCII_FIGURES])
+def test_a_frame_that_is_not_base64_of_ascii_is_dropped(tmp_path: Path, data: str) -> None:
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "4242").write_bytes(b"")
+
+    UsageFile(directory=str(tmp_path), stepd=77, pid=4242).record_frame(data)
+
+    assert (tmp_path / "77" / "4242").read_bytes() == b""
+
+
+def test_the_waiter_finds_its_file_under_its_slurmstepd() -> None:
+    usage = UsageFile()
+
+    assert usage._path == f"{USAGE_DIR}/{os.getppid()}/{os.getpid()}"
 
 
 def test_the_daemon_passes_the_first_pods_samples_on_as_usage() -> None:

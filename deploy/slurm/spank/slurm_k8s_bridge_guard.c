@@ -42,6 +42,7 @@
  *   required /path/slurm_k8s_bridge_guard.so settings=/etc/slurm/job_submit_bridge.conf
  */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -80,6 +81,9 @@ static char allowed[MAX_ALLOWED][NAME_LEN];
 static int allowed_count;
 /* Decided in slurm_spank_init, used by slurm_spank_user_init of the same slurmstepd. */
 static int batch_of_bridged_job;
+/* The batch step of a bridged job: its waiter gets a usage file (slurm_spank_task_post_fork). */
+static int usage_of_batch_step;
+static void remove_step_usage(pid_t stepd);
 /* A user's step of a bridged job: its tasks exec the waiter's `step` proxy (slurm_spank_task_init). */
 static int user_step_of_bridged_job;
 static char user_step_command[4096];
@@ -499,6 +503,7 @@ static int guard_step(spank_t sp, const char *where)
 
 	batch_of_bridged_job = 0;
 	user_step_of_bridged_job = 0;
+	usage_of_batch_step = 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
 		return 0; /* srun before an allocation exists: checked again once it does */
 	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
@@ -518,6 +523,7 @@ static int guard_step(spank_t sp, const char *where)
 	} else if (step_id == SLURM_BATCH_SCRIPT) {
 		if (is_wrapped_batch_script(sp, settings)) {
 			batch_of_bridged_job = 1;
+			usage_of_batch_step = 1;
 			rc = 0;
 		} else {
 			slurm_error("slurm-k8s-bridge: job %u is in partition %s, which runs in Kubernetes, but "
@@ -547,8 +553,11 @@ static int guard_step(spank_t sp, const char *where)
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	parse_args(ac, av);
-	if (spank_context() == S_CTX_REMOTE)
+	if (spank_context() == S_CTX_REMOTE) {
+		/* A slurmstepd that died with this pid may have left its usage files. */
+		remove_step_usage(getpid());
 		return guard_step(sp, "slurmstepd");
+	}
 	return 0;
 }
 
@@ -648,47 +657,122 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-/* Where a waiter task passes its pods' usage to jobacct_gather/k8s_bridge (deploy/slurm/jobacct):
- * one file per task pid, made here by root and given to the job's user, in a directory only root
- * writes. So a user's waiter can write its own task's figures and no other's, and a file never
- * outlives the task it was made for (made afresh at each fork, removed at the step's end). */
-#define USAGE_DIR "/run/slurm-k8s-bridge/usage"
-#define MAX_USAGE_FILES 256
-static pid_t usage_pids[MAX_USAGE_FILES];
-static int usage_pid_count;
+/* Where a bridged batch step's waiter passes its pod's usage to jobacct_gather/linux_k8s_bridge
+ * (deploy/slurm/jobacct): /run/slurm-k8s-bridge/usage/<slurmstepd pid>/<task pid>, made here by
+ * root at the task's fork and given to the job's user, in directories only root writes. So a
+ * user's waiter writes its own task's figures and no other's; a directory lives as long as its
+ * slurmstepd (emptied at its start, should a dead one have left it, and removed at its end), so
+ * no file outlives its task for another to read. */
+#define USAGE_PARENTS "/run"
 
-static void usage_path(char *path, size_t size, pid_t pid)
+/* Directory `name` under `parent` (a handle), root's, never through a link: its handle or -1.
+ * `make`: created if missing, and 0755 whatever umask the job gave slurmstepd (SLURM_UMASK). */
+static int root_dir_at(int parent, const char *name, int make)
 {
-	snprintf(path, size, "%s/%d", USAGE_DIR, (int) pid);
+	struct stat st;
+	int fd;
+
+	if (parent < 0)
+		return -1;
+	if (make)
+		(void) mkdirat(parent, name, 0755);
+	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) != 0 || st.st_uid != 0 || (make && fchmod(fd, 0755) != 0)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The usage directory: its handle, or -1. */
+static int usage_dir(int make)
+{
+	int run = open(USAGE_PARENTS, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int top = root_dir_at(run, "slurm-k8s-bridge", make);
+	int usage = root_dir_at(top, "usage", make);
+
+	if (run >= 0)
+		close(run);
+	if (top >= 0)
+		close(top);
+	return usage;
+}
+
+/* Removes slurmstepd `stepd`'s usage directory and what is in it. */
+static void remove_step_usage(pid_t stepd)
+{
+	char name[32];
+	struct dirent *entry;
+	int usage = usage_dir(0), step;
+	DIR *listing;
+
+	if (usage < 0)
+		return;
+	snprintf(name, sizeof(name), "%d", (int) stepd);
+	step = root_dir_at(usage, name, 0);
+	if (step >= 0 && (listing = fdopendir(step))) {
+		while ((entry = readdir(listing)))
+			if (entry->d_name[0] != '.')
+				(void) unlinkat(dirfd(listing), entry->d_name, 0);
+		closedir(listing);
+	} else if (step >= 0) {
+		close(step);
+	}
+	(void) unlinkat(usage, name, AT_REMOVEDIR);
+	close(usage);
+}
+
+/* The parent of `pid` (a task's: its slurmstepd, whether this hook runs in slurmstepd or in the
+ * child it clones for contain_spank), or -1. */
+static pid_t parent_of(pid_t pid)
+{
+	char path[64], stat_line[512], *end;
+	int ppid = -1;
+	FILE *file;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+	if (!(file = fopen(path, "re")))
+		return -1;
+	if (fgets(stat_line, sizeof(stat_line), file) && (end = strrchr(stat_line, ')')))
+		if (sscanf(end + 1, " %*c %d", &ppid) != 1)
+			ppid = -1;
+	fclose(file);
+	return ppid;
 }
 
 static void make_usage_file(spank_t sp)
 {
-	pid_t pid = 0;
+	pid_t pid = 0, stepd;
 	uid_t uid;
 	gid_t gid;
-	char path[128];
-	int fd;
+	char name[32];
+	int usage, step, fd;
 
 	if (spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || pid <= 0 ||
 	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS || (stepd = parent_of(pid)) <= 0)
 		return;
-	(void) mkdir("/run/slurm-k8s-bridge", 0755);
-	(void) mkdir(USAGE_DIR, 0755);
-	usage_path(path, sizeof(path), pid);
-	(void) unlink(path); /* a file of an earlier task with this pid */
-	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		slurm_info("slurm-k8s-bridge: no usage file for task %d (%m): sacct will show the "
+	usage = usage_dir(1);
+	snprintf(name, sizeof(name), "%d", (int) stepd);
+	step = root_dir_at(usage, name, 1);
+	if (usage >= 0)
+		close(usage);
+	if (step < 0) {
+		slurm_info("slurm-k8s-bridge: no usage directory for task %d: sacct will show the "
 			   "waiter's own usage for it", (int) pid);
 		return;
 	}
-	if (fchown(fd, uid, gid) != 0)
-		slurm_info("slurm-k8s-bridge: cannot give %s to uid %u: %m", path, (unsigned) uid);
-	close(fd);
-	if (usage_pid_count < MAX_USAGE_FILES)
-		usage_pids[usage_pid_count++] = pid;
+	snprintf(name, sizeof(name), "%d", (int) pid);
+	(void) unlinkat(step, name, 0);
+	fd = openat(step, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || fchown(fd, uid, gid) != 0 || fchmod(fd, 0600) != 0)
+		slurm_info("slurm-k8s-bridge: no usage file for task %d (%m): sacct will show the "
+			   "waiter's own usage for it", (int) pid);
+	if (fd >= 0)
+		close(fd);
+	close(step);
 }
 
 /* In slurmstepd, after the step's tasks are forked (all of them, before the first call): a usage
@@ -700,25 +784,19 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 	(void) av;
 	if (spank_remote(sp) != 1 || !batch_of_bridged_job)
 		return 0;
-	make_usage_file(sp);
+	if (usage_of_batch_step)
+		make_usage_file(sp);
 	if (!user_step_of_bridged_job)
 		return 0;
 	return forbid_further_execs();
 }
 
-/* The step is over and its accounting sent: its tasks' usage files go. */
+/* The step is over and its accounting sent: its usage files go. */
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
-	char path[128];
-
 	(void) ac;
 	(void) av;
-	if (spank_remote(sp) != 1)
-		return 0;
-	for (int i = 0; i < usage_pid_count; i++) {
-		usage_path(path, sizeof(path), usage_pids[i]);
-		(void) unlink(path);
-	}
-	usage_pid_count = 0;
+	if (spank_remote(sp) == 1)
+		remove_step_usage(getpid());
 	return 0;
 }

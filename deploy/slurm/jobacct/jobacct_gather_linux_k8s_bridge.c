@@ -1,12 +1,15 @@
 /*
- * jobacct_gather/k8s_bridge: Slurm's jobacct_gather/linux, plus what a bridged job's pods used.
+ * jobacct_gather/linux_k8s_bridge: Slurm's jobacct_gather/linux, plus what a bridged job's pods
+ * used. ("linux" in its name: Slurm honours JobAcctGatherParams UsePss and NoShared only for a
+ * type that says so, and this one is jobacct_gather/linux for every native job.)
  *
  * A bridged job's task on its slurmd is the bridge's waiter; the job's processes run in a pod on
  * another host. jobacct_gather/linux alone would account the waiter (a few MB, a few ms of CPU).
  * This plugin runs jobacct_gather/linux for every task, so native jobs are accounted exactly as
  * before, and then, for a task that has a usage file, puts the pod's figures in its place:
  *
- *   /run/slurm-k8s-bridge/usage/<pid>   one line, written by the waiter (bridge/waiter/usage.py)
+ *   /run/slurm-k8s-bridge/usage/<slurmstepd pid>/<task pid>
+ *     one line, written by the waiter (bridge/waiter/usage.py)
  *     "k8s-bridge-usage-v1 USER_US SYS_US RSS MAX_RSS VSIZE MAX_VSIZE READ WRITE MAJFLT
  *      WAITER_USER_US WAITER_SYS_US SUM"
  *     (bytes, microseconds, a count; "-" for a figure the pod could not give; the waiter's own
@@ -16,19 +19,23 @@
  * The in-pod agent measures them as jobacct_gather/linux does on a host: the process tree's
  * utime/stime and RSS from /proc while it runs, and the script's wait4 rusage when it ends.
  *
- * Who may write what: the step guard (deploy/slurm/spank) makes each waiter task's file as root
- * at the fork, owned by the job's user, in a directory only root writes; the waiter writes into
- * it, never creates. A figure that is missing stays jobacct_gather/linux's.
+ * Who may write what: the step guard (deploy/slurm/spank) makes the batch waiter's file as root at
+ * the fork, owned by the job's user, in directories only root writes, one per slurmstepd (so a
+ * file never outlives its slurmstepd, and a pid reused elsewhere never finds it); the waiter
+ * writes into it, never creates. A figure that is missing stays jobacct_gather/linux's.
  *
  * Slurm's jobacctinfo is not public: the part this plugin reads and writes is declared below from
- * Slurm 26.05's src/interfaces/jobacct_gather.h. A layout check (the TRES ids of cpu and mem at
- * their places) turns the plugin into plain jobacct_gather/linux, with one error in the log,
- * if a Slurm build ever disagrees.
+ * Slurm 26.05's src/interfaces/jobacct_gather.h, so it builds only against 26.05 headers (and
+ * Slurm loads a plugin only of its own exact release: rebuild it with every upgrade). A layout
+ * check at run time (the TRES ids of cpu and mem at their places) leaves the figures to
+ * jobacct_gather/linux, with one error in the log, should a 26.05 release disagree.
  *
- * slurm.conf: JobAcctGatherType=jobacct_gather/k8s_bridge, PluginDir listing the directory that
- * holds this plugin after Slurm's own. Built with -DLINUX_PLUGIN="/path/jobacct_gather_linux.so".
+ * slurm.conf: JobAcctGatherType=jobacct_gather/linux_k8s_bridge, PluginDir listing the directory
+ * that holds this plugin after Slurm's own. Slurm's jobacct_gather_linux.so is looked for at
+ * -DLINUX_PLUGIN="/path/jobacct_gather_linux.so", then at the usual packages' places.
  */
 
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -44,15 +51,27 @@
 #include <slurm/slurm_errno.h>
 #include <slurm/spank.h> /* slurm_error */
 
+#if SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER) != 26 || SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER) != 5
+#error "struct jobacctinfo is declared here as Slurm 26.05 has it: check it against this release's src/interfaces/jobacct_gather.h"
+#endif
+
 #ifndef LINUX_PLUGIN
 #define LINUX_PLUGIN "/usr/lib/x86_64-linux-gnu/slurm-wlm/jobacct_gather_linux.so"
 #endif
+static const char *const linux_plugin_places[] = {
+	LINUX_PLUGIN,
+	"/usr/lib/x86_64-linux-gnu/slurm-wlm/jobacct_gather_linux.so", /* Debian, Ubuntu */
+	"/usr/lib64/slurm/jobacct_gather_linux.so",                     /* RPMs */
+	"/usr/lib/slurm/jobacct_gather_linux.so",
+	"/usr/local/lib/slurm/jobacct_gather_linux.so",                 /* make install */
+};
 #define USAGE_DIR "/run/slurm-k8s-bridge/usage"
+#define SLURM_NO_VAL64 0xfffffffffffffffeULL /* and above: Slurm's "no value" markers */
 #define USAGE_MAGIC "k8s-bridge-usage-v1"
 #define CPU_TIME_ADJ 1000 /* Slurm keeps the cpu TRES in milliseconds */
 
 const char plugin_name[] = "Job accounting gather: Linux, with bridged jobs' pod usage";
-const char plugin_type[] = "jobacct_gather/k8s_bridge";
+const char plugin_type[] = "jobacct_gather/linux_k8s_bridge";
 const uint32_t plugin_version = SLURM_VERSION_NUMBER;
 
 /* Slurm's TRES positions (src/slurmctld/slurmctld.h, TRES_ARRAY_*). */
@@ -111,9 +130,11 @@ extern int init(void)
 	int (*linux_init)(void);
 
 	/* Lazily, as Slurm loads its plugins: some symbols exist only in the daemon that calls them. */
-	linux_plugin = dlopen(LINUX_PLUGIN, RTLD_LAZY | RTLD_LOCAL);
+	for (size_t i = 0; !linux_plugin && i < sizeof(linux_plugin_places) / sizeof(*linux_plugin_places); i++)
+		linux_plugin = dlopen(linux_plugin_places[i], RTLD_LAZY | RTLD_LOCAL);
 	if (!linux_plugin) {
-		slurm_error("%s: cannot load %s: %s", plugin_type, LINUX_PLUGIN, dlerror());
+		slurm_error("%s: cannot load Slurm's jobacct_gather_linux.so (%s, or where packages put "
+			    "it): %s", plugin_type, LINUX_PLUGIN, dlerror());
 		return SLURM_ERROR;
 	}
 	linux_poll_data = dlsym(linux_plugin, "jobacct_gather_p_poll_data");
@@ -135,23 +156,37 @@ extern void fini(void)
 		linux_fini();
 }
 
-/* The usage file of task `pid`, if there is one and it holds a whole line: true. */
+/* Directory `name` under `parent`, if it is root's and only root writes it (the step guard makes
+ * them): its handle, or -1. */
+static int root_only_dir(int parent, const char *name)
+{
+	struct stat st;
+	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_uid != 0 || (st.st_mode & 022))) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* The usage file of this slurmstepd's task `pid`, if there is one and it holds a whole line: true. */
 static bool read_pod_usage(pid_t pid, struct pod_usage *usage)
 {
 	char name[32], line[512], *field, *save = NULL;
 	struct stat st;
 	uint64_t sum = 0, claimed;
 	ssize_t got;
-	int dir, fd, i;
+	int usage_dir, dir, fd, i;
 
-	dir = open(USAGE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	usage_dir = root_only_dir(AT_FDCWD, USAGE_DIR);
+	if (usage_dir < 0)
+		return false;
+	snprintf(name, sizeof(name), "%d", (int) getpid()); /* this slurmstepd's */
+	dir = root_only_dir(usage_dir, name);
+	close(usage_dir);
 	if (dir < 0)
 		return false;
-	/* Only root may have made what is in it (the step guard does). */
-	if (fstat(dir, &st) != 0 || st.st_uid != 0 || (st.st_mode & 022)) {
-		close(dir);
-		return false;
-	}
 	snprintf(name, sizeof(name), "%d", (int) pid);
 	fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	close(dir);
@@ -176,9 +211,11 @@ static bool read_pod_usage(pid_t pid, struct pod_usage *usage)
 		usage->known[i] = strcmp(field, "-") != 0;
 		usage->value[i] = 0;
 		if (usage->known[i]) {
+			if (!isdigit((unsigned char) field[0]))
+				return false; /* strtoull would take a sign */
 			errno = 0;
 			usage->value[i] = strtoull(field, &end, 10);
-			if (errno || *end)
+			if (errno || *end || end == field || usage->value[i] >= SLURM_NO_VAL64)
 				return false;
 			sum += usage->value[i];
 		}
