@@ -65,7 +65,9 @@ static const char *const linux_plugin_places[] = {
 	"/usr/lib/slurm/jobacct_gather_linux.so",
 	"/usr/local/lib/slurm/jobacct_gather_linux.so",                 /* make install */
 };
+#ifndef USAGE_DIR /* a test harness names its own */
 #define USAGE_DIR "/run/slurm-k8s-bridge/usage"
+#endif
 #define SLURM_NO_VAL64 0xfffffffffffffffeULL /* and above: Slurm's "no value" markers */
 #define USAGE_MAGIC "k8s-bridge-usage-v1"
 #define CPU_TIME_ADJ 1000 /* Slurm keeps the cpu TRES in milliseconds */
