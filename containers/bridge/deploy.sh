@@ -26,9 +26,11 @@ deploy_dir="$BRIDGE_STATE/deploy"
 mkdir -p "$deploy_dir" && chmod 700 "$deploy_dir"
 mint_jwt "$deploy_dir/slurm.jwt"
 # slurm.conf as pods see it, for libslurm in the pod: slurmctld at the host's control address,
-# munged at the sidecar's socket.
+# munged at the sidecar's socket, and no PluginDir (the Slurm hosts' directories are not in the
+# image, and libslurm refuses one that does not exist; the image's Slurm finds its own plugins).
 sed -e "s/^SlurmctldHost=\([^(]*\)(127.0.0.1)/SlurmctldHost=\1($SBX_CONTROL_IP)/" \
-  -e "s|^AuthInfo=socket=.*|AuthInfo=socket=/run/munge/munge.socket.2|" "$SLURM_CONF" >"$deploy_dir/slurm.conf"
+  -e "s|^AuthInfo=socket=.*|AuthInfo=socket=/run/munge/munge.socket.2|" -e '/^PluginDir=/d' \
+  "$SLURM_CONF" >"$deploy_dir/slurm.conf"
 grep -q "^SlurmctldHost=.*($SBX_CONTROL_IP)" "$deploy_dir/slurm.conf" || die "cannot point slurm.conf's SlurmctldHost at $SBX_CONTROL_IP"
 # Who the daemon runs as: its own unprivileged uid with slurmrestd (the JWT carries SlurmUser's
 # rights); SlurmUser itself with pyslurm (slurmctld trusts the munge uid). The chart picks.

@@ -75,7 +75,9 @@ if [ ! -f "$OUT" ] || [ "$(cat "$OUT.key" 2>/dev/null)" != "$image_key" ]; then
   rm -rf "$work/root$LIB/bin"
   # Everything imports with the image's own Python and Slurm libraries (pyslurm reads slurm.conf
   # as it loads: give it the sandbox's for the check, then take it away).
-  cp "$SLURM_CONF" "$work/root/tmp/slurm.conf"
+  # Without PluginDir: the sandbox's names a directory of the Slurm hosts (their jobacct plugin),
+  # and libslurm refuses a PluginDir that does not exist; a client finds its plugins by default.
+  grep -v '^PluginDir=' "$SLURM_CONF" >"$work/root/tmp/slurm.conf"
   chroot "$work/root" env -i PYTHONPATH="$LIB" PYTHONDONTWRITEBYTECODE=1 SLURM_CONF=/tmp/slurm.conf /usr/bin/python3 -c \
     'import bridge.manager.cli, aiohttp, kubernetes_asyncio, pyslurm, bridge_pyslurm_ext' ||
     die "the image's Python cannot import the bridge, its dependencies or pyslurm"
