@@ -26,9 +26,10 @@ func task(pidfile, encodedEnv string, argv []string) {
 	// slurmstepd signals all of a step's processes. Made before the pid file is, so that a group
 	// signal sent as soon as the file exists finds the group.
 	_ = syscall.Setpgid(0, 0)
-	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
-	// --signal=SIG@T for steps, and the kill of a task whose proxy died). Renamed into place, so
-	// a reader never sees half of it.
+	held := catchTaskSignals()
+	// The task's process group is ours: `agent signal PIDFILE N group` reaches the task and every
+	// process of it (scancel -s, --signal=SIG@T for steps, and the kill of a task whose proxy
+	// died). Renamed into place, so a reader never sees half of it.
 	_ = os.WriteFile(pidfile+".tmp", []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 	_ = os.Rename(pidfile+".tmp", pidfile)
 	raw, err := base64.StdEncoding.DecodeString(encodedEnv)
@@ -86,10 +87,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 			path = found
 		}
 	}
-	err = syscall.Exec(path, argv, os.Environ())
-	// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
-	fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
-	os.Exit(2)
+	os.Exit(runTask(path, argv, held))
 }
 
 func errnoText(err error) string {
