@@ -1,15 +1,16 @@
 package main
 
-// The agent stays the parent of a step's task, as slurmstepd does natively: it waits for it, ends
-// as it ended, and reports what it used (its wait4 rusage, which slurmstepd's accounting takes
-// natively) as a trailer on stderr that the daemon takes off the stream and hands to the task's
+// The agent stays the parent of a step's task, as slurmstepd is natively: it starts the task as
+// the leader of its own process group (so a step's signals, sent to that group, reach every
+// process of the task, and the task leaving it changes nothing, as before), waits for it, ends as
+// it ended, and reports what it used (its wait4 rusage, what slurmstepd's accounting takes
+// natively) in a line on stderr that the daemon takes off the stream and hands to the task's
 // proxy (bridge/core/agent_protocol.py UsageTrailer, bridge/waiter/usage.py).
 
 import (
 	"fmt"
 	"os"
-	"os/signal"
-	"sync"
+	"strconv"
 	"syscall"
 	"unsafe"
 )
@@ -17,57 +18,29 @@ import (
 // usageTrailer starts the task's usage line on its stderr (NULs: no text output starts so).
 const usageTrailer = "\x00\x00slurm-k8s-bridge-usage "
 
-// taskSignals holds the signals that reach the agent before its task exists, for the task.
-type taskSignals struct {
-	mu      sync.Mutex
-	pending []syscall.Signal
-	child   int
-}
-
-// catchTaskSignals starts catching every signal, before the pid file names this process group:
-// one sent to the group once the task exists reaches the task itself (the agent only must not die
-// of it first); one that comes before is passed on once the task exists, as it would have got it.
-// Caught, not ignored: an ignored signal would stay ignored in the task.
-func catchTaskSignals() *taskSignals {
-	held := &taskSignals{}
-	caught := make(chan os.Signal, 16)
-	signal.Notify(caught)
-	go func() {
-		for sig := range caught {
-			number, ok := sig.(syscall.Signal)
-			held.mu.Lock()
-			if ok && held.child == 0 && number != syscall.SIGCHLD && number != syscall.SIGURG {
-				held.pending = append(held.pending, number)
-			}
-			held.mu.Unlock()
-		}
-	}()
-	return held
-}
-
-func (held *taskSignals) started(pid int) {
-	held.mu.Lock()
-	defer held.mu.Unlock()
-	held.child = pid
-	for _, sig := range held.pending {
-		_ = syscall.Kill(pid, sig)
-	}
-}
-
-// runTask starts the task (its process group is this one, its fds and environment ours), waits
-// for it and returns the exit code the agent must end with.
-func runTask(path string, argv []string, held *taskSignals) int {
+// runTask starts the task with the agent's fds, environment and directory, names it in pidfile,
+// waits for it and returns the exit code the agent must end with: the task's, or 128+N for a
+// task signal N ended (what the pod's exec reports for such a process). usageFd is the stream
+// the usage line goes to: the exec's stderr.
+func runTask(path string, argv []string, pidfile string, usageFd int) int {
+	// With a terminal (srun --pty), the task's group is the terminal's foreground one: ^C, job
+	// control and the shell's reads are the task's, as when it was the exec's process itself.
+	terminal := isTerminal(0)
 	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
 		Env: os.Environ(), Files: []uintptr{0, 1, 2},
+		Sys: &syscall.SysProcAttr{Setpgid: true, Foreground: terminal, Ctty: 0},
 	})
-	if err == nil {
-		held.started(pid)
-	}
 	if err != nil {
 		// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
 		fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
 		return 2
 	}
+	// The task's pid is its group's: `agent signal PIDFILE N group` reaches the task and every
+	// process of it (scancel -s, --signal=SIG@T for steps, the kill of a task whose proxy died),
+	// and waits for this file, so a signal sent before the task exists reaches it once it does.
+	// Renamed into place, so a reader never sees half of it.
+	_ = os.WriteFile(pidfile+".tmp", []byte(strconv.Itoa(pid)+"\n"), 0o644)
+	_ = os.Rename(pidfile+".tmp", pidfile)
 	var status syscall.WaitStatus
 	var rusage syscall.Rusage
 	for {
@@ -75,32 +48,24 @@ func runTask(path string, argv []string, held *taskSignals) int {
 			break
 		}
 	}
-	reportTaskUsage(&rusage)
+	if !terminal && !isTerminal(usageFd) {
+		reportTaskUsage(usageFd, &rusage)
+	}
 	if status.Signaled() {
-		dieBy(status.Signal())
+		return 128 + int(status.Signal())
 	}
 	return status.ExitStatus()
 }
 
-// reportTaskUsage writes the usage trailer on stderr, unless stderr is a terminal (srun --pty:
-// the trailer would be on the user's screen).
-func reportTaskUsage(rusage *syscall.Rusage) {
-	if isTerminal(2) {
-		return
-	}
+// reportTaskUsage writes the usage line: user µs, system µs, RSS, max RSS, vsize, max vsize,
+// read, written, major faults. The task has ended: its resident set is its largest process's
+// largest (ru_maxrss); what rusage does not have is unknown.
+func reportTaskUsage(fd int, rusage *syscall.Rusage) {
 	maxRss := rusage.Maxrss * 1024
-	// user µs, system µs, RSS, max RSS, vsize, max vsize, read, written, major faults: the task
-	// has ended, so its resident set is its largest; what rusage does not have is unknown.
 	line := fmt.Sprintf("%s%d %d %d %d - - - - %d\n", usageTrailer,
 		rusage.Utime.Sec*1_000_000+rusage.Utime.Usec, rusage.Stime.Sec*1_000_000+rusage.Stime.Usec,
 		maxRss, maxRss, rusage.Majflt)
-	_, _ = os.Stderr.WriteString(line)
-}
-
-// dieBy ends the agent as the task ended by `sig`: 128+N, the code the pod's exec reports for a
-// process a signal ended (the task proxy takes it for that signal, bridge/waiter/task.py).
-func dieBy(sig syscall.Signal) {
-	os.Exit(128 + int(sig))
+	_, _ = syscall.Write(fd, []byte(line))
 }
 
 func isTerminal(fd int) bool {

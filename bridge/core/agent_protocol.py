@@ -82,24 +82,26 @@ class UsageTrailer:
         data, self._held = self._held + data, b""
         out: list[bytes] = []
         found: list[str] = []
-        while (start := data.find(USAGE_TRAILER)) >= 0:
+        passed = 0  # data[:passed] is decided: output, or a usage line taken off
+        look = 0  # where the marker is looked for next
+        while (start := data.find(USAGE_TRAILER, look)) >= 0:
             figures_at = start + len(USAGE_TRAILER)
             end = data.find(b"\n", figures_at, figures_at + MAX_USAGE_FIGURES + 1)
             if end < 0 and len(data) - figures_at <= MAX_USAGE_FIGURES:
-                out.append(data[:start])
+                out.append(data[passed:start])
                 self._held = data[start:]  # the rest of the line is still to come
                 return b"".join(out), found
             figures = data[figures_at:end] if end >= 0 else b""
             if end < 0 or not figures.isascii():
-                out.append(data[:start + 1])  # not the agent's: output, and look on after it
-                data = data[start + 1:]
+                look = start + 1  # not the agent's: output, and look on after its first byte
                 continue
-            out.append(data[:start])
+            out.append(data[passed:start])
             found.append(figures.decode())
-            data = data[end + 1:]
-        keep = next((k for k in range(min(len(USAGE_TRAILER) - 1, len(data)), 0, -1)
-                     if data.endswith(USAGE_TRAILER[:k])), 0)
-        out.append(data[:len(data) - keep])
+            passed = look = end + 1
+        tail = data[max(passed, look):]
+        keep = next((k for k in range(min(len(USAGE_TRAILER) - 1, len(tail)), 0, -1)
+                     if tail.endswith(USAGE_TRAILER[:k])), 0)
+        out.append(data[passed:len(data) - keep])
         self._held = data[len(data) - keep:]
         return b"".join(out), found
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,21 +56,48 @@ def test_a_task_killed_by_a_signal_ends_the_agent_as_the_exec_reports_it(
     assert result.returncode == code, result.stderr
 
 
-def test_a_signal_to_the_tasks_group_reaches_the_task_not_the_agent_first(
-    agent: Path, tmp_path: Path  # noqa: F811
-) -> None:
-    # The task traps TERM and exits 7: the agent, in the same group, must outlive the signal.
+def test_a_signal_to_the_tasks_group_reaches_the_task(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    # The task traps TERM and exits 7; the agent ends as it did.
     with subprocess.Popen([str(agent), "task", str(tmp_path / "task.pid"), NO_ENV, "--", "/bin/sh",
                            "-c", "trap 'exit 7' TERM; echo ready; while :; do sleep 0.1; done"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         group = int((tmp_path / "task.pid").read_text())
-        assert os.getpgid(proc.pid) == group, "the pid file names the task's group, the agent's"
+        assert group != proc.pid and os.getpgid(group) == group, "the pid file names the task, its group's"
         try:
             os.killpg(group, signal.SIGTERM)
             assert proc.wait(timeout=30) == 7
         finally:
             proc.kill()
+
+
+def test_a_task_that_makes_its_own_group_is_still_reached(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    # GNU timeout calls setpgid(0, 0), as many launchers do: the task is its group's leader
+    # already, so a step's signal still reaches it (and timeout passes it on to sleep).
+    with subprocess.Popen([str(agent), "task", str(tmp_path / "task.pid"), NO_ENV, "--", "timeout", "60",
+                           "sleep", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            for _ in range(100):
+                if (tmp_path / "task.pid").exists():
+                    break
+                time.sleep(0.05)
+            time.sleep(0.3)
+            os.killpg(int((tmp_path / "task.pid").read_text()), signal.SIGTERM)
+            assert proc.wait(timeout=30) != 0
+        finally:
+            proc.kill()
+
+
+def test_with_one_file_for_both_streams_the_usage_line_stays_off_the_output(
+    agent: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    merged = base64.b64encode(json.dumps({"SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT": "1"}).encode()).decode()
+
+    result = subprocess.run([str(agent), "task", str(tmp_path / "task.pid"), merged, "--", "/bin/sh", "-c",
+                             "echo out; echo err >&2"], capture_output=True, timeout=60, check=False)
+
+    assert result.stdout == b"out\nerr\n"
+    assert result.stderr.startswith(USAGE_TRAILER)
 
 
 def test_a_task_that_cannot_start_says_so_as_slurmstepd_does(agent: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -107,6 +135,12 @@ def test_the_line_is_found_however_the_stream_is_cut(size: int) -> None:
 def test_anything_else_passes_on_as_output_byte_for_byte(stream: bytes) -> None:
     for size in (1, 5, 4096):
         assert feed_in_chunks(stream, size) == (stream, []), size
+
+
+def test_many_markers_that_are_not_lines_pass_on_whole() -> None:
+    stream = (USAGE_TRAILER + b"\xff\n") * 20_000  # 600 KB a hostile task could write, one chunk
+
+    assert feed_in_chunks(stream, 1 << 20) == (stream, [])
 
 
 def test_output_waits_only_while_it_could_begin_the_marker() -> None:
