@@ -22,15 +22,6 @@ import (
 // the script, and the SLURM_* slurmstepd set for this task).
 func task(pidfile, encodedEnv string, argv []string) {
 	_ = os.MkdirAll(filepath.Dir(pidfile), 0o755)
-	// Its own process group: a signal for the step reaches every process of the task, as
-	// slurmstepd signals all of a step's processes. Made before the pid file is, so that a group
-	// signal sent as soon as the file exists finds the group.
-	_ = syscall.Setpgid(0, 0)
-	// The task's pid is ours after the exec: `agent signal PIDFILE N` reaches it (scancel -s,
-	// --signal=SIG@T for steps, and the kill of a task whose proxy died). Renamed into place, so
-	// a reader never sees half of it.
-	_ = os.WriteFile(pidfile+".tmp", []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
-	_ = os.Rename(pidfile+".tmp", pidfile)
 	raw, err := base64.StdEncoding.DecodeString(encodedEnv)
 	if err != nil {
 		fail("bad task environment")
@@ -42,9 +33,15 @@ func task(pidfile, encodedEnv string, argv []string) {
 	if size := env["SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"]; size != "" {
 		taskStdin(pidfile+".in", size) // srun --input: the bytes follow on stdin
 	}
+	usageFd := 2 // the exec's stderr, where the daemon looks for the usage line
 	if env["SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"] != "" {
 		// One per-task file for both streams: natively fds 1 and 2 are that one file, so the
-		// order between them is the order of the writes; one stream here keeps it.
+		// order between them is the order of the writes; one stream here keeps it. The usage
+		// line still goes to the exec's stderr, never into that file.
+		if kept, err := syscall.Dup(2); err == nil {
+			syscall.CloseOnExec(kept)
+			usageFd = kept
+		}
 		_ = syscall.Dup2(1, 2)
 	}
 	if env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] != "" {
@@ -86,10 +83,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 			path = found
 		}
 	}
-	err = syscall.Exec(path, argv, os.Environ())
-	// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
-	fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
-	os.Exit(2)
+	os.Exit(runTask(path, argv, pidfile, usageFd))
 }
 
 func errnoText(err error) string {

@@ -40,6 +40,7 @@ from bridge.core.errors import (
     ExecOutcomeUnknown,
     PermanentError,
 )
+from bridge.core.waiter_protocol import USAGE_FD
 
 log = structlog.get_logger(__name__)
 
@@ -150,10 +151,22 @@ class Tasks:
             stream = (self._kube.exec_stream(pod, argv) if stdin is None and terminal is None
                       else self._kube.exec_stream(pod, argv, stdin=stdin) if terminal is None
                       else self._kube.exec_stream(pod, argv, terminal=terminal))
+            # The agent ends the task's stderr with what the task used: the proxy's, not output.
+            trailer = agent_protocol.UsageTrailer()
             async for channel, data in stream:
                 if channel == 0:
+                    if held := trailer.flush():
+                        await write(2, held)
                     return data
+                if channel == 2 and terminal is None:
+                    data, usage = trailer.feed(data)
+                    for figures in usage:
+                        await write(USAGE_FD, figures.encode())
+                    if not data:
+                        continue
                 await write(channel, data)
+            if held := trailer.flush():
+                await write(2, held)
             return b"1"
 
         try:

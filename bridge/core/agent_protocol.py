@@ -62,3 +62,50 @@ def task_pidfile(key: str, procid: str) -> str:
     anything else here too."""
     prefix = "u" if key.startswith("u") else ""
     return f"{wellknown.AGENT_DIR}/tasks/{prefix}{int(key.removeprefix('u'))}-{int(procid)}.pid"
+
+
+USAGE_TRAILER: Final = b"\x00\x00slurm-k8s-bridge-usage "
+"""Starts the line a step's task ends its stderr with: what it used (agent/task_wait.go)."""
+MAX_USAGE_FIGURES: Final = 256
+"""A longer "line" after the marker is not the agent's: it passes on as output."""
+
+
+class UsageTrailer:
+    """Takes a step task's usage line off its stderr as the exec's chunks come: `feed` gives the
+    output to pass on and the usage lines found. Only bytes that could begin the marker wait for
+    the next chunk (a few at most, and only when a chunk ends in NUL); the rest passes at once."""
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, data: bytes) -> tuple[bytes, list[str]]:
+        data, self._held = self._held + data, b""
+        out: list[bytes] = []
+        found: list[str] = []
+        passed = 0  # data[:passed] is decided: output, or a usage line taken off
+        look = 0  # where the marker is looked for next
+        while (start := data.find(USAGE_TRAILER, look)) >= 0:
+            figures_at = start + len(USAGE_TRAILER)
+            end = data.find(b"\n", figures_at, figures_at + MAX_USAGE_FIGURES + 1)
+            if end < 0 and len(data) - figures_at <= MAX_USAGE_FIGURES:
+                out.append(data[passed:start])
+                self._held = data[start:]  # the rest of the line is still to come
+                return b"".join(out), found
+            figures = data[figures_at:end] if end >= 0 else b""
+            if end < 0 or not figures.isascii():
+                look = start + 1  # not the agent's: output, and look on after its first byte
+                continue
+            out.append(data[passed:start])
+            found.append(figures.decode())
+            passed = look = end + 1
+        tail = data[max(passed, look):]
+        keep = next((k for k in range(min(len(USAGE_TRAILER) - 1, len(tail)), 0, -1)
+                     if tail.endswith(USAGE_TRAILER[:k])), 0)
+        out.append(data[passed:len(data) - keep])
+        self._held = data[len(data) - keep:]
+        return b"".join(out), found
+
+    def flush(self) -> bytes:
+        """What was held back when the stream ended: output after all."""
+        held, self._held = self._held, b""
+        return held

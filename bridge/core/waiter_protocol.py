@@ -24,6 +24,10 @@ FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, sign
 waiter passes on to the script in the pods. SIGTERM and SIGINT stop the job (its pods are deleted
 and the kubelet signals the script); SIGKILL and SIGSTOP cannot be caught."""
 
+USAGE_FD = 3
+"""The task stream's "fd" of a line of what the task used (agent/task_wait.go), for its proxy to
+hand to Slurm's accounting: not output (a proxy writes only fds 1 and 2)."""
+
 MAX_OUTPUT_FRAME = 64 * 1024
 """Bytes of srun output in one frame of a step's output stream (the daemon refuses more)."""
 

@@ -14,10 +14,11 @@ import signal
 import sys
 import time
 
-from bridge.core.waiter_protocol import FORWARDED
+from bridge.core.waiter_protocol import FORWARDED, USAGE_FD
 from bridge.waiter.early_signals import take_early_signals
 from bridge.waiter.http_client import DaemonError, post, reconnect_delay, split_url
 from bridge.waiter.output import say, write_all
+from bridge.waiter.usage import UsageFile
 
 TASK_SIGNAL_ATTEMPTS = 5
 """A task proxy asks this often (jittered backoff, a few seconds) to have a signal passed on."""
@@ -163,6 +164,7 @@ def proxy_task(
     user step's share it."""
     start_path, body = start
     url, _ = start_signal_passing(api_url, ca_file, job_id, signals, early)
+    usage = UsageFile()  # what the task used, for Slurm's accounting of this step
     for attempt in range(60):
         started = False
         try:
@@ -170,7 +172,9 @@ def proxy_task(
                 started = True
                 for raw in stream:
                     event = json.loads(raw)
-                    if "fd" in event:
+                    if event.get("fd") == USAGE_FD:
+                        usage.record_frame(str(event.get("data", "")))
+                    elif "fd" in event:
                         write_all(int(event["fd"]), binascii.a2b_base64(event["data"]))
                     elif "exit" in event:
                         return end_as_the_task(int(event["exit"]))

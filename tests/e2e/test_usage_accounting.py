@@ -218,3 +218,45 @@ def test_a_users_umask_does_not_shut_the_others_out(bridge: Sandbox) -> None:
         assert bridge.wait_job_final(job_id, timeout=300)["State"] == "COMPLETED", job_trail(job_id)
     row = batch_usage(bridge, second)
     assert seconds(row["TotalCPU"]) >= 5.4 and kilobytes(row["MaxRSS"]) >= 96 * 1024, row
+
+
+STEP_SCRIPT = (
+    "#!/bin/bash\n#K8S image=sandbox.local/debian-python:12\n"
+    "srun -n 2 python3 -c \"import time\n"
+    "held = b'x' * (128 << 20)\n"
+    "start = time.process_time()\n"
+    "while time.process_time() - start < 6:\n"
+    "    pass\n"
+    "time.sleep(2)\"\n"
+)
+
+
+def step_usage(sandbox: Sandbox, job_id: int) -> dict[str, str]:
+    out = sandbox.slurm("sacct", "-n", "-P", "-j", f"{job_id}.0", "-o", "JobID,NTasks,TotalCPU,MaxRSS").stdout
+    for line in out.splitlines():
+        row = dict(zip(("JobID", "NTasks", "TotalCPU", "MaxRSS"), line.split("|"), strict=True))
+        if row["JobID"] == f"{job_id}.0":
+            return row
+    raise AssertionError(f"no step 0 of {job_id} in sacct: {out!r}\n{job_trail(job_id)}")
+
+
+def test_a_steps_tasks_are_accounted_as_natively(bridge: Sandbox) -> None:
+    jobs = {}
+    for partition in ("native", "k8s"):
+        script = write_script(bridge, "alice", f"usage-step-{partition}.sh", STEP_SCRIPT)
+        out = str(bridge.home("alice") / f"usage-step-{partition}.out")
+        jobs[partition] = bridge.sbatch("-p", partition, "-n", "2", "-o", out, str(script))
+    for job_id in jobs.values():
+        assert bridge.wait_job_final(job_id, timeout=300)["State"] == "COMPLETED", job_trail(job_id)
+
+    usage = {partition: step_usage(bridge, job_id) for partition, job_id in jobs.items()}
+    print(f"\nstep usage: {usage}")
+    native_cpu, bridged_cpu = (seconds(usage[p]["TotalCPU"]) for p in ("native", "k8s"))
+    native_rss, bridged_rss = (kilobytes(usage[p]["MaxRSS"]) for p in ("native", "k8s"))
+    assert native_cpu >= 12 and native_rss >= 128 * 1024, f"the oracle measured both tasks: {usage}"
+    assert 0.8 <= bridged_cpu / native_cpu <= 1.2, usage
+    assert 0.8 <= bridged_rss / native_rss <= 1.2, usage
+    # The job's total (what seff reads) holds its steps' use, as natively.
+    efficiency = reportseff(bridge, *jobs.values())
+    print(f"reportseff (CPUEff %, MemEff %): {efficiency}")
+    assert efficiency[jobs["k8s"]][0] >= 0.6 * efficiency[jobs["native"]][0], efficiency

@@ -81,8 +81,6 @@ static char allowed[MAX_ALLOWED][NAME_LEN];
 static int allowed_count;
 /* Decided in slurm_spank_init, used by slurm_spank_user_init of the same slurmstepd. */
 static int batch_of_bridged_job;
-/* The batch step of a bridged job: its waiter gets a usage file (slurm_spank_task_post_fork). */
-static int usage_of_batch_step;
 static void remove_step_usage(pid_t stepd);
 /* A user's step of a bridged job: its tasks exec the waiter's `step` proxy (slurm_spank_task_init). */
 static int user_step_of_bridged_job;
@@ -503,7 +501,6 @@ static int guard_step(spank_t sp, const char *where)
 
 	batch_of_bridged_job = 0;
 	user_step_of_bridged_job = 0;
-	usage_of_batch_step = 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
 		return 0; /* srun before an allocation exists: checked again once it does */
 	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
@@ -523,7 +520,6 @@ static int guard_step(spank_t sp, const char *where)
 	} else if (step_id == SLURM_BATCH_SCRIPT) {
 		if (is_wrapped_batch_script(sp, settings)) {
 			batch_of_bridged_job = 1;
-			usage_of_batch_step = 1;
 			rc = 0;
 		} else {
 			slurm_error("slurm-k8s-bridge: job %u is in partition %s, which runs in Kubernetes, but "
@@ -657,7 +653,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-/* Where a bridged batch step's waiter passes its pod's usage to jobacct_gather/linux_k8s_bridge
+/* Where a bridged job's waiter task (the batch step's, a task proxy, a user-step proxy) passes what
+ * its pod's processes used to jobacct_gather/linux_k8s_bridge
  * (deploy/slurm/jobacct): /run/slurm-k8s-bridge/usage/<slurmstepd pid>/<task pid>, made here by
  * root at the task's fork and given to the job's user, in directories only root writes. So a
  * user's waiter writes its own task's figures and no other's; a directory lives as long as its
@@ -784,8 +781,7 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 	(void) av;
 	if (spank_remote(sp) != 1 || !batch_of_bridged_job)
 		return 0;
-	if (usage_of_batch_step)
-		make_usage_file(sp);
+	make_usage_file(sp); /* the waiter's: batch step, task proxy or user-step proxy */
 	if (!user_step_of_bridged_job)
 		return 0;
 	return forbid_further_execs();

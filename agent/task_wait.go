@@ -1,0 +1,76 @@
+package main
+
+// The agent stays the parent of a step's task, as slurmstepd is natively: it starts the task as
+// the leader of its own process group (so a step's signals, sent to that group, reach every
+// process of the task, and the task leaving it changes nothing, as before), waits for it, ends as
+// it ended, and reports what it used (its wait4 rusage, what slurmstepd's accounting takes
+// natively) in a line on stderr that the daemon takes off the stream and hands to the task's
+// proxy (bridge/core/agent_protocol.py UsageTrailer, bridge/waiter/usage.py).
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"unsafe"
+)
+
+// usageTrailer starts the task's usage line on its stderr (NULs: no text output starts so).
+const usageTrailer = "\x00\x00slurm-k8s-bridge-usage "
+
+// runTask starts the task with the agent's fds, environment and directory, names it in pidfile,
+// waits for it and returns the exit code the agent must end with: the task's, or 128+N for a
+// task signal N ended (what the pod's exec reports for such a process). usageFd is the stream
+// the usage line goes to: the exec's stderr.
+func runTask(path string, argv []string, pidfile string, usageFd int) int {
+	// With a terminal (srun --pty), the task's group is the terminal's foreground one: ^C, job
+	// control and the shell's reads are the task's, as when it was the exec's process itself.
+	terminal := isTerminal(0)
+	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
+		Env: os.Environ(), Files: []uintptr{0, 1, 2},
+		Sys: &syscall.SysProcAttr{Setpgid: true, Foreground: terminal, Ctty: 0},
+	})
+	if err != nil {
+		// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
+		fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
+		return 2
+	}
+	// The task's pid is its group's: `agent signal PIDFILE N group` reaches the task and every
+	// process of it (scancel -s, --signal=SIG@T for steps, the kill of a task whose proxy died),
+	// and waits for this file, so a signal sent before the task exists reaches it once it does.
+	// Renamed into place, so a reader never sees half of it.
+	_ = os.WriteFile(pidfile+".tmp", []byte(strconv.Itoa(pid)+"\n"), 0o644)
+	_ = os.Rename(pidfile+".tmp", pidfile)
+	var status syscall.WaitStatus
+	var rusage syscall.Rusage
+	for {
+		if _, err := syscall.Wait4(pid, &status, 0, &rusage); err != syscall.EINTR {
+			break
+		}
+	}
+	if !terminal && !isTerminal(usageFd) {
+		reportTaskUsage(usageFd, &rusage)
+	}
+	if status.Signaled() {
+		return 128 + int(status.Signal())
+	}
+	return status.ExitStatus()
+}
+
+// reportTaskUsage writes the usage line: user µs, system µs, RSS, max RSS, vsize, max vsize,
+// read, written, major faults. The task has ended: its resident set is its largest process's
+// largest (ru_maxrss); what rusage does not have is unknown.
+func reportTaskUsage(fd int, rusage *syscall.Rusage) {
+	maxRss := rusage.Maxrss * 1024
+	line := fmt.Sprintf("%s%d %d %d %d - - - - %d\n", usageTrailer,
+		rusage.Utime.Sec*1_000_000+rusage.Utime.Usec, rusage.Stime.Sec*1_000_000+rusage.Stime.Usec,
+		maxRss, maxRss, rusage.Majflt)
+	_, _ = syscall.Write(fd, []byte(line))
+}
+
+func isTerminal(fd int) bool {
+	var termios syscall.Termios
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TCGETS,
+		uintptr(unsafe.Pointer(&termios)))
+	return errno == 0
+}
