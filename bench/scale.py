@@ -61,6 +61,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench import parties
 from tests.e2e.sandbox import JOB_NAMESPACE, Sandbox, sandbox_env, write_script
 
 STATE = Path("/var/lib/slurm-k8s-sandbox")
@@ -935,6 +936,19 @@ def per_job(hosts: JobHosts, before: float | None, jobs: int) -> float | None:
     return round((after - before) * 1000 / jobs, 1) if after is not None and before is not None else None
 
 
+def print_parties(hosts_ms: float | None, bridged: dict[str, float], native_hosts_ms: float | None,
+                  native: dict[str, float]) -> None:
+    """Each party's CPU per job, bridged and native, and the jobs/s one core of it would sustain."""
+    names = ("job_hosts", *parties.PARTIES)
+    bridged_all = {"job_hosts": hosts_ms, **bridged}
+    native_all = {"job_hosts": native_hosts_ms, **native}
+    print("CPU ms per job (bridged / native), and jobs/s one core of that party sustains:")
+    for name in names:
+        mine, theirs = bridged_all[name], native_all[name]
+        print(f"  {name:17} {mine} / {theirs} ms; {parties.jobs_per_core_second(mine)} / "
+              f"{parties.jobs_per_core_second(theirs)} jobs/s per core")
+
+
 def rate(count: int, seconds: float | None) -> float | None:
     return round(count / seconds, 2) if seconds else None
 
@@ -1026,11 +1040,12 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
     requests_before = sum(by_verb_before.values()) if by_verb_before is not None else None
     rest_offset, log_offset = log_size(SLURMRESTD_LOG), log_size(LOG)
     sampler.start()
-    hosts_before = hosts.cpu_seconds()
+    hosts_before, parties_before = hosts.cpu_seconds(), parties.cpu_by_party()
     bridged_s, _, wrong = run_array(sandbox, "sim", args.tasks, script,
                                     f"SIM_RUN_TIME={args.run_time},SIM_EXIT_CODE=0")
     stop.set()
     bridged_hosts_ms = per_job(hosts, hosts_before, args.tasks)
+    bridged_parties = parties.ms_per_job(parties_before, parties.cpu_by_party(), args.tasks)
     cpu = (cpu_seconds(pid) - cpu_before) / bridged_s
     requests_after = kube_requests_sent(sandbox)
     requests_per_s = None  # unknown, or the daemon restarted meanwhile (its count began again)
@@ -1056,12 +1071,14 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
     with native_partition_over(sandbox, sim_hostlist) as native_partition:
         native_script = bench_work_dir() / "native.sh"
         native_script.write_text(f"#!/bin/sh\nsleep {seconds_of(args.run_time)}\nexit 0\n")
-        hosts_before = hosts.cpu_seconds()
+        hosts_before, parties_before = hosts.cpu_seconds(), parties.cpu_by_party()
         native_s, _, native_wrong = run_array(sandbox, native_partition, args.tasks, native_script,
                                               "BENCH=1", user="root")
         native_hosts_ms = per_job(hosts, hosts_before, args.tasks)
+        native_parties = parties.ms_per_job(parties_before, parties.cpu_by_party(), args.tasks)
         print(f"native: {args.tasks} tasks on the same {sim_nodes} nodes in {native_s:.1f}s "
               f"({args.tasks / native_s:.2f} jobs/s), {native_wrong} wrong exit codes")
+        print_parties(bridged_hosts_ms, bridged_parties, native_hosts_ms, native_parties)
         wrapper_s = wrapper_wrong = wrapper_hosts_ms = None
         if args.wrapper_tasks > 0:
             hosts_before = hosts.cpu_seconds()
@@ -1149,6 +1166,13 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
         "job_hosts_cpu_ms_per_job": bridged_hosts_ms,
         "native_job_hosts_cpu_ms_per_job": native_hosts_ms,
         "kubectl_wrapper_job_hosts_cpu_ms_per_job": wrapper_hosts_ms,
+        # Each party's CPU per job, apart, and what one core of it would sustain (jobs/s per core).
+        "parties_cpu_ms_per_job": {"job_hosts": bridged_hosts_ms, **bridged_parties},
+        "native_parties_cpu_ms_per_job": {"job_hosts": native_hosts_ms, **native_parties},
+        "jobs_per_s_per_job_host_core": parties.jobs_per_core_second(bridged_hosts_ms),
+        "native_jobs_per_s_per_job_host_core": parties.jobs_per_core_second(native_hosts_ms),
+        "jobs_per_s_per_control_plane_core": parties.jobs_per_core_second(bridged_parties["control_plane"]),
+        "jobs_per_s_per_bridge_daemon_core": parties.jobs_per_core_second(bridged_parties["bridge_daemon"]),
         "job_hosts_cpu_group": hosts.group,
         "job_hosts_weight": args.job_hosts_weight if hosts.group else None,
     }
