@@ -26,7 +26,8 @@
 //	                                             script's srun of step KEY
 //	slurm-k8s-bridge-agent step-done KEY CODE    tell the script's srun of step KEY it ended with CODE
 //	slurm-k8s-bridge-agent task PIDFILE ENV -- ARGV
-//	    run one task of a step (ENV: its environment, base64 JSON), writing its pid to PIDFILE
+//	    run one task of a step (ENV: its environment, base64 JSON) as its process group's leader,
+//	    writing its pid to PIDFILE; end as it ended, after a line of what it used on stderr
 //	srun ARGS                                    (as argv[0] "srun") ask the daemon for a step
 //	scontrol|squeue|sbatch|scancel|sacct|sinfo ARGS
 //	    (as argv[0]) have the job's waiter run Slurm's own command (commands.go)

@@ -2,7 +2,8 @@ package main
 
 // One task of a step, run by the daemon in its pod (`agent task`): its environment (srun's
 // --export), directory (--chdir), stdin (--input), one stream for a per-task file's stdout and
-// stderr, and --multi-prog's line (multiprog.go), then the exec of the task itself.
+// stderr, and --multi-prog's line (multiprog.go); then the task itself, which the agent starts and
+// waits for (task_wait.go).
 
 import (
 	"encoding/base64"
