@@ -153,11 +153,11 @@ class Tasks:
                       else self._kube.exec_stream(pod, argv, terminal=terminal))
             # The agent ends the task's stderr with what the task used: the proxy's, not output.
             trailer = agent_protocol.UsageTrailer()
+            code = b"1"  # the stream ended without the exec's status
             async for channel, data in stream:
                 if channel == 0:
-                    if held := trailer.flush():
-                        await write(2, held)
-                    return data
+                    code = data
+                    break
                 if channel == 2 and terminal is None:
                     data, usage = trailer.feed(data)
                     for figures in usage:
@@ -167,7 +167,7 @@ class Tasks:
                 await write(channel, data)
             if held := trailer.flush():
                 await write(2, held)
-            return b"1"
+            return code
 
         try:
             return await until_started(

@@ -10,17 +10,22 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import functools
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.sandbox import BRIDGE_UP, REPO, Sandbox, job_trail, wait_until, write_script
 
 IN_SLURM_ROOTFS = REPO / "containers" / "slurm" / "in-ns.sh"
 USAGE_DIR = "/run/slurm-k8s-bridge/usage"
+SANDBOX_STATE = Path("/var/lib/slurm-k8s-sandbox")
 
 
 def burn_script(cpu_s: float, hold_mb: int, sleep_s: float = 3.0) -> str:
@@ -64,6 +69,16 @@ def batch_usage(sandbox: Sandbox, job_id: int) -> dict[str, str]:
         if row["JobID"] == f"{job_id}.batch":
             return row
     raise AssertionError(f"no batch step of {job_id} in sacct: {out!r}\n{job_trail(job_id)}")
+
+
+def assert_as_native(usage: dict[str, dict[str, str]], cpu_s: float, rss_mb: int) -> None:
+    """TotalCPU and MaxRSS of the `k8s` row within 20 % of the `native` one's, which must have
+    measured at least `cpu_s` and `rss_mb` (the oracle saw the work)."""
+    native_cpu, bridged_cpu = (seconds(usage[p]["TotalCPU"]) for p in ("native", "k8s"))
+    native_rss, bridged_rss = (kilobytes(usage[p]["MaxRSS"]) for p in ("native", "k8s"))
+    assert native_cpu >= cpu_s and native_rss >= rss_mb * 1024, f"the oracle measured the work: {usage}"
+    assert 0.8 <= bridged_cpu / native_cpu <= 1.2, usage
+    assert 0.8 <= bridged_rss / native_rss <= 1.2, usage
 
 
 def submit(sandbox: Sandbox, partition: str, name: str, body: str, user: str = "alice") -> int:
@@ -115,11 +130,7 @@ def test_a_bridged_jobs_cpu_and_memory_are_accounted_as_a_native_ones(bridge: Sa
         assert row["State"] == "COMPLETED", job_trail(job_id)
     usage = {partition: batch_usage(bridge, job_id) for partition, job_id in jobs.items()}
     print(f"usage: {usage}")
-    native_cpu, bridged_cpu = (seconds(usage[p]["TotalCPU"]) for p in ("native", "k8s"))
-    native_rss, bridged_rss = (kilobytes(usage[p]["MaxRSS"]) for p in ("native", "k8s"))
-    assert native_cpu >= 20 and native_rss >= 300 * 1024, f"the oracle measured the burn: {usage['native']}"
-    assert 0.8 <= bridged_cpu / native_cpu <= 1.2, usage
-    assert 0.8 <= bridged_rss / native_rss <= 1.2, usage
+    assert_as_native(usage, cpu_s=20, rss_mb=300)
 
     efficiency = reportseff(bridge, *jobs.values())
     print(f"reportseff (CPUEff %, MemEff %): {efficiency}")
@@ -144,12 +155,16 @@ def test_jobs_at_once_each_get_their_own_figures(bridge: Sandbox) -> None:
         assert hold_mb * 1024 <= kilobytes(row["MaxRSS"]) <= (hold_mb + 60) * 1024, (n, row)
 
 
-def test_a_daemon_restart_loses_no_usage(bridge: Sandbox) -> None:
+@pytest.mark.parametrize("stop", ["restart", "kill -9"])
+def test_a_daemon_restart_loses_no_usage(bridge: Sandbox, stop: str) -> None:
     jobs = [submit(bridge, "k8s", f"usage-restart-{n}", burn_script(cpu_s=8, hold_mb=128)) for n in range(2)]
     for job_id in jobs:
         wait_until(f"job {job_id} running", functools.partial(live_usage, bridge, job_id), timeout=120,
                    interval=1.0)
-    subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True, capture_output=True)
+    if stop == "kill -9":
+        os.kill(int((SANDBOX_STATE / "run" / "bridge.pid").read_text()), signal.SIGKILL)
+    else:
+        subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True, capture_output=True)
     time.sleep(2)
     subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True)
     for job_id in jobs:
@@ -251,11 +266,7 @@ def test_a_steps_tasks_are_accounted_as_natively(bridge: Sandbox) -> None:
 
     usage = {partition: step_usage(bridge, job_id) for partition, job_id in jobs.items()}
     print(f"\nstep usage: {usage}")
-    native_cpu, bridged_cpu = (seconds(usage[p]["TotalCPU"]) for p in ("native", "k8s"))
-    native_rss, bridged_rss = (kilobytes(usage[p]["MaxRSS"]) for p in ("native", "k8s"))
-    assert native_cpu >= 12 and native_rss >= 128 * 1024, f"the oracle measured both tasks: {usage}"
-    assert 0.8 <= bridged_cpu / native_cpu <= 1.2, usage
-    assert 0.8 <= bridged_rss / native_rss <= 1.2, usage
+    assert_as_native(usage, cpu_s=12, rss_mb=128)  # both tasks' CPU; a task's memory
     # The job's total (what seff reads) holds its steps' use, as natively.
     efficiency = reportseff(bridge, *jobs.values())
     print(f"reportseff (CPUEff %, MemEff %): {efficiency}")
