@@ -240,6 +240,7 @@ func run(pidfile string, merged bool, argv []string) int {
 	// The payload Secret's script key, which the pod's env sets to the script's path so that the
 	// script never becomes a variable: the job's own environment never had it.
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT")
+	undumpable() // before any process of the job exists (ending.go)
 	interval := usageInterval() // the bridge's, not the job's: read, then gone from its environment
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_USAGE_INTERVAL")
 	if pending := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING"); pending != "" {
@@ -319,7 +320,8 @@ func run(pidfile string, merged bool, argv []string) int {
 		case <-deadline:
 		}
 	}
-	out.mu.Lock() // no frame may be cut by the exit
+	out.mu.Lock() // no frame may be cut by the exit, nor follow the ending
+	_, _ = out.out.Write(endingFrame(status))
 	if status.Signaled() {
 		return 128 + int(status.Signal())
 	}

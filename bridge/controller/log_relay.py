@@ -3,7 +3,9 @@
 With the agent in the pod, log lines are frames: "o <base64>" the script's stdout, "e <base64>"
 its stderr, "s <base64>" a step request of the script's srun and "k <base64>" a signal it got (these
 two only from the first node's pod; they go to controller.steps), "c <base64>" one of Slurm's
-commands run in that pod (to controller.commands). Without it, each line is output.
+commands run in that pod (to controller.commands), "u <base64>" a sample of its usage and "x <base64>"
+how the script ended, the agent's last line (these from the first pod only). Without it, each line
+is output.
 
 Owns the relay tasks, the pods whose log is fully relayed, and the position (timestamp of the last
 line relayed) per pod index: LogBook, held by each JobSession and written only here (the position
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +29,7 @@ from bridge.clients.kube.errors import KubeNotFound
 from bridge.controller.commands import Commands
 from bridge.controller.metrics import Metrics
 from bridge.controller.steps import Steps, check_step_signal
+from bridge.core.agent_protocol import ScriptEnding, parse_ending
 from bridge.core.errors import PermanentError
 from bridge.core.pod_view import PodView, pod_view
 
@@ -50,6 +54,8 @@ class LogBook:
         """Timestamp of the last log line the waiter printed, by pod index."""
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.done: set[str] = set()
+        self.ending: tuple[str, str, ScriptEnding] | None = None
+        """The batch script's end as its agent told it (pod, log timestamp, how), once relayed."""
 
     def restart(self, positions: dict[str, str]) -> None:
         """A waiter attached: relays start again from the positions it printed."""
@@ -60,6 +66,7 @@ class LogBook:
         """The waiter went: stop the relays; the next waiter's are started afresh."""
         self.stop()
         self.done.clear()
+        self.ending = None
 
     def stop(self) -> None:
         """Stop the running relays (the run is over)."""
@@ -115,20 +122,30 @@ class LogRelay:
             pod = pod_view(raw)
             ended = pod.container_ended
             since = book.positions.get(str(index))
+            told = False
             try:
-                async for stamp, line in self._kube.stream_logs(pod_name, since_time=since):
-                    book.positions[str(index)] = stamp
-                    event = (output_event(index, stamp, line) if pod.runs_agent else
-                             {"type": "log", "pod": index, "ts": stamp, "line": line})
-                    if event["type"] == "step":
-                        self._steps.register(session, event, bound)
-                    elif event["type"] == "step-signal":
-                        check_step_signal(session, event, bound)
-                    elif event["type"] == "command":
-                        self._commands.register(session, event, bound)
-                    await session.publish_output(event)
-                    self._metrics.inc("log_lines_total")
-                    pauses = 0
+                lines = self._kube.stream_logs(pod_name, since_time=since)
+                async with contextlib.aclosing(lines):  # a break closes the stream at once
+                    async for stamp, line in lines:
+                        book.positions[str(index)] = stamp
+                        event = (output_event(index, stamp, line) if pod.runs_agent else
+                                 {"type": "log", "pod": index, "ts": stamp, "line": line})
+                        if event["type"] == "ending":
+                            # The agent's last frame: every line is out (nothing follows it).
+                            ending = event["ending"]
+                            assert isinstance(ending, ScriptEnding)
+                            book.ending = (pod_name, stamp, ending)
+                            told = True
+                            break
+                        if event["type"] == "step":
+                            self._steps.register(session, event, bound)
+                        elif event["type"] == "step-signal":
+                            check_step_signal(session, event, bound)
+                        elif event["type"] == "command":
+                            self._commands.register(session, event, bound)
+                        await session.publish_output(event)
+                        self._metrics.inc("log_lines_total")
+                        pauses = 0
             except asyncio.CancelledError:
                 raise
             except PermanentError as error:  # the pod is gone, or its log can never be read
@@ -148,7 +165,7 @@ class LogRelay:
                         break
                 bound.info("logs.resuming", error=repr(error), container_ended=ended)
             else:
-                if ended:
+                if ended or told:
                     break
             self._metrics.inc("log_relay_resumes_total")
             await asyncio.sleep(LOG_RESUME_DELAYS_S[min(pauses, len(LOG_RESUME_DELAYS_S) - 1)])
@@ -162,8 +179,8 @@ def output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
     """One log line of the in-pod agent as the waiter's event: "o <base64>" is the script's stdout,
     "e <base64>" its stderr (passed on still encoded: the waiter writes the bytes); on the first
     pod, "s", "c" and "k" are the script's srun, Slurm commands and step signals, "u" a sample of
-    its processes' usage (agent/usage.go). Anything else is the agent's own complaint (it could not
-    start the script), a line of stderr."""
+    its processes' usage (agent/usage.go), "x" how the script ended (agent/ending.go). Anything
+    else is the agent's own complaint (it could not start the script), a line of stderr."""
     tag, sep, data = line.partition(" ")
     if sep and tag in ("o", "e"):
         return {"type": "out", "pod": index, "ts": stamp, "fd": 1 if tag == "o" else 2, "data": data}
@@ -175,5 +192,7 @@ def output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
         return {"type": "usage", "pod": index, "ts": stamp, "data": data}
     if sep and tag == "k" and index == 0:
         return {"type": "step-signal", "pod": index, "ts": stamp, "data": data}
+    if sep and tag == "x" and index == 0 and (ending := parse_ending(data)) is not None:
+        return {"type": "ending", "pod": index, "ts": stamp, "ending": ending}
     text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()
     return {"type": "out", "pod": index, "ts": stamp, "fd": 2, "data": text}

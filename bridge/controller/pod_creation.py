@@ -25,7 +25,7 @@ from bridge.controller.sessions import JobSession
 from bridge.core import agent_protocol
 from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.directives import DirectiveError, parse_directives
-from bridge.core.errors import TemporaryError
+from bridge.core.errors import BridgeError, TemporaryError
 from bridge.core.model import JobAllocation
 from bridge.core.pod_view import PodView
 from bridge.core.rendezvous import pods_to_create
@@ -111,6 +111,16 @@ class PodCreation:
         """The Slurm → Kubernetes node names of a bridged partition (None: the same names)."""
         part = self.cfg.partition(partition)
         return None if part is None else await self.kubernetes_nodes(part)
+
+    async def kubernetes_node_names_of(self, alloc: JobAllocation) -> list[str]:
+        """The Kubernetes nodes of a run's pods; none when they cannot be named (create says why)."""
+        part = self.cfg.partition(alloc.partition)
+        if part is None:
+            return []
+        try:
+            return kubernetes_node_names(alloc, part, await self.kubernetes_nodes(part))
+        except (TranslateError, BridgeError):
+            return []
 
     async def kubernetes_nodes(self, part: PartitionConfig) -> Mapping[str, str] | None:
         if part.node_label and self.nodes is not None and self.nodes.synced.is_set():

@@ -39,6 +39,7 @@ from bridge.clients.kube.nodes import NodeCache
 from bridge.clients.slurm import SlurmClient
 from bridge.controller.batch_signals import BatchSignals
 from bridge.controller.device_claims import DeviceClaims
+from bridge.controller.early_endings import HELD_NODE_RETRY_S, EarlyEndings
 from bridge.controller.expectations import CreateExpectations
 from bridge.controller.facade import ApiFacade, over
 from bridge.controller.jobstore import JobStore
@@ -56,11 +57,12 @@ from bridge.controller.tasks import Tasks
 from bridge.controller.user_steps import UserSteps
 from bridge.controller.workqueue import DONE, Result
 from bridge.core import outcome as outcomes
+from bridge.core.agent_protocol import ScriptEnding
 from bridge.core.config import BridgeConfig
 from bridge.core.errors import BridgeError
 from bridge.core.model import JobAllocation
 from bridge.core.pod_identity import pod_name, run_of
-from bridge.core.pod_view import PodView, pod_view
+from bridge.core.pod_view import PodView, parse_time, pod_view
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +111,7 @@ class Reconciler(ApiFacade):
         self.pods = RunPods(self.jobs, cache)
         self.payload_secrets = PayloadSecrets(kube, cache, self.sessions)
         self.creation = PodCreation(cfg, kube, metrics, self.expectations, self.payload_secrets, nodes)
+        self.early_endings = EarlyEndings(cache)
         self.device_claims = DeviceClaims(cfg, kube, cache, metrics)
         self.steps = Steps(kube, self.pods, self.sessions, read_step_key(cfg.waiter.step_key_file),
                            self._spawn, self.volumes_of)
@@ -203,15 +206,15 @@ class Reconciler(ApiFacade):
             if session.created:
                 await self._fail(session, alloc, "the job's pods were deleted outside Slurm", bound)
                 return result
-            await self._create(session, alloc, set(), bound)
-            return result
+            return result.sooner(await self._create(session, alloc, set(), bound))
         session.created = True
         if len(present) + len(expected) < len(names):
             # The first pod went alone (the others wait for its address) or creation was
             # interrupted (restart mid-way): create the rest, idempotently.
             first = next((view for view in views if view.name == names[0]), None)
-            await self._create(session, alloc, present | set(expected), bound,
-                               first.pod_ip if first else "", first is not None and first.stopped)
+            result = result.sooner(await self._create(
+                session, alloc, present | set(expected), bound, first.pod_ip if first else "",
+                first is not None and first.stopped))
 
         part = self.cfg.partition(alloc.partition)
         if part is not None and (part.gpu_mode == "dra" or any(view.binds_to for view in views)):
@@ -226,10 +229,20 @@ class Reconciler(ApiFacade):
         grace = self.cfg.start_failure_grace_s
         # Like srun: wait for every rank, then the highest non-zero exit code wins (deciding at the
         # first failure would make the code depend on which rank happened to end first).
+        batch_only = any(view.runs_agent for view in views)
         decision = outcomes.job_outcome(
             views, len(alloc.nodes), now=datetime.now(UTC), grace_s=grace, wait_for_all=True,
-            batch_only=any(view.runs_agent for view in views), calm_since=self.cache.trouble_at,
+            batch_only=batch_only, calm_since=self.cache.trouble_at,
         )
+        told = session.logs.ending
+        if isinstance(decision, outcomes.Running) and batch_only and told is not None:
+            # The agent's "x" frame, before the kubelet's status (early_endings.py).
+            batch_pod = next((view for view in views if view.name == told[0] and view.index == 0), None)
+            if batch_pod is not None and (early := outcomes.told_outcome(batch_pod, told[2])) is not None:
+                decision = early
+                if session.final is None and self.log_relay.drained(session, views):
+                    self.early_endings.record(batch_pod)
+                    self.metrics.inc("batch_ends_told_by_agent_total")
         self.log_relay.ensure(session, views)
         if not session.script_delivered:
             await self.creation.deliver_script(session, views, bound)
@@ -257,7 +270,7 @@ class Reconciler(ApiFacade):
         self, session: JobSession, decision: outcomes.Finished, views: list[PodView], bound: Any
     ) -> None:
         """The script ended and every line of its output is out: tell the waiter how."""
-        ended = _batch_finished_at(views)
+        ended = _batch_finished_at(views, session.logs.ending)
         took = None
         # Only ends this process lived through: after a restart, old ends would count.
         if ended is not None and session.final is None and ended >= self.started_at:
@@ -301,10 +314,18 @@ class Reconciler(ApiFacade):
     async def _create(
         self, session: JobSession, alloc: JobAllocation, skip: set[str], bound: Any, first_pod_ip: str = "",
         first_pod_ended: bool = False,
-    ) -> None:
+    ) -> float | None:
+        """Create the run's pods (pod_creation), once no early-ended pod holds their nodes in its
+        kubelet's eyes; else the delay after which to look again."""
+        held = self.early_endings.holding(await self.creation.kubernetes_node_names_of(alloc))
+        if held:
+            bound.debug("pods.wait_for_ended_pods", held=held)
+            self.metrics.inc("pod_creations_held_total")
+            return HELD_NODE_RETRY_S
         failure = await self.creation.create(session, alloc, skip, bound, first_pod_ip, first_pod_ended)
         if failure is not None:
             await self._fail(session, alloc, failure, bound)
+        return None
 
     async def _stop(
         self, pods: list[dict[str, Any]], session: JobSession | None, alloc: JobAllocation | None, bound: Any
@@ -374,8 +395,11 @@ def describe(alloc: JobAllocation | None, run: int | None) -> str:
     return alloc.state
 
 
-def _batch_finished_at(views: list[PodView]) -> datetime | None:
-    """When the first node's job container ended (the API's one-second resolution)."""
+def _batch_finished_at(views: list[PodView], told: tuple[str, str, ScriptEnding] | None) -> datetime | None:
+    """When the first node's script ended: its agent's last log line (nanoseconds), else its job
+    container's end (the API's one-second resolution)."""
+    if told is not None:
+        return parse_time(told[1])
     for view in views:
         if view.index == 0 and view.terminated is not None:
             return view.terminated.finished_at

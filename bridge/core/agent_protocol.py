@@ -8,6 +8,8 @@ tasks and step streams.
 
 from __future__ import annotations
 
+import base64
+from dataclasses import dataclass
 from typing import Final
 
 from bridge.core import wellknown
@@ -109,3 +111,37 @@ class UsageTrailer:
         """What was held back when the stream ended: output after all."""
         held, self._held = self._held, b""
         return held
+
+
+@dataclass(frozen=True)
+class ScriptEnding:
+    """The agent's last log frame ("x"): how the batch script ended (agent/ending.go)."""
+
+    exit_code: int | None
+    """The script's exit status; None when a signal killed it."""
+    signal: int | None
+    oom_kills: int | None
+    """OOM kills in the job container's cgroup until then; None when the agent could not read it."""
+
+
+MAX_ENDING_FIGURE: Final = 1 << 32
+
+
+def parse_ending(data: str) -> ScriptEnding | None:
+    """The "x" frame's payload (base64 of "exited CODE oom N" or "signaled SIG oom N", N may be
+    "-"); None for anything else."""
+    try:
+        words = base64.b64decode(data, validate=True).decode("ascii").split(" ")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if len(words) != 4 or words[0] not in ("exited", "signaled") or words[2] != "oom":
+        return None
+    figure, kills = words[1], words[3]
+    if not figure.isdigit() or int(figure) > 255 or not (kills == "-" or kills.isdigit()):
+        return None
+    oom_kills = None if kills == "-" else min(int(kills), MAX_ENDING_FIGURE)
+    if words[0] == "exited":
+        return ScriptEnding(int(figure), None, oom_kills)
+    if not 1 <= int(figure) <= 64:
+        return None
+    return ScriptEnding(None, int(figure), oom_kills)

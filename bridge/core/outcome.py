@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from bridge.core.agent_protocol import ScriptEnding
 from bridge.core.fields import because
 from bridge.core.pod_view import PodView, Terminated, aware, parse_time, pod_view
 
@@ -138,6 +139,20 @@ def pod_outcome(
     return Running(f"{pod.name}: {detail}")
 
 
+def told_outcome(pod: PodView, ending: ScriptEnding) -> Finished | None:
+    """The batch pod's outcome as its agent told it on the log ("x" frame), before the kubelet
+    notices the container's end (up to a second later). Only a plain exit, of a pod that nothing is
+    deleting or evicting, and without an OOM kill for a non-zero code: every other end waits for the
+    runtime's word, which is what explains it to the user (a signal, OOMKilled, Evicted)."""
+    if pod.deleting or pod.reason or ending.exit_code is None or ending.exit_code >= 128:
+        return None
+    if ending.exit_code == 0:
+        return Finished(0)
+    if ending.oom_kills != 0:
+        return None
+    return Finished(ending.exit_code, None, f"{pod.name}: exited with code {ending.exit_code}")
+
+
 def not_started_for_s(pod: PodView, now: datetime) -> float | None:
     """How long a pod has existed without its container running or ending (None once it has)."""
     if pod.running or pod.terminated is not None or pod.phase in ("Succeeded", "Failed") or pod.deleting:
@@ -232,5 +247,5 @@ def _signal_name(sig: int) -> str:
 
 __all__ = [
     "FailedBeforeStart", "Finished", "Outcome", "PodView", "Running", "Terminated", "job_outcome",
-    "not_started_for_s", "parse_time", "pod_outcome", "pod_view",
+    "not_started_for_s", "parse_time", "pod_outcome", "pod_view", "told_outcome",
 ]

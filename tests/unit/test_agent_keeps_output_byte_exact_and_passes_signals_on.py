@@ -55,12 +55,15 @@ def frame_lines(stdout: bytes) -> list[bytes]:
 
 def frames(stdout: bytes) -> list[tuple[str, bytes]]:
     """(tag, decoded bytes) of every output frame; every line must be a well-formed frame. Usage
-    samples ("u", each second of a script's run) are frames too, but not output."""
+    samples ("u", each second of a script's run) and the ending ("x", last) are frames too, but not
+    output."""
     result = []
-    for line in frame_lines(stdout):
+    lines = frame_lines(stdout)
+    for number, line in enumerate(lines):
         tag, sep, data = line.partition(b" ")
-        assert sep and tag in (b"o", b"e", b"u"), f"not a frame: {line[:80]!r}"
-        if tag != b"u":
+        assert sep and tag in (b"o", b"e", b"u", b"x"), f"not a frame: {line[:80]!r}"
+        assert tag != b"x" or number == len(lines) - 1, "a frame after the script's ending"
+        if tag in (b"o", b"e"):
             result.append((tag.decode(), base64.b64decode(data, validate=True)))
     return result
 

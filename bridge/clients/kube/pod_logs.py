@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
@@ -41,7 +41,7 @@ class LogVerbs:
 
     async def stream_logs(
         self, pod_name: str, container: str = wellknown.CONTAINER_NAME, since_time: str | None = None
-    ) -> AsyncIterator[tuple[str, str]]:
+    ) -> AsyncGenerator[tuple[str, str], None]:
         """Follow the container's log: yield (RFC 3339 nano timestamp, line without its newline).
 
         Ends when the container exits (the server closes the stream), or raises KubeUnavailable when
