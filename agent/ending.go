@@ -19,10 +19,12 @@ import (
 
 const prSetDumpable = 4 // PR_SET_DUMPABLE, <linux/prctl.h>
 
-func undumpable() {
-	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetDumpable, 0, 0); errno != 0 {
-		fail("cannot make the agent non-dumpable: " + errno.Error())
-	}
+// undumpable reports whether the agent could make itself non-dumpable; if not (a seccomp profile
+// refusing prctl), the job runs all the same, without the ending frame (the daemon then waits for
+// the kubelet, as it would for an older agent).
+func undumpable() bool {
+	_, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetDumpable, 0, 0)
+	return errno == 0
 }
 
 // cgroupEvents is the job container's memory.events (its own cgroup namespace).
@@ -46,13 +48,19 @@ func oomKills() string {
 	return "-"
 }
 
-// endingFrame is the last frame: "x <base64 of 'exited CODE oom N' or 'signaled SIG oom N'>".
-func endingFrame(status syscall.WaitStatus) []byte {
+// endingFrame is the last frame: "x <base64 of 'exited CODE oom N stop S' or 'signaled SIG oom N
+// stop S'>". S is 1 when the agent itself was told to stop (the kubelet's SIGTERM: a deletion, an
+// eviction, a node shutdown): then the daemon waits for the pod's status, which says why.
+func endingFrame(status syscall.WaitStatus, stopped bool) []byte {
 	how := "exited " + strconv.Itoa(status.ExitStatus())
 	if status.Signaled() {
 		how = "signaled " + strconv.Itoa(int(status.Signal()))
 	}
-	text := how + " oom " + oomKills()
+	stop := "0"
+	if stopped {
+		stop = "1"
+	}
+	text := how + " oom " + oomKills() + " stop " + stop
 	line := make([]byte, 0, 3+base64.StdEncoding.EncodedLen(len(text)))
 	line = append(line, 'x', ' ')
 	line = base64.StdEncoding.AppendEncode(line, []byte(text))

@@ -5,7 +5,9 @@
 // last line without one. The agent keeps them apart and byte-exact: it runs the script with its
 // own pipes and writes every chunk it reads as one log line, "o <base64>" for stdout and
 // "e <base64>" for stderr. The daemon relays those lines to the job's waiter, which writes the
-// bytes to its own stdout and stderr: the files Slurm opened for the job (-o, -e).
+// bytes to its own stdout and stderr: the files Slurm opened for the job (-o, -e). Its last line
+// says how the script ended, "x <base64>" (ending.go), so that the daemon need not wait for the
+// kubelet to notice.
 //
 // It is static and needs nothing in the image: an init container copies it into an emptyDir.
 //
@@ -53,6 +55,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -240,7 +243,8 @@ func run(pidfile string, merged bool, argv []string) int {
 	// The payload Secret's script key, which the pod's env sets to the script's path so that the
 	// script never becomes a variable: the job's own environment never had it.
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT")
-	undumpable() // before any process of the job exists (ending.go)
+	// Before any process of the job exists (ending.go).
+	tellEnding := undumpable()
 	interval := usageInterval() // the bridge's, not the job's: read, then gone from its environment
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_USAGE_INTERVAL")
 	if pending := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING"); pending != "" {
@@ -286,8 +290,10 @@ func run(pidfile string, merged bool, argv []string) int {
 	}
 	pid := cmd.Process.Pid
 	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(pid)+"\n"), 0o644)
+	var stopped atomic.Bool
 	go func() {
 		for sig := range stops {
+			stopped.Store(true)
 			_ = syscall.Kill(-pid, sig.(syscall.Signal))
 		}
 	}()
@@ -321,7 +327,9 @@ func run(pidfile string, merged bool, argv []string) int {
 		}
 	}
 	out.mu.Lock() // no frame may be cut by the exit, nor follow the ending
-	_, _ = out.out.Write(endingFrame(status))
+	if tellEnding {
+		_, _ = out.out.Write(endingFrame(status, stopped.Load()))
+	}
 	if status.Signaled() {
 		return 128 + int(status.Signal())
 	}

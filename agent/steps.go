@@ -59,7 +59,9 @@ func serveSteps(dir string, out *frames) {
 	_ = os.Remove(socketPath(dir))
 	listener, err := net.Listen("unix", socketPath(dir))
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: srun will not work: %v\n", err)
+		// On the script's stderr, in the frames: the container's own stderr may reach the log
+		// after the ending frame, where nothing is read any more.
+		out.write('e', []byte(fmt.Sprintf("slurm-k8s-bridge-agent: srun will not work: %v\n", err)))
 		return
 	}
 	var counter atomic.Int64

@@ -7,8 +7,9 @@
      first instruction).
    Both scripts read /proc/uptime first; the host shares the kernel's clock, so its boot time turns
    that into this host's epoch time (10 ms resolution).
-2. `--array=0-63%8` of `true`: native on the native slurmds, bridged in `k8s`; the wall time, and the
-   time of a wave (8 tasks) = wall / 8.
+2. `--array=0-63%8` of a script that reads the clock: native on the native slurmds, bridged in `k8s`;
+   the wall time, the time of a wave (8 tasks) = wall / 8, and where a task's time goes, leg by
+   leg (bench/waves.py: slurmctld's and the daemon's logs, and the script's clock).
 
 Usage (sandbox and bridge up):  .venv/bin/python bench/kubelet_start.py [--pods 10] [--tasks 64]
 """
@@ -24,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.scale import LOG, run_array
+from bench.waves import legs, print_legs
 from tests.e2e.sandbox import Sandbox, sandbox_env, wait_until, write_script
 
 IMAGE = "sandbox.local/busybox:1"
@@ -91,16 +93,25 @@ def main() -> None:
     print(f"  bare pod (kubectl, no bridge)  {summary(bare)}")
     print(f"  bridged (sbatch -p k8s)        {summary(bridged)}")
     print(f"  ratio of medians {statistics.median(bridged) / statistics.median(bare):.2f}")
-    array = write_script(sandbox, "alice", "bench-array.sh", f"#!/bin/sh\n#K8S image={IMAGE}\ntrue\n")
+    # The script's first instruction reads the clock: the breakdown's "script running" moment.
+    array = write_script(sandbox, "alice", "bench-array.sh", f"#!/bin/sh\n#K8S image={IMAGE}\n{READ_CLOCK}\n")
     waves = args.tasks / args.at_once
     results = {"bare_start_ms": statistics.median(bare) * 1000,
                "bridged_start_ms": statistics.median(bridged) * 1000}
-    print(f"--array=0-{args.tasks - 1}%{args.at_once} of `true`:")
+    print(f"--array=0-{args.tasks - 1}%{args.at_once} of reading the clock:")
+    breakdowns = {}
+    home = sandbox.home("alice")
     for partition in ("native", "k8s"):
-        wall, _, wrong = run_array(sandbox, partition, args.tasks, array, "BENCH=1", at_once=args.at_once)
+        wall, array_id, wrong = run_array(sandbox, partition, args.tasks, array, "BENCH=1",
+                                          at_once=args.at_once, output=str(home / "wave-%A-%a.out"))
         print(f"  {partition:7} wall {wall:6.1f} s, a wave {wall / waves:5.2f} s, not COMPLETED 0:0: {wrong}")
         results[f"{partition}_array_s"] = wall
+        breakdowns[partition] = legs(array_id, home, boot_epoch())
+        for old in home.glob(f"wave-{array_id}-*.out"):
+            old.unlink()
     print(f"  bridged / native wall time {results['k8s_array_s'] / results['native_array_s']:.2f}")
+    for partition, found in breakdowns.items():
+        print_legs(f"a task's legs, {partition} (from slurmctld's and the daemon's logs):", found)
     print(json.dumps(results))
 
 

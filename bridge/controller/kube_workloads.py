@@ -25,6 +25,7 @@ import structlog
 from bridge.clients.kube.workload_pods import WorkloadPodCache, WorkloadVerbs
 from bridge.clients.slurm import SlurmClient
 from bridge.controller.device_claims import DeviceClaims
+from bridge.controller.early_endings import HELD_NODE_RETRY_S, EarlyEndings
 from bridge.controller.facade import over
 from bridge.controller.jobstore import JobStore
 from bridge.controller.metrics import Metrics
@@ -52,7 +53,7 @@ class KubeWorkloads:
     def __init__(
         self, cfg: BridgeConfig, slurm: SlurmClient, jobs: JobStore, sessions: SessionRegistry,
         cache: WorkloadPodCache, verbs: WorkloadVerbs, metrics: Metrics,
-        kubernetes_nodes: Callable[[str], Any], devices: DeviceClaims,
+        kubernetes_nodes: Callable[[str], Any], devices: DeviceClaims, ended_runs: EarlyEndings | None = None,
     ) -> None:
         self.cfg = cfg
         self.slurm = slurm
@@ -63,6 +64,8 @@ class KubeWorkloads:
         self.metrics = metrics
         self._kubernetes_nodes = kubernetes_nodes
         self.devices = devices
+        self.ended_runs = ended_runs
+        """The nodes batch runs that ended still hold in their kubelets (the reconciler's)."""
         """The cluster's ResourceSlices and ResourceClaims (the `dra` mode's caches)."""
         self.gpus = WorkloadDevices(devices, verbs, metrics, cache, cfg.workloads.namespaces)
         key = read_step_key(cfg.waiter.step_key_file)
@@ -224,6 +227,16 @@ class KubeWorkloads:
         if isinstance(placed, str):
             return await self._fail(session, pods, placed, bound)
         again: float | None = None
+        targets = [names.get(placed[p.name].node, placed[p.name].node) for p in pods
+                   if not p.node_name and not p.ended]
+        if targets and self.ended_runs is not None:
+            # An ended run's pods still count on these nodes in their kubelets (early_endings.py).
+            held, first = self.ended_runs.hold(alloc.job_id, targets)
+            if held:
+                if first:
+                    bound.info("pods.wait_for_ended_pods", held=held)
+                    self.metrics.inc("pod_creations_held_total")
+                return DONE.sooner(HELD_NODE_RETRY_S)
         for pod in pods:
             if pod.node_name or pod.ended:
                 continue

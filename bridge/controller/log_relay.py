@@ -131,9 +131,10 @@ class LogRelay:
                         event = (output_event(index, stamp, line) if pod.runs_agent else
                                  {"type": "log", "pod": index, "ts": stamp, "line": line})
                         if event["type"] == "ending":
-                            # The agent's last frame: every line is out (nothing follows it).
                             ending = event["ending"]
-                            assert isinstance(ending, ScriptEnding)
+                            if not isinstance(ending, ScriptEnding):
+                                continue
+                            # The agent's last frame: every line is out (nothing follows it).
                             book.ending = (pod_name, stamp, ending)
                             told = True
                             break
@@ -192,7 +193,8 @@ def output_event(index: int, stamp: str, line: str) -> dict[str, Any]:
         return {"type": "usage", "pod": index, "ts": stamp, "data": data}
     if sep and tag == "k" and index == 0:
         return {"type": "step-signal", "pod": index, "ts": stamp, "data": data}
-    if sep and tag == "x" and index == 0 and (ending := parse_ending(data)) is not None:
-        return {"type": "ending", "pod": index, "ts": stamp, "ending": ending}
+    if sep and tag == "x" and index == 0:
+        # None: not an ending this daemon reads (a newer agent's): dropped, never output.
+        return {"type": "ending", "pod": index, "ts": stamp, "ending": parse_ending(data)}
     text = base64.b64encode((line + "\n").encode("utf-8", "surrogateescape")).decode()
     return {"type": "out", "pod": index, "ts": stamp, "fd": 2, "data": text}

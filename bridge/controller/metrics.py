@@ -46,7 +46,7 @@ HELP = {
     "claims_swept_total": "GPU ResourceClaims deleted because their pod was gone.",
     "pods_bound_total": "Pods bound to their node by the bridge once their claim was allocated.",
     "batch_ends_told_by_agent_total": "Batch jobs ended on their agent's word, before their kubelet's.",
-    "pod_creations_held_total": "Pod creations put off while an early-ended pod still held its node.",
+    "pod_creations_held_total": "Jobs whose pods waited for an ended run's pods to stop on their node.",
 }
 
 HISTOGRAMS = {

@@ -241,7 +241,6 @@ class Reconciler(ApiFacade):
             if batch_pod is not None and (early := outcomes.told_outcome(batch_pod, told[2])) is not None:
                 decision = early
                 if session.final is None and self.log_relay.drained(session, views):
-                    self.early_endings.record(batch_pod)
                     self.metrics.inc("batch_ends_told_by_agent_total")
         self.log_relay.ensure(session, views)
         if not session.script_delivered:
@@ -278,6 +277,9 @@ class Reconciler(ApiFacade):
             self.metrics.observe("pod_end_to_job_end_seconds", took)
         bound.info("job.finished", exit_code=decision.exit_code, signal=decision.signal,
                    pod_end_to_job_end_s=None if took is None else round(took, 3))
+        # Its pods still run in their kubelets' eyes (the ending came first, other nodes' pods
+        # are deleted only now): their nodes take no other pod until they stop.
+        self.early_endings.record(views)
         # An exit code or a kill by signal speaks for itself (native Slurm prints nothing
         # either: sacct shows it); what native Slurm would not do (OOM kills, time limits,
         # Kubernetes evicting a pod) gets a line in the job's stderr.
@@ -317,11 +319,14 @@ class Reconciler(ApiFacade):
     ) -> float | None:
         """Create the run's pods (pod_creation), once no early-ended pod holds their nodes in its
         kubelet's eyes; else the delay after which to look again."""
-        held = self.early_endings.holding(await self.creation.kubernetes_node_names_of(alloc))
-        if held:
-            bound.debug("pods.wait_for_ended_pods", held=held)
-            self.metrics.inc("pod_creations_held_total")
-            return HELD_NODE_RETRY_S
+        if len(self.early_endings):
+            nodes = await self.creation.kubernetes_node_names_of(alloc)
+            held, first = self.early_endings.hold(alloc.job_id, nodes)
+            if held:
+                if first:
+                    bound.info("pods.wait_for_ended_pods", held=held)
+                    self.metrics.inc("pod_creations_held_total")
+                return HELD_NODE_RETRY_S
         failure = await self.creation.create(session, alloc, skip, bound, first_pod_ip, first_pod_ended)
         if failure is not None:
             await self._fail(session, alloc, failure, bound)

@@ -122,26 +122,30 @@ class ScriptEnding:
     signal: int | None
     oom_kills: int | None
     """OOM kills in the job container's cgroup until then; None when the agent could not read it."""
+    stopped: bool
+    """The agent was told to stop (the kubelet's SIGTERM: a deletion, an eviction, a shutdown)."""
 
 
 MAX_ENDING_FIGURE: Final = 1 << 32
 
 
 def parse_ending(data: str) -> ScriptEnding | None:
-    """The "x" frame's payload (base64 of "exited CODE oom N" or "signaled SIG oom N", N may be
-    "-"); None for anything else."""
+    """The "x" frame's payload (base64 of "exited CODE oom N stop S" or "signaled SIG oom N stop S",
+    N may be "-", S is 0 or 1); None for anything else."""
     try:
         words = base64.b64decode(data, validate=True).decode("ascii").split(" ")
     except (ValueError, UnicodeDecodeError):
         return None
-    if len(words) != 4 or words[0] not in ("exited", "signaled") or words[2] != "oom":
+    if (len(words) != 6 or words[0] not in ("exited", "signaled") or words[2] != "oom"
+            or words[4] != "stop" or words[5] not in ("0", "1")):
         return None
     figure, kills = words[1], words[3]
     if not figure.isdigit() or int(figure) > 255 or not (kills == "-" or kills.isdigit()):
         return None
     oom_kills = None if kills == "-" else min(int(kills), MAX_ENDING_FIGURE)
+    stopped = words[5] == "1"
     if words[0] == "exited":
-        return ScriptEnding(int(figure), None, oom_kills)
+        return ScriptEnding(int(figure), None, oom_kills, stopped)
     if not 1 <= int(figure) <= 64:
         return None
-    return ScriptEnding(None, int(figure), oom_kills)
+    return ScriptEnding(None, int(figure), oom_kills, stopped)

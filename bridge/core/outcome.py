@@ -142,13 +142,15 @@ def pod_outcome(
 def told_outcome(pod: PodView, ending: ScriptEnding) -> Finished | None:
     """The batch pod's outcome as its agent told it on the log ("x" frame), before the kubelet
     notices the container's end (up to a second later). Only a plain exit, of a pod that nothing is
-    deleting or evicting, and without an OOM kill for a non-zero code: every other end waits for the
-    runtime's word, which is what explains it to the user (a signal, OOMKilled, Evicted)."""
+    deleting or evicting, and for a non-zero code only without an OOM kill and without a stop the
+    agent was told (an eviction's SIGTERM may come before its reason reaches the pod's status):
+    every other end waits for the runtime's word, which is what explains it to the user (a
+    signal, OOMKilled, Evicted). Exit 0 is success on either word."""
     if pod.deleting or pod.reason or ending.exit_code is None or ending.exit_code >= 128:
         return None
     if ending.exit_code == 0:
         return Finished(0)
-    if ending.oom_kills != 0:
+    if ending.oom_kills != 0 or ending.stopped:
         return None
     return Finished(ending.exit_code, None, f"{pod.name}: exited with code {ending.exit_code}")
 

@@ -216,7 +216,7 @@ async def run(cfg: BridgeConfig) -> int:
         workloads = KubeWorkloads(
             cfg, slurm, reconciler.jobs, reconciler.sessions,
             WorkloadPodCache(cfg.workloads.namespaces, cfg.namespace), WorkloadVerbs(api_client), metrics,
-            reconciler.creation.kubernetes_nodes_of, reconciler.device_claims)
+            reconciler.creation.kubernetes_nodes_of, reconciler.device_claims, reconciler.early_endings)
         reconciler.workloads = workloads
 
         def workload_changed(key: str | int) -> None:

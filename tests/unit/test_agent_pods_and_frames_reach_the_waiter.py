@@ -192,7 +192,7 @@ def test_a_frame_goes_to_its_fd_with_its_data_unchanged(tag: str, fd: int, data:
         "O aGkK",
         "oo aGkK",
         " o aGkK",
-        "x aGkK",
+        "q aGkK",
         "panic: runtime error \udcff",  # undecodable bytes as the log reader gives them back
     ],
 )

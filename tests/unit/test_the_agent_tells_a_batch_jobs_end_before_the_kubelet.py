@@ -9,6 +9,7 @@ import asyncio
 import base64
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 
 from bridge.clients.kube.cache import PodCache
+from bridge.controller import early_endings
+from bridge.controller.early_endings import EarlyEndings
 from bridge.controller.log_relay import output_event
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
@@ -45,18 +48,20 @@ def o_frame(data: bytes) -> str:
 
 
 @pytest.mark.parametrize(("text", "ending"), [
-    ("exited 0 oom 0", ScriptEnding(0, None, 0)),
-    ("exited 3 oom -", ScriptEnding(3, None, None)),
-    ("exited 255 oom 2", ScriptEnding(255, None, 2)),
-    ("signaled 9 oom 1", ScriptEnding(None, 9, 1)),
+    ("exited 0 oom 0 stop 0", ScriptEnding(0, None, 0, False)),
+    ("exited 3 oom - stop 0", ScriptEnding(3, None, None, False)),
+    ("exited 255 oom 2 stop 1", ScriptEnding(255, None, 2, True)),
+    ("signaled 9 oom 1 stop 0", ScriptEnding(None, 9, 1, False)),
 ])
 def test_the_agents_ending_frame_is_read(text: str, ending: ScriptEnding) -> None:
     assert parse_ending(x_frame(text)[2:]) == ending
 
 
 @pytest.mark.parametrize("text", [
-    "exited -1 oom 0", "exited 256 oom 0", "signaled 0 oom 0", "signaled 65 oom 0", "exited 0",
-    "exited 0 oom 0 extra", "exited 0 oom x", "died 0 oom 0", "exited \uff13 oom 0", "exited 0  oom 0",
+    "exited -1 oom 0 stop 0", "exited 256 oom 0 stop 0", "signaled 0 oom 0 stop 0",
+    "signaled 65 oom 0 stop 0", "exited 0", "exited 0 oom 0", "exited 0 oom 0 stop 0 extra",
+    "exited 0 oom x stop 0", "died 0 oom 0 stop 0", "exited \uff13 oom 0 stop 0", "exited 0  oom 0 stop 0",
+    "exited 0 oom 0 stop 2", "exited 0 oom 0 halt 0",
 ])
 def test_anything_else_is_no_ending(text: str) -> None:
     assert parse_ending(base64.b64encode(text.encode()).decode()) is None
@@ -69,9 +74,15 @@ def test_an_ending_that_is_not_base64_is_no_ending() -> None:
 
 def test_only_the_first_pods_ending_frame_is_one() -> None:
     """The other pods hold their node; a line "x ..." from them is text, never an end."""
-    assert output_event(0, "t", x_frame("exited 0 oom 0"))["type"] == "ending"
-    other = output_event(1, "t", x_frame("exited 0 oom 0"))
+    assert output_event(0, "t", x_frame("exited 0 oom 0 stop 0"))["ending"] == ScriptEnding(0, None, 0, False)
+    other = output_event(1, "t", x_frame("exited 0 oom 0 stop 0"))
     assert other["type"] == "out" and other["fd"] == 2
+
+
+def test_an_ending_frame_this_daemon_cannot_read_is_neither_output_nor_an_end() -> None:
+    """A newer agent's: dropped (not a line in the job's stderr)."""
+    event = output_event(0, "t", x_frame("exited 0 oom 0 stop 0 newfield 1"))
+    assert (event["type"], event["ending"]) == ("ending", None)
 
 
 # -- what is taken on the agent's word ----------------------------------------------------------
@@ -84,14 +95,15 @@ def view(**metadata_or_status: Any) -> Any:
 
 
 @pytest.mark.parametrize(("ending", "expected"), [
-    (ScriptEnding(0, None, None), Finished(0)),
-    (ScriptEnding(0, None, 3), Finished(0)),  # as the runtime's word: exit 0 is success even so
-    (ScriptEnding(3, None, 0), Finished(3, None, "slurm-42-0: exited with code 3")),
-    (ScriptEnding(3, None, None), None),  # an OOM kill cannot be ruled out: the runtime explains it
-    (ScriptEnding(3, None, 1), None),
-    (ScriptEnding(None, 9, 0), None),  # signals: the runtime's word (OOMKilled, evictions)
-    (ScriptEnding(137, None, 0), None),  # 128+N reads as signal N from the runtime: kept so
-    (ScriptEnding(128, None, 0), None),
+    (ScriptEnding(0, None, None, False), Finished(0)),
+    (ScriptEnding(0, None, 3, True), Finished(0)),  # as the runtime's word: exit 0 is success even so
+    (ScriptEnding(3, None, 0, False), Finished(3, None, "slurm-42-0: exited with code 3")),
+    (ScriptEnding(3, None, None, False), None),  # an OOM kill cannot be ruled out: the runtime explains it
+    (ScriptEnding(3, None, 1, False), None),
+    (ScriptEnding(3, None, 0, True), None),  # told to stop: an eviction's reason may not be in yet
+    (ScriptEnding(None, 9, 0, False), None),  # signals: the runtime's word (OOMKilled, evictions)
+    (ScriptEnding(137, None, 0, False), None),  # 128+N reads as signal N from the runtime: kept so
+    (ScriptEnding(128, None, 0, False), None),
 ])
 def test_only_plain_exits_are_taken_on_the_agents_word(
         ending: ScriptEnding, expected: Finished | None) -> None:
@@ -99,9 +111,10 @@ def test_only_plain_exits_are_taken_on_the_agents_word(
 
 
 def test_a_pod_being_deleted_or_evicted_waits_for_the_runtime() -> None:
-    assert told_outcome(view(deletionTimestamp="2026-12-05T00:00:00Z"), ScriptEnding(0, None, 0)) is None
+    deleting = view(deletionTimestamp="2026-12-05T00:00:00Z")
+    assert told_outcome(deleting, ScriptEnding(0, None, 0, False)) is None
     evicted = view(status={"phase": "Running", "reason": "Evicted", "message": "memory"})
-    assert told_outcome(evicted, ScriptEnding(0, None, 0)) is None
+    assert told_outcome(evicted, ScriptEnding(0, None, 0, False)) is None
 
 
 # -- the reconciler -----------------------------------------------------------------------------
@@ -146,7 +159,7 @@ async def test_the_ending_frame_ends_the_job_before_the_kubelet_reports_it(world
     (manifest,) = kube.created
     cache.apply("MODIFIED", _pod(manifest, **RUNNING))
     kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.100000000Z", o_frame(b"out\n")),
-                                     ("2026-12-05T10:00:01.200000000Z", x_frame("exited 3 oom 0"))]}
+                                     ("2026-12-05T10:00:01.200000000Z", x_frame("exited 3 oom 0 stop 0"))]}
 
     await settle(reconciler, 42)
 
@@ -181,7 +194,7 @@ async def test_a_signal_in_the_frame_waits_for_the_runtimes_word(world: Any) -> 
     await reconciler.reconcile(42)
     (manifest,) = kube.created
     cache.apply("MODIFIED", _pod(manifest, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("signaled 9 oom 1"))]}
+    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("signaled 9 oom 1 stop 0"))]}
 
     await settle(reconciler, 42)
 
@@ -194,7 +207,7 @@ async def test_the_next_jobs_pod_waits_until_the_kubelet_saw_the_early_ended_one
     await reconciler.reconcile(42)
     (first,) = kube.created
     cache.apply("MODIFIED", _pod(first, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0"))]}
+    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0 stop 0"))]}
     await settle(reconciler, 42)
     assert reconciler.early_endings.holding(["kube1"]) == ["slurm-42-0"]
 
@@ -215,7 +228,7 @@ async def test_a_job_on_another_node_is_not_held(world: Any) -> None:
     await reconciler.reconcile(42)
     (first,) = kube.created
     cache.apply("MODIFIED", _pod(first, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0"))]}
+    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0 stop 0"))]}
     await settle(reconciler, 42)
 
     reconciler.jobs.record(replace(one_node(44), nodes=(NodeAllocation("kube2", cpus=1, memory_mb=64,
@@ -248,7 +261,7 @@ def test_the_script_cannot_write_frames_on_the_agents_stdout(agent: Path) -> Non
     """Same user, no capabilities, and a stdout pipe of that user's (as runc hands the container's
     stdio to its user): /proc/AGENT/fd/1 stays closed to the script, so no forged ending (nor
     usage) reaches the log. Without the agent's PR_SET_DUMPABLE 0 it opens."""
-    forged = x_frame("exited 0 oom 0")
+    forged = x_frame("exited 0 oom 0 stop 0")
     probe = (f"if echo '{forged}' 2>/dev/null > /proc/$PPID/fd/1; then echo forged; else echo refused; fi; "
              "sleep 0.2; exit 7")
     with tempfile.TemporaryDirectory() as place:
@@ -267,3 +280,94 @@ def test_the_script_cannot_write_frames_on_the_agents_stdout(agent: Path) -> Non
     lines = frame_lines(result.stdout)
     assert [line for line in lines if line.startswith(b"x ")] == [lines[-1]]
     assert base64.b64decode(lines[-1][2:]).startswith(b"exited 7 ")
+
+
+async def test_a_multi_node_jobs_other_pods_hold_their_nodes_until_they_stop(world: Any) -> None:
+    """The status path too: pod 0 ended, the other node's `agent wait` pod runs until it is deleted;
+    the next job on that node waits for it to stop, as a native node stays COMPLETING."""
+    reconciler, kube, cache = world
+    reconciler.jobs.record(replace(allocation(), read_at=time.monotonic()))  # kube1 and kube2
+    session = reconciler.attach_session(42, payload())
+    session.payload = payload()
+    session.attach({})
+    await reconciler.reconcile(42)
+    first, second = kube.created
+    cache.apply("MODIFIED", _pod(first, **_terminated(0)))
+    cache.apply("MODIFIED", _pod(second, **RUNNING))
+    await settle(reconciler, 42)
+    assert session.final is not None
+    assert reconciler.early_endings.holding(["kube1", "kube2"]) == ["slurm-42-1"]
+
+    reconciler.jobs.record(replace(one_node(43), nodes=(NodeAllocation("kube2", cpus=1, memory_mb=64,
+                                                                       gpu_indices=()),)))
+    nxt = reconciler.attach_session(43, payload())
+    nxt.payload = payload()
+    nxt.attach({})
+    await reconciler.reconcile(43)
+    assert "slurm-43-0" not in [m["metadata"]["name"] for m in kube.created]
+    cache.apply("DELETED", _pod(second))
+    await reconciler.reconcile(43)
+    assert "slurm-43-0" in [m["metadata"]["name"] for m in kube.created]
+
+
+async def test_a_kubelet_that_never_reports_the_stop_holds_its_node_only_so_long(
+        world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    reconciler, kube, cache = world
+    start(reconciler, 42)
+    await reconciler.reconcile(42)
+    (first,) = kube.created
+    cache.apply("MODIFIED", _pod(first, **RUNNING))
+    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0 stop 0"))]}
+    await settle(reconciler, 42)
+    start(reconciler, 43)
+    await reconciler.reconcile(43)
+    assert len(kube.created) == 1
+
+    monkeypatch.setattr(early_endings, "HOLD_LIMIT_S", 0.0)
+    await reconciler.reconcile(43)
+    assert [m["metadata"]["name"] for m in kube.created] == ["slurm-42-0", "slurm-43-0"]
+
+
+def test_a_gang_pod_is_not_bound_where_an_ended_run_still_holds_the_node(tmp_path: Path) -> None:
+    """The Kubernetes-submitted path places its pods by binding: it waits for the node too."""
+    from .builders import workloads_config
+    from .test_kube_workloads_bind_only_their_own_jobs_pods import KEY, World, pod
+
+    cfg = workloads_config(tmp_path, KEY, '[partitions.k8s]\n[workloads.namespaces.team-alice]\n'
+                                          'user = "alice"\naccount = "lab_alice"\npartition = "k8s"\n')
+    world = World(cfg, pod("a", job=800, gang="g"), pod("b", job=800, gang="g"))
+    cache = PodCache()
+    ended = EarlyEndings(cache)
+    world.workloads.ended_runs = ended
+    old = {"metadata": {"name": "slurm-41-0", "labels": {"slurm-k8s-bridge/job-id": "41"}},
+           "spec": {"nodeName": "kreal1"}, "status": RUNNING}
+    cache.apply("ADDED", old)
+    ended.record([pod_view(old)])
+    alloc = world.running(800, "alice", 2001, world.signed("a", "team-alice", "alice", gang="g"), tasks=2)
+
+    result = asyncio.run(world.workloads.reconcile_job(800, alloc))
+    assert not [e for e in world.verbs.log if e[0] == "bind"]
+    assert result.requeue_after is not None and result.requeue_after <= 0.5
+
+    cache.apply("MODIFIED", {**old, "status": _terminated(0)})
+    asyncio.run(world.workloads.reconcile_job(800, alloc))
+    assert {e[1] for e in world.verbs.log if e[0] == "bind"} == {"a", "b"}
+
+
+def test_a_script_that_traps_the_kubelets_term_says_it_was_stopped(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    """An eviction's SIGTERM: the script traps it and exits 3; the ending says stop 1, so the daemon
+    waits for the pod's status and its reason (Evicted, ...)."""
+    pidfile = tmp_path / "script.pid"
+    proc = subprocess.Popen([str(agent), "run", str(pidfile), "merged", "--", "/bin/sh", "-c",
+                             "trap 'exit 3' TERM; echo ready; while :; do sleep 0.05; done"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=30)
+
+    ending = parse_ending(frame_lines(stdout)[-1][2:].decode())
+    assert ending == ScriptEnding(3, None, ending.oom_kills if ending else None, True), stdout[-200:]
+    assert proc.returncode == 3
