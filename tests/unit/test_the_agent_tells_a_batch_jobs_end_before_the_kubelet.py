@@ -151,15 +151,21 @@ async def settle(reconciler: Reconciler, job_id: int) -> None:
     await asyncio.sleep(0.05)
     await reconciler.reconcile(job_id)  # decides
 
-
-async def test_the_ending_frame_ends_the_job_before_the_kubelet_reports_it(world: Any) -> None:
+async def running_job_42(world: Any, *frames: str) -> tuple[asyncio.Queue[dict[str, Any]], dict[str, Any]]:
+    """Job 42's one pod on kube1, running, its log these frames: (the waiter's queue, the pod)."""
     reconciler, kube, cache = world
     queue = start(reconciler, 42)
     await reconciler.reconcile(42)
     (manifest,) = kube.created
     cache.apply("MODIFIED", _pod(manifest, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.100000000Z", o_frame(b"out\n")),
-                                     ("2026-12-05T10:00:01.200000000Z", x_frame("exited 3 oom 0 stop 0"))]}
+    kube.log_lines = {"slurm-42-0": [(f"2026-12-05T10:00:01.{i + 1}Z", f) for i, f in enumerate(frames)]}
+    return queue, manifest
+
+
+
+async def test_the_ending_frame_ends_the_job_before_the_kubelet_reports_it(world: Any) -> None:
+    reconciler, _kube, _cache = world
+    queue, _manifest = await running_job_42(world, o_frame(b"out\n"), x_frame("exited 3 oom 0 stop 0"))
 
     await settle(reconciler, 42)
 
@@ -171,11 +177,7 @@ async def test_the_ending_frame_ends_the_job_before_the_kubelet_reports_it(world
 
 async def test_without_the_frame_the_job_waits_for_the_kubelet(world: Any) -> None:
     reconciler, kube, cache = world
-    queue = start(reconciler, 42)
-    await reconciler.reconcile(42)
-    (manifest,) = kube.created
-    cache.apply("MODIFIED", _pod(manifest, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", o_frame(b"out\n"))]}
+    queue, manifest = await running_job_42(world, o_frame(b"out\n"))
 
     await settle(reconciler, 42)
     # (The stand-in's stream ends at once and yields its lines again: only "out" events, no end.)
@@ -189,12 +191,8 @@ async def test_without_the_frame_the_job_waits_for_the_kubelet(world: Any) -> No
 
 
 async def test_a_signal_in_the_frame_waits_for_the_runtimes_word(world: Any) -> None:
-    reconciler, kube, cache = world
-    queue = start(reconciler, 42)
-    await reconciler.reconcile(42)
-    (manifest,) = kube.created
-    cache.apply("MODIFIED", _pod(manifest, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("signaled 9 oom 1 stop 0"))]}
+    reconciler, _kube, _cache = world
+    queue, _manifest = await running_job_42(world, x_frame("signaled 9 oom 1 stop 0"))
 
     await settle(reconciler, 42)
 
@@ -203,11 +201,7 @@ async def test_a_signal_in_the_frame_waits_for_the_runtimes_word(world: Any) -> 
 
 async def test_the_next_jobs_pod_waits_until_the_kubelet_saw_the_early_ended_one_stop(world: Any) -> None:
     reconciler, kube, cache = world
-    start(reconciler, 42)
-    await reconciler.reconcile(42)
-    (first,) = kube.created
-    cache.apply("MODIFIED", _pod(first, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0 stop 0"))]}
+    _, first = await running_job_42(world, x_frame("exited 0 oom 0 stop 0"))
     await settle(reconciler, 42)
     assert reconciler.early_endings.holding(["kube1"]) == ["slurm-42-0"]
 
@@ -223,12 +217,8 @@ async def test_the_next_jobs_pod_waits_until_the_kubelet_saw_the_early_ended_one
 
 
 async def test_a_job_on_another_node_is_not_held(world: Any) -> None:
-    reconciler, kube, cache = world
-    start(reconciler, 42)
-    await reconciler.reconcile(42)
-    (first,) = kube.created
-    cache.apply("MODIFIED", _pod(first, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0 stop 0"))]}
+    reconciler, kube, _cache = world
+    _, _first = await running_job_42(world, x_frame("exited 0 oom 0 stop 0"))
     await settle(reconciler, 42)
 
     reconciler.jobs.record(replace(one_node(44), nodes=(NodeAllocation("kube2", cpus=1, memory_mb=64,
@@ -312,12 +302,8 @@ async def test_a_multi_node_jobs_other_pods_hold_their_nodes_until_they_stop(wor
 
 async def test_a_kubelet_that_never_reports_the_stop_holds_its_node_only_so_long(
         world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    reconciler, kube, cache = world
-    start(reconciler, 42)
-    await reconciler.reconcile(42)
-    (first,) = kube.created
-    cache.apply("MODIFIED", _pod(first, **RUNNING))
-    kube.log_lines = {"slurm-42-0": [("2026-12-05T10:00:01.1Z", x_frame("exited 0 oom 0 stop 0"))]}
+    reconciler, kube, _cache = world
+    _, _first = await running_job_42(world, x_frame("exited 0 oom 0 stop 0"))
     await settle(reconciler, 42)
     start(reconciler, 43)
     await reconciler.reconcile(43)
