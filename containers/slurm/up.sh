@@ -225,10 +225,16 @@ for entry in $SBX_USERS; do
   fi
 done
 
-# The QOS for preemption (slurm.conf's PreemptType=preempt/qos): `high` preempts `normal` (its
-# jobs are requeued). Every test user may use it.
+# The QOSes for preemption (slurm.conf's PreemptType=preempt/qos): `high` preempts `normal` (its
+# jobs are requeued) and `suspendable` (its jobs are suspended until the preemptor ends). Every
+# test user may use them.
+if ! in_ns sacctmgr -n -P show qos format=name | grep -qx suspendable; then
+  in_ns sacctmgr -i add qos suspendable preemptmode=suspend >/dev/null
+fi
 if ! in_ns sacctmgr -n -P show qos format=name | grep -qx high; then
-  in_ns sacctmgr -i add qos high priority=1000 preempt=normal >/dev/null
+  in_ns sacctmgr -i add qos high priority=1000 preempt=normal,suspendable >/dev/null
+elif ! in_ns sacctmgr -n -P show qos high format=preempt | tr ',' '\n' | grep -qx suspendable; then
+  in_ns sacctmgr -i modify qos high set preempt=normal,suspendable >/dev/null
 fi
 # A QOS with a GPU limit per user: `gpu2` lets a user hold 2 GPUs at once; more pend with reason
 # QOSMaxGRESPerUser (sbatch --qos=gpu2, or a managed namespace's pod annotated with it).
@@ -237,7 +243,7 @@ if ! in_ns sacctmgr -n -P show qos format=name | grep -qx gpu2; then
 fi
 for entry in $SBX_USERS; do
   name=${entry%%:*}
-  for qos in high gpu2; do
+  for qos in high suspendable gpu2; do
     if ! in_ns sacctmgr -n -P show assoc user="$name" format=qos | tr ',' '\n' | grep -qx "$qos"; then
       in_ns sacctmgr -i modify user "$name" set qos+="$qos" >/dev/null
     fi

@@ -4,11 +4,15 @@ and the preempted job runs again in fresh pods and ends as its second run says. 
 `native` and `k8s` (the output and every run's sacct row), and two jobs preempted by one two-node
 job at once.
 
-Suspend-mode preemption is not configured: within one partition Slurm time-slices the preemptor and
-a suspend-preempted job with the gang scheduler, which needs OverSubscribe=FORCE on the partition;
-the suspend and resume it would do are those of `scontrol suspend` (test_suspend_and_resume.py)."""
+Suspend mode: a `suspendable` job is suspended by a `high` job that runs on its node from another
+partition (`urgent` over the native nodes, `dra` over the real kubelets': within one partition Slurm
+would time-slice the two instead), and resumed once the preemptor ends. Its processes stop in its
+pods for as long as the preemptor runs, as natively, and the job ends as its script says."""
 
 from __future__ import annotations
+
+import itertools
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +121,70 @@ def test_one_job_preempts_two_bridged_jobs_at_once(bridge: Sandbox) -> None:
     k8s_runs, k8s_out = _preempt_requeued(bridge, "k8s", 2)
     assert k8s_runs == native_runs and len(k8s_runs) == 2
     assert k8s_out == native_out
+
+
+PREEMPTOR_PARTITION = {"native": "urgent", "k8s": "dra"}
+CPUS = {"native": 4, "k8s": 8}
+"""Every CPU of a node as Slurm counts it: the preemptor needs the suspended job's."""
+TICKER = BUSYBOX + "for i in $(seq 1 20); do date +%s; sleep 1; done\nexit 5\n"
+PREEMPTOR_S = 10
+SUSPENDER = BUSYBOX + f'echo "high on $SLURMD_NODENAME"\nsleep {PREEMPTOR_S}\n'
+
+
+def _ticks(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split() if line.isdigit()] if path.exists() else []
+
+
+def _preempt_suspended(sandbox: Sandbox, partition: str, nodes: int) -> list[tuple[list[int], Runs]]:
+    """`nodes` suspendable jobs, one per node holding all its CPUs, suspended by one high job on
+    those nodes from the other partition; each one's ticks and runs."""
+    ticker = write_script(sandbox, "alice", f"suspend-low-{partition}.sh", TICKER)
+    high = write_script(sandbox, "alice", f"suspend-high-{partition}.sh", SUSPENDER)
+    targets = NODES[partition][:nodes]
+    lows = []
+    for node in targets:
+        out = sandbox.home("alice") / f"suspend-low-{partition}-{node}.out"
+        out.unlink(missing_ok=True)
+        job_id = sandbox.sbatch("-p", partition, "--qos=suspendable", "-w", node, "-c", str(CPUS[partition]),
+                                "-o", str(out), str(ticker))
+        lows.append((job_id, out))
+    for job_id, out in lows:
+        wait_until(f"{partition} job {job_id} ticking", lambda out=out: len(_ticks(out)) >= 3, timeout=120)
+    high_id = sandbox.sbatch("-p", PREEMPTOR_PARTITION[partition], "--qos=high", "-N", str(nodes),
+                             "-w", ",".join(targets), "-c", str(CPUS[partition]), "-o", "/dev/null",
+                             str(high))
+    for job_id, _ in lows:
+        wait_until(f"{partition} job {job_id} suspended by {high_id}",
+                   lambda job_id=job_id: _state(sandbox, job_id) == "SUSPENDED", timeout=60)
+    high_runs = wait_until(f"{partition} high job {high_id}", lambda: _runs(sandbox, high_id), timeout=180)
+    assert high_runs == [("COMPLETED", "0:0")], f"{high_runs}\n{job_trail(high_id)}"
+    results = []
+    for job_id, out in lows:
+        runs = wait_until(f"{partition} suspended job {job_id} to end",
+                          lambda job_id=job_id: _runs(sandbox, job_id), timeout=240)
+        results.append((_ticks(out), runs))
+        if partition != "native":
+            wait_until(f"job {job_id}'s pods gone", lambda job_id=job_id: not job_pods(sandbox, job_id),
+                       timeout=60)
+    return results
+
+
+def _largest_gap(ticks: list[int]) -> int:
+    return max((b - a for a, b in itertools.pairwise(ticks)), default=0)
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one job", "two jobs at once"])
+def test_a_suspend_preempted_job_pauses_while_the_preemptor_runs_and_resumes_as_natively(
+    bridge: Sandbox, nodes: int
+) -> None:
+    native = _preempt_suspended(bridge, "native", nodes)
+    k8s = _preempt_suspended(bridge, "k8s", nodes)
+    for partition, results in (("native", native), ("k8s", k8s)):
+        for ticks, runs in results:
+            # Every tick printed, one run ending with the script's own code, and a pause about as
+            # long as the preemptor ran (its pod's start included on the bridged side).
+            assert len(ticks) == 20, (partition, ticks)
+            assert runs == [("FAILED", "5:0")], (partition, runs)
+            assert _largest_gap(ticks) >= PREEMPTOR_S - 2, (partition, ticks)
+    print(f"\nlargest gaps while preempted ({PREEMPTOR_S} s preemptor): "
+          f"native {[_largest_gap(t) for t, _ in native]}, k8s {[_largest_gap(t) for t, _ in k8s]}")

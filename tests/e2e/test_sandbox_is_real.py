@@ -43,7 +43,8 @@ def test_every_partition_node_has_four_fake_gpus(sandbox: Sandbox) -> None:
     out = sandbox.slurm("sinfo", "-h", "-N", "-o", "%N %P %G").stdout
     rows = [line.split() for line in out.splitlines()]
 
-    assert {partition.rstrip("*") for _, partition, _ in rows} == {"native", "k8s", "sim", "dra", "simdra"}
+    partitions = {partition.rstrip("*") for _, partition, _ in rows}
+    assert partitions == {"native", "urgent", "k8s", "sim", "dra", "simdra"}
     assert {gres for _, _, gres in rows} == {"gpu:4"}
 
 

@@ -1,21 +1,28 @@
 """scontrol suspend / resume (issue 21): natively slurmstepd stops every process of the job and
 continues it; a bridged job's processes are in its pods, and stop and continue there too. A job
 that prints the time every second shows the suspension as a gap in both partitions; several
-bridged jobs suspended at once all stop; a resume after a daemon restart still continues them."""
+bridged jobs suspended at once all stop; a resume after a daemon restart (or kill -9) still continues
+them; a job suspended while its pod is still starting stops once it has started, and stays stopped
+until it is resumed."""
 
 from __future__ import annotations
 
 import functools
 import itertools
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.sandbox import BRIDGE_UP, Sandbox, wait_until, write_script
+import pytest
+
+from tests.e2e.sandbox import BRIDGE_UP, Sandbox, job_pods, job_trail, wait_until, write_script
 
 TICKER = "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\nfor i in $(seq 1 25); do date +%s; sleep 1; done\n"
 SUSPENDED_S = 12
+SANDBOX_STATE = Path("/var/lib/slurm-k8s-sandbox")
 
 
 def _ticks(path: Path) -> list[int]:
@@ -72,14 +79,63 @@ def test_a_suspended_job_stops_in_its_pod_as_natively(bridge: Sandbox) -> None:
     print(f"\nlargest gap while suspended {SUSPENDED_S}s: {gaps}")
 
 
-def test_several_bridged_jobs_suspended_at_once_and_resumed_across_a_daemon_restart(bridge: Sandbox) -> None:
+@pytest.mark.parametrize("stop", ["restart", "kill -9"])
+def test_several_bridged_jobs_suspended_at_once_and_resumed_across_a_daemon_restart(
+    bridge: Sandbox, stop: str
+) -> None:
     jobs = [_submit(bridge, "k8s", f"ticker-many-{n}") for n in range(3)]
 
     def restart_the_daemon() -> None:
-        subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True, capture_output=True)
+        if stop == "kill -9":
+            os.kill(int((SANDBOX_STATE / "run" / "bridge.pid").read_text()), signal.SIGKILL)
+        else:
+            subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True, capture_output=True)
         subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True)
 
     _suspend_round(bridge, jobs, between=restart_the_daemon)
     for job_id, out in jobs:
         ticks = _ticks(out)
         assert len(ticks) == 25 and _largest_gap(ticks) >= SUSPENDED_S - 2, (job_id, ticks)
+
+
+def _running(bridge: Sandbox, job_id: int) -> bool:
+    state = bridge.slurm("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).stdout.strip()
+    return state == "RUNNING"
+
+
+def _started(bridge: Sandbox, job_id: int) -> bool:
+    pods = job_pods(bridge, job_id)
+    return bool(pods) and all(
+        "running" in (status.get("state") or {})
+        for pod in pods for status in pod.get("status", {}).get("containerStatuses") or [{}]
+    )
+
+
+@pytest.mark.parametrize("partition", ["native", "k8s"])
+def test_jobs_suspended_before_their_pods_start_stop_once_they_have(bridge: Sandbox, partition: str) -> None:
+    jobs = [_submit(bridge, partition, f"ticker-early-{partition}-{n}") for n in range(3)]
+    ids = ",".join(str(job_id) for job_id, _ in jobs)
+    for job_id, _ in jobs:
+        wait_until(f"job {job_id} running", functools.partial(_running, bridge, job_id), timeout=120,
+                   interval=0.05)
+    bridge.slurm("scontrol", "suspend", ids)
+    started = time.time()
+    if partition == "k8s":
+        for job_id, _ in jobs:
+            wait_until(f"job {job_id}'s pod started", functools.partial(_started, bridge, job_id),
+                       timeout=120)
+        started = time.time()
+    time.sleep(SUSPENDED_S)
+    resumed = time.time()
+    bridge.slurm("scontrol", "resume", ids)
+    for job_id, out in jobs:
+        wait_until(f"job {job_id} ended", functools.partial(_ended, bridge, job_id), timeout=120)
+        state = bridge.slurm("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,ExitCode").stdout
+        assert state.strip() == "COMPLETED|0:0", (partition, job_id, state)
+        ticks = _ticks(out)
+        assert len(ticks) == 25, (partition, job_id, ticks)
+        # The stop reaches a pod once its container runs (the reconciler's next pass): from a few
+        # seconds after that until the resume, nothing ran. The output's own clock says so (the
+        # waiter, suspended on the slurmd host, writes the lines only after the resume).
+        while_suspended = [tick for tick in ticks if started + 3 <= tick < resumed - 1]
+        assert while_suspended == [], (partition, job_id, started, resumed, ticks, job_trail(job_id))
