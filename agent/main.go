@@ -9,9 +9,17 @@
 // says how the script ended, "x <base64>" (ending.go), so that the daemon need not wait for the
 // kubelet to notice.
 //
-// It is static and needs nothing in the image: an init container copies it into an emptyDir.
+// It is static and needs nothing in the image. It reaches the pod in one of two ways: an init
+// container copies it into an emptyDir, or the node has it in a directory mounted read-only into
+// the pod ([pods] agent_host_dir), and the container's command copies it into the emptyDir and
+// goes on from the copy (install DEST -- VERB ...): its state (pid files, step sockets, the
+// script) lives beside the running binary, which must be in the pod's own writable volume.
 //
-//	slurm-k8s-bridge-agent install DEST          copy this binary to DEST (mode 0755)
+//	slurm-k8s-bridge-agent install DEST [-- VERB ARGS...]
+//	    copy this binary to DEST (mode 0755), with the srun and Slurm command links beside it in
+//	    bin/; with a VERB, then become the copy running it
+//	slurm-k8s-bridge-agent install-on-node ROOT [hold]
+//	    put this binary in ROOT/VERSION/ and point ROOT/current at it (node_install.go)
 //	slurm-k8s-bridge-agent run PIDFILE MODE -- ARGV
 //	    run ARGV, framing its output, and exit as it does. MODE "split": stdout and stderr on
 //	    their own pipes (the job has -e elsewhere than -o); "merged": one pipe for both, so the
@@ -110,16 +118,26 @@ func main() {
 		return
 	}
 	if len(os.Args) < 2 {
-		fail("usage: slurm-k8s-bridge-agent install DEST | run PIDFILE MODE -- ARGV... | " +
+		fail("usage: slurm-k8s-bridge-agent install DEST [-- VERB ARGS...] | install-on-node ROOT [hold] | " +
+			"run PIDFILE MODE -- ARGV... | " +
 			"signal PIDFILE SIG [group] | signal-all SIG | wait | receive-script DEST SIZE | step-output KEY | " +
 			"step-done KEY CODE | task PIDFILE ENV -- ARGV...")
 	}
 	switch os.Args[1] {
 	case "install":
-		if len(os.Args) != 3 {
-			fail("usage: slurm-k8s-bridge-agent install DEST")
+		if len(os.Args) == 3 {
+			install(os.Args[2])
+			return
+		}
+		if len(os.Args) < 5 || os.Args[3] != "--" {
+			fail("usage: slurm-k8s-bridge-agent install DEST [-- VERB ARGS...]")
 		}
 		install(os.Args[2])
+		// The copy's directory is the agent's state directory from here on (see mustExecutable).
+		argv := append([]string{os.Args[2]}, os.Args[4:]...)
+		if err := syscall.Exec(os.Args[2], argv, os.Environ()); err != nil {
+			fail("cannot run the installed agent: " + err.Error())
+		}
 	case "run":
 		if len(os.Args) < 6 || os.Args[4] != "--" || (os.Args[3] != "split" && os.Args[3] != "merged") {
 			fail("usage: slurm-k8s-bridge-agent run PIDFILE split|merged -- ARGV...")
@@ -127,6 +145,11 @@ func main() {
 		os.Exit(run(os.Args[2], os.Args[3] == "merged", os.Args[5:]))
 	case "wait":
 		hold()
+	case "install-on-node":
+		if len(os.Args) != 3 && !(len(os.Args) == 4 && os.Args[3] == "hold") {
+			fail("usage: slurm-k8s-bridge-agent install-on-node ROOT [hold]")
+		}
+		installOnNode(os.Args[2], len(os.Args) == 4)
 	case "receive-script":
 		if len(os.Args) != 4 {
 			fail("usage: slurm-k8s-bridge-agent receive-script DEST SIZE")

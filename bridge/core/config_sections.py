@@ -167,12 +167,30 @@ class PodsConfig:
         "arrive merged, line by line."))
     agent_pull_policy: PullPolicy = Field(
         default="IfNotPresent", description="imagePullPolicy of the agent's image.")
+    agent_host_dir: NonEmpty | None = Field(default=None, description=(
+        "Directory on every Kubernetes node that holds the agent_image's agent (slurm-k8s-bridge-agent), "
+        "installed there by the Helm chart's agent DaemonSet (agent.onNodes) or by the site. Set: a job pod "
+        "has no init container; it mounts this directory read-only (hostPath type Directory: a node without "
+        "it fails the pod with the kubelet's reason) and its command copies the agent into the pod's own "
+        "volume and runs it from there, which saves the init container's start (~0.9 s a pod on the "
+        "sandbox's kubelets). A symlink (such as the chart's `current`) is resolved when the pod starts: "
+        "a pod keeps the version it started with, so a version still in use must not be deleted. Needs "
+        "agent_image (the version the daemon expects, and what the chart installs)."))
     usage_interval_s: StrictInt = Field(default=wellknown.DEFAULT_USAGE_INTERVAL_S, ge=1, description=(
         "Seconds between the samples of a batch script's usage (CPU, memory, I/O of its processes) that "
         "the agent sends for `sstat` while the job runs; a resident set that grew by a tenth is sent at "
         "once, and the last sample at its end. Match slurm.conf's JobAcctGatherFrequency (task=, 30 by "
         "default). Each sample is a log line the daemon relays: 10,000 running jobs at 30 s are ~330 a "
         "second."))
+
+    @model_validator(mode="after")
+    def _agent_from_the_node_is_the_images(self) -> Self:
+        if self.agent_host_dir is not None:
+            if not self.agent_host_dir.startswith("/"):
+                raise KeyProblem("agent_host_dir", f"{self.agent_host_dir!r} is not an absolute path")
+            if self.agent_image is None:
+                raise KeyProblem("agent_host_dir", "needs agent_image (the nodes hold that image's agent)")
+        return self
 
 
 @dataclass(frozen=True, config=MODEL_CONFIG)
@@ -257,7 +275,8 @@ class VolumeConfig:
     @field_validator("mount_path")
     @classmethod
     def _mount_is_not_the_bridges(cls, path: str) -> str:
-        if path.rstrip("/") in (wellknown.SCRIPT_DIR, "/dev/shm", ""):
+        bridges = (wellknown.SCRIPT_DIR, "/dev/shm", wellknown.AGENT_DIR, wellknown.AGENT_NODE_DIR, "")
+        if path.rstrip("/") in bridges:
             raise ValueError(f"{path!r} is used by the bridge itself (or is /)")
         return path
 

@@ -317,6 +317,15 @@ def _pod(
         # nodes' pods hold their share of the allocation (all of them, for salloc's or srun's).
         command = ([agent_path, "run", wellknown.AGENT_PIDFILE, mode, "--", *command]
                    if index == 0 and not payload.allocation else [agent_path, "wait"])
+        if cfg.pods.agent_host_dir:
+            # The node's agent copies itself into the pod's volume and goes on from there: no init
+            # container to start first.
+            volumes.append({"name": wellknown.AGENT_NODE_VOLUME,
+                            "hostPath": {"path": cfg.pods.agent_host_dir, "type": "Directory"}})
+            mounts.append({"name": wellknown.AGENT_NODE_VOLUME, "mountPath": wellknown.AGENT_NODE_DIR,
+                           "readOnly": True})
+            command = [f"{wellknown.AGENT_NODE_DIR}/{wellknown.AGENT_BINARY}", "install", agent_path, "--",
+                       *command[1:]]
     if part.simulated:
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_NONE
     container: dict[str, Any] = {
@@ -340,7 +349,7 @@ def _pod(
         "terminationMessagePolicy": "File" if agent else "FallbackToLogsOnError",
     }
     init_containers = []
-    if agent:
+    if agent and not cfg.pods.agent_host_dir:
         # Copies the static agent into the pod: the job's image needs nothing of the bridge. Same
         # user, same resources as the job (the pod's QoS class stays what the job's gives).
         init_containers.append({

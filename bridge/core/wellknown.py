@@ -83,10 +83,17 @@ SHM_VOLUME: Final = "slurm-k8s-bridge-shm"
 """Name of the memory-backed emptyDir mounted at /dev/shm when the job asks for shm_size."""
 
 AGENT_VOLUME: Final = "slurm-k8s-bridge-agent"
-"""Name of the emptyDir the init container copies the in-pod agent into."""
+"""Name of the emptyDir the in-pod agent is copied into (by the init container, or from the node)."""
 
 AGENT_DIR: Final = "/slurm-k8s-bridge-bin"
 """Mount point of AGENT_VOLUME in the job container (the agent, and the script's pid file)."""
+
+AGENT_NODE_VOLUME: Final = "slurm-k8s-bridge-agent-node"
+"""Name of the hostPath volume of [pods] agent_host_dir: the node's copy of the agent."""
+
+AGENT_NODE_DIR: Final = "/slurm-k8s-bridge-node"
+"""Mount point of AGENT_NODE_VOLUME (read-only): the container's command copies the agent from there
+into AGENT_DIR and runs it from the copy."""
 
 AGENT_BINARY: Final = "slurm-k8s-bridge-agent"
 """File name of the agent, at the root of its image and in AGENT_DIR."""
@@ -129,7 +136,7 @@ OUTPUT_FRAMED: Final = "framed"
 OUTPUT_NONE: Final = "none"
 """On pods of a simulated partition: there is no output to read."""
 
-RESERVED_VOLUMES: Final = frozenset({SCRIPT_VOLUME, SHM_VOLUME, AGENT_VOLUME})
+RESERVED_VOLUMES: Final = frozenset({SCRIPT_VOLUME, SHM_VOLUME, AGENT_VOLUME, AGENT_NODE_VOLUME})
 """Volume names the bridge adds itself."""
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"

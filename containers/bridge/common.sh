@@ -51,12 +51,21 @@ ensure_step_key() {
 SCRATCH_DIR="$SBX_STATE/scratch"
 ensure_scratch() { mkdir -p "$SCRATCH_DIR" && chmod 1777 "$SCRATCH_DIR"; }
 
+# How job pods get the in-pod agent: "node" (mounted from the real nodes, where
+# containers/images/agent.sh installs it: no init container) or "init" (an init container copies
+# it from its image; an e2e test runs the bridge so too).
+: "${SBX_AGENT_FROM:=node}"
+
 # partitions_config: the [partitions.*] tables, the same in both modes.
 partitions_config() {
+  local agent_host_dir="agent_host_dir = \"$SBX_STATE/agent-node/current\""
+  [ "$SBX_AGENT_FROM" = node ] || agent_host_dir="# agent_host_dir unset: an init container copies the agent"
   cat <<TOML
 [pods]
 # The in-pod agent, built from agent/ by containers/images/agent.sh at sandbox-up.
 agent_image = "sandbox.local/slurm-k8s-bridge-agent:1"
+# ... and installed on the real nodes by the same script.
+$agent_host_dir
 # As slurm.conf's JobAcctGatherFrequency=task=5: sstat sees a bridged job's use as often as a native one's.
 usage_interval_s = 5
 

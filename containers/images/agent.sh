@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build the bridge's in-pod agent (agent/: Go, standard library only) as a static binary, in a
-# one-file image sandbox.local/slurm-k8s-bridge-agent:1 (an init container of every job pod copies
-# it into the pod), cached by the hash of its sources; import it into the given containerd
-# sockets where their copy differs. The machine image ships Go in /usr/local/go.
+# one-file image sandbox.local/slurm-k8s-bridge-agent:1, cached by the hash of its sources; import
+# it into the given containerd sockets where their copy differs; and install it on the real nodes
+# (they share this host) in $SBX_STATE/agent-node, as the Helm chart's DaemonSet does on a site's
+# nodes: the sandbox's job pods mount it from there ([pods] agent_host_dir), with no init
+# container. The machine image ships Go in /usr/local/go.
 # Usage: containers/images/agent.sh [CONTAINERD_SOCKET...]
 set -euo pipefail
 IMAGES_SRC="$(cd "$(dirname "$0")" && pwd)"
@@ -21,6 +23,7 @@ if ! [ -s "$dir/agent.digest" ]; then
   (cd "$SBX_REPO/agent" && go build -trimpath -ldflags "-s -w" -o "$tmp/root/slurm-k8s-bridge-agent" .)
   python3 "$IMAGES_SRC/mkimage.py" --rootfs "$tmp/root" --name "$REF" \
     --entrypoint '["/slurm-k8s-bridge-agent"]' --out "$dir/agent.tar" >"$dir/agent.digest.new"
+  cp "$tmp/root/slurm-k8s-bridge-agent" "$dir/slurm-k8s-bridge-agent"
   mv "$dir/agent.digest.new" "$dir/agent.digest"
   rm -rf "$tmp"
   say "built the in-pod agent image $REF"
@@ -31,3 +34,4 @@ for sock in "$@"; do
     ctr -n k8s.io --address "$sock" images import "$dir/agent.tar" >/dev/null || die "import of $REF into $sock failed"
   fi
 done
+"$dir/slurm-k8s-bridge-agent" install-on-node "$SBX_STATE/agent-node" 2>/dev/null
