@@ -161,10 +161,10 @@ class PodsConfig:
         "(Kubernetes' default), or \"\" to leave the field unset."))
     agent_image: NonEmpty | None = Field(default=None, description=(
         "Image holding the in-pod agent (/slurm-k8s-bridge-agent, built from agent/). An init container "
-        "copies it into each job pod, where it runs the script: stdout and stderr then reach the job's -o "
-        "and -e files apart and byte for byte, and signals from `scancel -s` and `--signal` reach the "
-        "script (needs RBAC create on pods/exec). Unset: the script runs directly and its two streams "
-        "arrive merged, line by line."))
+        "copies it into each job pod (or the nodes hold it: agent_host_dir), where it runs the script: "
+        "stdout and stderr then reach the job's -o and -e files apart and byte for byte, and signals from "
+        "`scancel -s` and `--signal` reach the script (needs RBAC create on pods/exec). Unset: the script "
+        "runs directly and its two streams arrive merged, line by line."))
     agent_pull_policy: PullPolicy = Field(
         default="IfNotPresent", description="imagePullPolicy of the agent's image.")
     agent_host_dir: NonEmpty | None = Field(default=None, description=(

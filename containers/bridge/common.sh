@@ -51,14 +51,15 @@ ensure_step_key() {
 SCRATCH_DIR="$SBX_STATE/scratch"
 ensure_scratch() { mkdir -p "$SCRATCH_DIR" && chmod 1777 "$SCRATCH_DIR"; }
 
-# How job pods get the in-pod agent: "node" (mounted from the real nodes, where
-# containers/images/agent.sh installs it: no init container) or "init" (an init container copies
-# it from its image; an e2e test runs the bridge so too).
+# How job pods get the in-pod agent: "node" (mounted from SBX_AGENT_HOST_DIR on the real nodes,
+# where containers/images/agent.sh installs it: no init container) or "init" (an init container
+# copies it from its image). e2e tests run the bridge both ways, and with a directory no node has.
 : "${SBX_AGENT_FROM:=node}"
+: "${SBX_AGENT_HOST_DIR:=$SBX_STATE/agent-node/current}"
 
 # partitions_config: the [partitions.*] tables, the same in both modes.
 partitions_config() {
-  local agent_host_dir="agent_host_dir = \"$SBX_STATE/agent-node/current\""
+  local agent_host_dir="agent_host_dir = \"$SBX_AGENT_HOST_DIR\""
   [ "$SBX_AGENT_FROM" = node ] || agent_host_dir="# agent_host_dir unset: an init container copies the agent"
   cat <<TOML
 [pods]
