@@ -83,7 +83,9 @@ previous_conf=$(cat "$SLURM_ETC/slurm.conf" 2>/dev/null || true)
   bridged slurm.conf.bridged k8s "$(real_hostlist)" "$(ports_of $SBX_REAL_NODES)" 8 8192 k8s
   # dra = the same real nodes, whose pods get their GPUs by DRA claims (gpu_mode = "dra"): the
   # sandbox's DRA driver publishes the gres.conf's GPUs there, index N = Slurm's index N.
-  echo "PartitionName=dra Nodes=$(real_hostlist) MaxTime=INFINITE State=UP"
+  # PriorityTier=2, as urgent's: a `high` job here suspends a `suspendable` one of k8s on the same
+  # nodes (the gang scheduler suspends only under a higher tier's jobs).
+  echo "PartitionName=dra Nodes=$(real_hostlist) MaxTime=INFINITE State=UP PriorityTier=2"
   # simdra = the kwok nodes with GPUs by DRA claims, for make bench-scale's count of the claims'
   # API writes (containers/kube/up.sh publishes their mock devices as ResourceSlices).
   echo "PartitionName=simdra Nodes=$(sim_hostlist) MaxTime=INFINITE State=UP"

@@ -4,9 +4,9 @@ and the preempted job runs again in fresh pods and ends as its second run says. 
 `native` and `k8s` (the output and every run's sacct row), and two jobs preempted by one two-node
 job at once.
 
-Suspend mode: a `suspendable` job is suspended by a `high` job that runs on its node from another
-partition (`urgent` over the native nodes, `dra` over the real kubelets': within one partition Slurm
-would time-slice the two instead), and resumed once the preemptor ends. Its processes stop in its
+Suspend mode: a `suspendable` job is suspended by a `high` job that runs on its node from a
+partition of a higher PriorityTier (`urgent` over the native nodes, `dra` over the real kubelets':
+Slurm's gang scheduler suspends only under a higher tier), and resumed once the preemptor ends. Its processes stop in its
 pods for as long as the preemptor runs, as natively, and the job ends as its script says."""
 
 from __future__ import annotations
