@@ -44,11 +44,16 @@ job_namespace=$(sed -n 's/^namespace = "\(.*\)"$/\1/p' <<<"$settings")
 grep -v '^cluster = \|^namespace = ' <<<"$settings" >"$deploy_dir/top-level.toml"
 # No [workloads] here: the Deployment has no step key file, which signs the gangs' job comments
 # (the chart's admission policies still hold the managed namespaces' pods: they wait).
+# The agent on the nodes comes from the chart's DaemonSet here (agentOnNodes), into a directory of
+# its own: the daemon's pods mount what the chart installed, as a site's do.
+AGENT_CHART_DIR="$SBX_STATE/agent-node-chart"
+if [ "$SBX_AGENT_FROM" = node ]; then SBX_AGENT_HOST_DIR="$AGENT_CHART_DIR/current"; fi
 partitions_config >"$deploy_dir/tables.toml"
 # JSON is YAML: a values file with every string quoted right, whatever it holds.
 (umask 077 && IMAGE=$image JOB_NAMESPACE=$job_namespace CLUSTER=$cluster BACKEND=$SBX_BRIDGE_BACKEND \
   SLURMRESTD_URL="http://$SBX_CONTROL_IP:$SBX_SLURMRESTD_PORT" SLURM_UID=$slurm_uid \
   MUNGE_KEY="$SBX_STATE/munge/munge.key" WAITER_COMMAND=$WAITER_COMMAND DEPLOYED_AT=$(date +%s) \
+  AGENT_FROM=$SBX_AGENT_FROM AGENT_CHART_DIR=$AGENT_CHART_DIR \
   python3 -I - "$deploy_dir" >"$deploy_dir/values.json.new" <<'PY'
 import base64, json, os, pathlib, sys
 d, env = pathlib.Path(sys.argv[1]), os.environ
@@ -78,6 +83,13 @@ print(json.dumps({
     },
     # A re-deploy rolls the replicas, as a new image under the same tag needs.
     "podAnnotations": {"slurm-k8s-bridge.sandbox/deployed-at": env["DEPLOYED_AT"]},
+    # The agent on the real nodes (kwok nodes run no containers), from the agent's image.
+    "agentOnNodes": {
+        "enabled": env["AGENT_FROM"] == "node",
+        "image": "sandbox.local/slurm-k8s-bridge-agent:1",
+        "hostDir": env["AGENT_CHART_DIR"],
+        "nodeSelector": {"type": "real"},
+    },
 }, indent=1))
 PY
 ) && mv "$deploy_dir/values.json.new" "$deploy_dir/values.json"

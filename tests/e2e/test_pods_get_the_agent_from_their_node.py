@@ -1,16 +1,16 @@
 """Issue 22, a pod that starts once: the sandbox's job pods mount the agent that
 containers/images/agent.sh installed on the real nodes ([pods] agent_host_dir) and have no init
-container. Jobs at once run as natively either way (the init container's way too, which stays
-supported); a script cannot change the node's agent; a node without it fails the job with the
-kubelet's reason, in the job's output."""
+container. Jobs at once run as natively (and with the init container, which stays supported:
+test_pods_get_the_agent_from_an_init_container.py); a script cannot change the node's agent; a node
+without it fails the job with the kubelet's reason, in the job's output."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +30,8 @@ HOSTILE = BUSYBOX + (
     "(echo planted > slurm-k8s-bridge-agent) 2>/dev/null && echo WROTE-THE-NODES-AGENT\n"
     "(cp /bin/sh ./sh) 2>/dev/null && echo ADDED-TO-THE-NODES-DIRECTORY\n"
     # Its own copy is its own pod's business (as with the init container): it may break only itself.
-    "echo replaced > /slurm-k8s-bridge-bin/slurm-k8s-bridge-agent && echo own-copy-replaced\n"
+    "(mv /slurm-k8s-bridge-bin/slurm-k8s-bridge-agent /slurm-k8s-bridge-bin/moved) 2>/dev/null"
+    " && echo own-copy-moved\n"
     "echo done\n"
 )
 
@@ -38,18 +39,6 @@ HOSTILE = BUSYBOX + (
 def _restart_bridge(**env: str) -> None:
     subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True, capture_output=True)
     subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True, env={**os.environ, **env})
-
-
-@pytest.fixture(scope="module", params=["node", "init"])
-def agent_from(request: pytest.FixtureRequest, bridge: Sandbox) -> Iterator[str]:
-    """The bridge as the sandbox runs it (the agent from the node), then with the init container."""
-    if request.param == "init":
-        _restart_bridge(SBX_AGENT_FROM="init")
-    try:
-        yield str(request.param)
-    finally:
-        if request.param == "init":
-            _restart_bridge()
 
 
 def _run_four(bridge: Sandbox, partition: str) -> dict[int, tuple[str, str, str, str]]:
@@ -69,28 +58,34 @@ def _run_four(bridge: Sandbox, partition: str) -> dict[int, tuple[str, str, str,
     return results
 
 
-def test_jobs_at_once_run_as_natively_whichever_way_the_agent_came(bridge: Sandbox, agent_from: str) -> None:
+def run_four_as_natively(bridge: Sandbox) -> None:
     native = _run_four(bridge, "native")
     bridged = _run_four(bridge, "k8s")
     assert bridged == native
     assert native[3] == ("FAILED", "3:0", "out 3\nstep 0 of 1\n", "err 3\n")
 
 
-def test_the_pod_has_an_init_container_only_without_the_nodes_agent(bridge: Sandbox, agent_from: str) -> None:
+def a_pods_spec(bridge: Sandbox) -> dict[str, Any]:
+    """The spec of a running job's pod."""
     script = write_script(bridge, "alice", "agent-from-pod.sh", BUSYBOX + "sleep 30\n")
     job_id = bridge.sbatch("-p", "k8s", "-o", "/dev/null", str(script))
     try:
         (pod,) = wait_until(f"job {job_id}'s pod", lambda: job_pods(bridge, job_id) or None, timeout=60)
-        volumes = {volume["name"]: volume for volume in pod["spec"]["volumes"]}
-        if agent_from == "node":
-            assert "initContainers" not in pod["spec"]
-            assert volumes["slurm-k8s-bridge-agent-node"]["hostPath"] == {
-                "path": str(NODE_AGENT.parent), "type": "Directory"}
-        else:
-            assert [c["name"] for c in pod["spec"]["initContainers"]] == ["slurm-k8s-bridge-agent"]
-            assert "slurm-k8s-bridge-agent-node" not in volumes
+        return dict(pod["spec"])
     finally:
         bridge.slurm("scancel", str(job_id))
+
+
+def test_jobs_at_once_run_as_natively_with_the_nodes_agent(bridge: Sandbox) -> None:
+    run_four_as_natively(bridge)
+
+
+def test_the_pod_has_no_init_container_and_mounts_the_nodes_agent(bridge: Sandbox) -> None:
+    spec = a_pods_spec(bridge)
+    assert "initContainers" not in spec
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    assert volumes["slurm-k8s-bridge-agent-node"]["hostPath"] == {"path": str(NODE_AGENT.parent),
+                                                                  "type": "Directory"}
 
 
 def test_a_script_cannot_change_the_nodes_agent(bridge: Sandbox) -> None:
@@ -102,7 +97,7 @@ def test_a_script_cannot_change_the_nodes_agent(bridge: Sandbox) -> None:
         row = bridge.wait_job_final(job_id, timeout=120)
         out = (bridge.home("alice") / f"agent-hostile-{node}-{job_id}.out").read_text()
         assert row["State"] == "COMPLETED", (row, out, job_trail(job_id))
-        assert out == "own-copy-replaced\ndone\n", out
+        assert out == "own-copy-moved\ndone\n", out
     assert hashlib.sha256(NODE_AGENT.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in NODE_AGENT.parent.iterdir()) == ["slurm-k8s-bridge-agent"]
 

@@ -6,8 +6,9 @@ job at once.
 
 Suspend mode: a `suspendable` job is suspended by a `high` job that runs on its node from a
 partition of a higher PriorityTier (`urgent` over the native nodes, `dra` over the real kubelets':
-Slurm's gang scheduler suspends only under a higher tier), and resumed once the preemptor ends. Its processes stop in its
-pods for as long as the preemptor runs, as natively, and the job ends as its script says."""
+Slurm's gang scheduler suspends only under a higher tier), and resumed once the preemptor ends. Its
+processes stop in its pods for as long as the preemptor runs, as natively, and the job ends as its
+script says."""
 
 from __future__ import annotations
 
