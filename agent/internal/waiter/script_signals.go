@@ -24,7 +24,7 @@ type scriptSignals struct {
 	// the daemon keeps a signal pending once.
 	undelivered map[syscall.Signal]int64
 	seq         int64
-	sending     bool
+	sendMu      sync.Mutex
 }
 
 func newScriptSignals(post postAction) *scriptSignals {
@@ -54,23 +54,13 @@ func (s *scriptSignals) forward(sig syscall.Signal) {
 }
 
 // send sends the kept signals oldest first, stopping at the first the daemon cannot take now
-// (not attached yet: 409; an outage): the next attach or event tries again.
+// (not attached yet: 409; an outage): the next attach or event tries again. One send at a time:
+// a second waits for the first (in Python the handler ran in the main thread, which read no
+// event meanwhile), then sends what is still kept.
 func (s *scriptSignals) send() {
-	s.mu.Lock()
-	if s.sending {
-		s.mu.Unlock()
-		return
-	}
-	s.sending = true
-	s.mu.Unlock()
-	takenAll := s.sendKept()
-	s.mu.Lock()
-	s.sending = false
-	again := takenAll && len(s.unsent) > 0
-	s.mu.Unlock()
-	if again {
-		s.send() // one came between the last send and the flag's reset
-	}
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	s.sendKept()
 }
 
 func (s *scriptSignals) oldest() (int64, syscall.Signal, bool) {
