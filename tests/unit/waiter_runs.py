@@ -216,15 +216,18 @@ def batch_script(directory: Path, user_script: bytes) -> Path:
 def run_waiter(
     command: list[str], daemon: FakeDaemon, *, args: list[str], env: dict[str, str], cwd: Path, opt: Path,
     during: Callable[[subprocess.Popen[bytes]], None] | None = None, merged: bool = False,
+    stdin: bytes | None = None,
 ) -> Run:
-    """Run a waiter to its end against `daemon` (`during` acts on it meanwhile)."""
+    """Run a waiter to its end against `daemon` (`during` acts on it meanwhile), with `stdin`
+    as its input (none: /dev/null)."""
     proc = subprocess.Popen(namespaced(opt, [*command, "--api", f"http://127.0.0.1:{daemon.port}", *args]),
                             cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if merged else subprocess.PIPE)
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+                            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE)
     if during is not None:
         threading.Thread(target=during, args=(proc,), daemon=True).start()
     try:
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(stdin, timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
