@@ -35,8 +35,17 @@ GO_CANDIDATES = ("/usr/local/go/bin/go",)
 class Exchange:
     """One request to the fake daemon, and its answer."""
 
-    def __init__(self, conn: socket.socket, path: str, head: bytes, body: bytes) -> None:
+    def __init__(self, conn: socket.socket, path: str, head: bytes, body: bytes, rest: bytes = b"") -> None:
         self.conn, self.path, self.head, self.body = conn, path, head, body
+        self.rest = rest
+        """What came after the body's first chunk (a chunked request), unread."""
+        self.stream_key = b""
+        """The key a keyed credential carries (step-output), which signs the frames."""
+
+    def read_chunk(self) -> bytes:
+        """The next chunk of a chunked request."""
+        data, self.rest = take_chunk(self.conn, self.rest)
+        return data
 
     @property
     def json(self) -> dict[str, object]:
@@ -62,6 +71,23 @@ class Exchange:
 
 
 Handler = Callable[[Exchange], None]
+
+
+def take_chunk(conn: socket.socket, buffer: bytes) -> tuple[bytes, bytes]:
+    """One chunk of a chunked body from `buffer` and `conn`; the chunk and what is left."""
+    while b"\r\n" not in buffer:
+        more = conn.recv(65536)
+        if not more:
+            raise ConnectionError("the chunked body was cut off")
+        buffer += more
+    size_line, _, buffer = buffer.partition(b"\r\n")
+    size = int(size_line, 16)
+    while len(buffer) < size + 2:
+        more = conn.recv(65536)
+        if not more:
+            raise ConnectionError("the chunked body was cut off")
+        buffer += more
+    return buffer[:size], buffer[size + 2:]
 
 
 def answering(status: int, text: str) -> Handler:
@@ -127,18 +153,23 @@ class FakeDaemon:
             path = lines[0].split()[1]
             fields = (line.partition(":") for line in lines[1:])
             headers = {name.strip().lower(): value.strip() for name, _, value in fields}
+            rest = b""
+            if "chunked" in headers.get("transfer-encoding", ""):
+                body, rest = take_chunk(conn, body)  # the first line: what the stream is for
             length = int(headers.get("content-length", "0"))
             while len(body) < length:
                 body += conn.recv(65536)
             expected = "MUNGE:" + request_digest("POST", path, JOB_ID, body)
+            credential, _, key = headers.get("x-munge-credential", "").partition(" ")
             action = path.rsplit("/", 1)[1]
             with self._lock:
                 self.requests.append((path, body))
                 index = self._attach_count
                 if action == "attach":
                     self._attach_count += 1
-            exchange = Exchange(conn, path, head, body)
-            if headers.get("x-munge-credential") != expected:
+            exchange = Exchange(conn, path, head, body, rest)
+            exchange.stream_key = bytes.fromhex(key) if rest or key else b""
+            if credential != expected:
                 exchange.answer(403, "the credential does not carry this request's digest")
             elif action == "attach":
                 self.event(f"attach-{index}").set()
