@@ -6,14 +6,11 @@ daemon does not take it), same step-done."""
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from bridge.core.waiter_protocol import sign_output_frame
 
 from .waiter_runs import (
     Exchange,
@@ -26,6 +23,7 @@ from .waiter_runs import (
     go_waiter,
     namespaces_work,
     python_waiter,
+    relayed_frames,
     run_waiter,
 )
 
@@ -57,30 +55,6 @@ def waiters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
 def step_event(argv: list[str], io: list[str]) -> dict[str, object]:
     request = base64.b64encode(json.dumps({"key": 5, "argv": argv}).encode()).decode()
     return {"type": "step", "pod": 0, "ts": "t1", "data": request, "token": "signed", "io": io}
-
-
-def relayed_frames(frames: list[tuple[int, bytes]], ended: Callable[[], object]) -> Handler:
-    """The daemon's step-output endpoint: takes the stream, checks every frame's signature."""
-    def step_output(exchange: Exchange) -> None:
-        exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-                              b"Transfer-Encoding: chunked\r\n\r\n" + _chunk(b'{"accepted": true}\n'))
-        seq = 0
-        while True:
-            frame = exchange.read_chunk()
-            fd, size = frame[0], int.from_bytes(frame[1:5], "big")
-            data, mac = frame[5:5 + size], frame[5 + size:]
-            assert hmac.compare_digest(sign_output_frame(exchange.stream_key, seq, fd, data)[-32:], mac)
-            frames.append((fd, data))
-            seq += 1
-            if fd == 0:
-                break
-        exchange.conn.sendall(_chunk(b'{"done": true}\n') + b"0\r\n\r\n")
-        ended()
-    return step_output
-
-
-def _chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
 def both(waiters: dict[str, list[str]], tmp_path: Path, scenario: Callable[[], FakeDaemon]) -> Run:

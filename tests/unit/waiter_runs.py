@@ -10,6 +10,7 @@ bridge/manager/auth.py does with unmunge's answer."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge.core.waiter_protocol import request_digest
+from bridge.core.waiter_protocol import request_digest, sign_output_frame
 from bridge.waiter import build
 
 JOB_ID = 42
@@ -211,10 +212,13 @@ def go_waiter(directory: Path) -> list[str]:
     return [str(binary)]
 
 
-def fakes(directory: Path, srun: str | None = None) -> Path:
-    """The directory bound over /opt for a run: a fake munge, and a fake srun if given."""
+def fakes(directory: Path, srun: str | None = None, slurm: dict[str, str] | None = None) -> Path:
+    """The directory bound over /opt for a run: a fake munge, and a fake srun and other Slurm
+    binaries (`slurm`: name -> script) if given."""
     opt = directory / "opt"
-    for name, text in (("munge/bin/munge", FAKE_MUNGE), ("slurm/bin/srun", srun)):
+    binaries = [("munge/bin/munge", FAKE_MUNGE), ("slurm/bin/srun", srun),
+                *((f"slurm/bin/{name}", text) for name, text in (slurm or {}).items())]
+    for name, text in binaries:
         if text is not None:
             path = opt / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -279,3 +283,28 @@ def lines_after(last: str | None, lines: list[tuple[str, str]]) -> Iterator[tupl
     """The (ts, line) pairs a daemon sends again after a reconnect: those after `last`."""
     return iter([(ts, line) for ts, line in lines if last is None or ts > last])
 
+
+
+def relayed_frames(frames: list[tuple[int, bytes]], ended: Callable[[], object]) -> Handler:
+    """The daemon's step-output endpoint: takes the stream, checks every frame's signature."""
+    def step_output(exchange: Exchange) -> None:
+        exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                              b"Transfer-Encoding: chunked\r\n\r\n" + chunk(b'{"accepted": true}\n'))
+        seq = 0
+        while True:
+            frame = exchange.read_chunk()
+            fd, size = frame[0], int.from_bytes(frame[1:5], "big")
+            data, mac = frame[5:5 + size], frame[5 + size:]
+            assert hmac.compare_digest(sign_output_frame(exchange.stream_key, seq, fd, data)[-32:], mac)
+            frames.append((fd, data))
+            seq += 1
+            if fd == 0:
+                break
+        exchange.conn.sendall(chunk(b'{"done": true}\n') + b"0\r\n\r\n")
+        ended()
+    return step_output
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one chunk of a chunked HTTP/1.1 body."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
