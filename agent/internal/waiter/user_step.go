@@ -40,11 +40,11 @@ func RunUserStep(apiURL, caFile string, argv []string, environment Object, workD
 	route := signalRoute{prefix + "/user-task-signal", Object{{"step", step}, {"procid", procid}, {"node", node}}}
 	if tty {
 		// srun --pty: slurmstepd gave this task a terminal; the task in the pod gets one too.
-		client, passOn, err := startSignalPassing(apiURL, caFile, jobID, route, early)
+		client, _, err := startSignalPassing(apiURL, caFile, jobID, route, early)
 		if err != nil {
 			return crash("ValueError: " + err.Error())
 		}
-		return runTerminalTask(client, prefix+"/user-task-tty", body, passOn)
+		return runTerminalTask(client, prefix+"/user-task-tty", body)
 	}
 	return proxyTask(apiURL, caFile, jobID, prefix+"/user-task", body, route, early)
 }
