@@ -1,0 +1,280 @@
+package waiter
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The batch waiter (bridge/waiter/attach.py): attaches to the daemon, prints the pods' output,
+// runs the script's srun steps and Slurm commands, passes signals on, and ends as the pods did.
+
+// Marker is the line job_submit.lua writes before the user's script.
+const Marker = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+
+const (
+	outageNotice  = 60.0
+	streamTimeout = 45 * time.Second // the daemon sends a heartbeat every 10 s
+)
+
+// ErrNotRewritten: the batch script has no marker.
+var ErrNotRewritten = errors.New("this batch script was not rewritten by the bridge's job_submit.lua")
+
+// UniversalNewlines is what Python's text mode reads of a file: \r\n and \r become \n.
+func UniversalNewlines(data []byte) []byte {
+	data = bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n"))
+	return bytes.ReplaceAll(data, []byte("\r"), []byte("\n"))
+}
+
+// OriginalScript is the user's script embedded after the first marker line.
+func OriginalScript(batchScript []byte) ([]byte, error) {
+	_, tail, found := bytes.Cut(batchScript, []byte(Marker+"\n"))
+	if !found {
+		return nil, ErrNotRewritten
+	}
+	return tail, nil
+}
+
+// Waiter is one job's batch waiter.
+type Waiter struct {
+	client      *Client
+	jobID       int64
+	script      string
+	environment Object
+	workDir     string
+	arguments   []string
+	lastLog     Object // the last log timestamp printed, by pod index: what survives a reconnect
+	cancelled   atomic.Bool
+	merged      bool
+	signals     *scriptSignals
+	steps       *scriptSteps
+	commands    *scriptCommands
+	usage       *UsageFile
+}
+
+// NewWaiter prepares the waiter of job jobID; ownCommand is how it was started, less its batch
+// script and that script's arguments (the task proxies' command).
+func NewWaiter(client *Client, script []byte, environment Object, workDir string, arguments, ownCommand []string) *Waiter {
+	w := &Waiter{client: client, jobID: client.JobID, script: string(script), environment: environment,
+		workDir: workDir, arguments: arguments, lastLog: Object{}, merged: OutputMerged(), usage: NewUsageFile()}
+	w.signals = newScriptSignals(w.post)
+	w.steps = newScriptSteps(client, ownCommand, w.post)
+	w.commands = newScriptCommands(client, w.steps.done)
+	return w
+}
+
+func (w *Waiter) path(action string) string {
+	return "/v1/jobs/" + strconv.FormatInt(w.jobID, 10) + "/" + action
+}
+
+func (w *Waiter) post(action string, body []byte, timeout time.Duration) error {
+	return w.client.PostClose(w.path(action), body, timeout)
+}
+
+// ForwardSignal passes a signal on to the script in the pods.
+func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
+
+// CancelRequested: the pods' deletion was asked for; every later attach says so.
+func (w *Waiter) CancelRequested() bool { return w.cancelled.Load() }
+
+// RequestCancel asks the daemon to delete the pods; the attach stream reports when they are gone.
+func (w *Waiter) RequestCancel() {
+	w.cancelled.Store(true)
+	if err := w.post("cancel", []byte("{}"), 5*time.Second); err != nil {
+		Say("could not reach the bridge to cancel: " + describe(err))
+	}
+}
+
+// describe is str() of what the Python waiter would have raised.
+func describe(err error) string {
+	var daemon *DaemonError
+	if errors.As(err, &daemon) {
+		return daemon.Error()
+	}
+	return pyError(err)
+}
+
+// Run attaches until the daemon reports the end; the exit code (or the process dies by the
+// pods' signal).
+func (w *Waiter) Run() int {
+	attempt, outageStarted, toldAt := 0, 0.0, 0.0
+	for {
+		outcome, err := w.attachOnce()
+		if status := daemonStatus(err); status >= 400 && status < 500 {
+			// Refused for good (identity mismatch, unknown job...): say why and fail the job.
+			return w.finish(Object{{"type", "exit"}, {"code", int64(1)}, {"reason", err.(*DaemonError).Text}})
+		}
+		if err != nil {
+			now := pyMonotonic()
+			if outageStarted == 0 {
+				outageStarted = now
+			}
+			// A daemon restart needs no word in the job's output; a long outage does, now and then.
+			if now-outageStarted >= outageNotice && now-toldAt >= outageNotice*10 {
+				Say(fmt.Sprintf("waiting for the bridge daemon since %.0fs (%s)", now-outageStarted, describe(err)))
+				toldAt = now
+			}
+			time.Sleep(reconnectDelay(attempt))
+			attempt++
+			continue
+		}
+		if outcome != nil {
+			return w.finish(outcome)
+		}
+		// The stream ended without an outcome: the daemon went away; reconnect.
+		attempt, outageStarted = 0, 0
+	}
+}
+
+func (w *Waiter) attachBody(signals [][2]int64) []byte {
+	pairs := make([]any, len(signals))
+	for i, pair := range signals {
+		pairs[i] = []any{pair[0], pair[1]}
+	}
+	body := Object{
+		{"script", w.script},
+		// All of it: the daemon drops what describes the slurmd host.
+		{"environment", w.environment},
+		{"work_dir", w.workDir},
+		{"uid", os.Getuid()},
+		{"gid", os.Getgid()},
+		{"output_merged", w.merged},
+	}
+	if len(w.arguments) > 0 {
+		body = append(body, Field{"arguments", w.arguments})
+	}
+	return Dumps(append(body, Field{"last_log", w.lastLog}, Field{"cancel", w.cancelled.Load()},
+		Field{"signals", pairs}))
+}
+
+// errGarbled is a line of the stream that is not an event (Python's ValueError): reconnect.
+var errGarbled = errors.New("garbled event from the bridge")
+
+func (w *Waiter) attachOnce() (Object, error) {
+	signals := w.signals.forAttach()
+	stream, err := w.client.Post(w.path("attach"), w.attachBody(signals), streamTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	w.signals.takenWithAttach(signals)
+	for {
+		raw, err := stream.Reader.ReadBytes('\n')
+		if err == io.EOF {
+			return nil, nil // cut off, mid-line or not: the daemon went away
+		}
+		if err != nil {
+			return nil, err
+		}
+		if w.signals.hasUnsent() {
+			w.signals.send() // one refused a moment ago (daemon busy or restarting)
+		}
+		value, err := Loads(raw)
+		if err != nil {
+			return nil, err
+		}
+		event, ok := value.(Object)
+		if !ok {
+			return nil, errGarbled
+		}
+		done, err := w.handle(event)
+		if err != nil || done {
+			return event, err
+		}
+	}
+}
+
+// handle acts on one event of the attach stream; true for the job's end.
+func (w *Waiter) handle(event Object) (bool, error) {
+	kind, _ := event.Get("type")
+	pod, _ := event.Get("pod")
+	ts, _ := event.Get("ts")
+	switch kind {
+	case "out":
+		fd, _ := event.Get("fd")
+		data, _ := event.Get("data")
+		text, ok := data.(string)
+		if !ok {
+			return false, errGarbled
+		}
+		decoded, err := pyA2bBase64(text)
+		if err != nil {
+			return false, err
+		}
+		if number, ok := fd.(int64); ok {
+			if err := WriteAll(int(number), decoded); err != nil {
+				return false, err
+			}
+		}
+	case "log":
+		line, ok := event.Get("line")
+		text, isText := line.(string)
+		if !ok || !isText {
+			return false, errGarbled
+		}
+		if err := WriteAll(1, []byte(text+"\n")); err != nil {
+			return false, err
+		}
+	case "step":
+		data, _ := event.Get("data")
+		token, _ := event.Get("token")
+		io, _ := event.Get("io")
+		if token == nil {
+			token = ""
+		}
+		if io == nil {
+			io = []any{}
+		}
+		w.steps.start(pyStr(data), pyStr(token), io)
+	case "command":
+		w.commands.start(event)
+	case "usage":
+		data, ok := event.Get("data")
+		if !ok {
+			data = ""
+		}
+		w.usage.RecordFrame(pyStr(data))
+	case "step-signal":
+		key, _ := event.Get("key")
+		sig, _ := event.Get("signal")
+		w.steps.signal(pyStr(key), sig)
+	case "signal-done":
+		sig, _ := event.Get("signal")
+		seq, _ := event.Get("seq")
+		w.signals.delivered(sig, seq)
+		return false, nil
+	case "message":
+		text, _ := event.Get("text")
+		Say(pyStr(text))
+		return false, nil
+	case "exit":
+		return true, nil
+	default:
+		return false, nil // a heartbeat, or a kind this waiter does not know: the connection lives
+	}
+	w.lastLog.Set(pyStr(pod), ts)
+	return false, nil
+}
+
+func (w *Waiter) finish(outcome Object) int {
+	if reason, _ := outcome.Get("reason"); truthy(reason) {
+		Say(pyStr(reason))
+	}
+	if sig, _ := outcome.Get("signal"); truthy(sig) {
+		if number, ok := pyInt(sig); ok {
+			// Die by the same signal so Slurm records it (sacct shows e.g. 0:9).
+			dieBySignal(syscall.Signal(number))
+		}
+	}
+	code := int64(0)
+	if value, ok := outcome.Get("code"); ok {
+		code, _ = pyInt(value)
+	}
+	return int(code)
+}

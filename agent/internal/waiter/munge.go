@@ -1,0 +1,60 @@
+package waiter
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The waiter's munge credentials (bridge/waiter/munge.py): munge runs by absolute path with a
+// fixed environment, never from the job's PATH, which is the user's to shape.
+
+// MungePaths are where munge is looked for, in order.
+var MungePaths = []string{"/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/bin/munge"}
+
+const mungeTimeout = 10 * time.Second
+
+// executable finds the first of paths this process may execute.
+func executable(paths []string) (string, bool) {
+	for _, path := range paths {
+		if syscall.Access(path, 1) == nil { // X_OK
+			return path, true
+		}
+	}
+	return "", false
+}
+
+// MungeCredential is a credential for this process's uid and gid carrying payload. Every
+// failure is an error the callers take as an outage and retry.
+func MungeCredential(payload string) (string, error) {
+	binary, ok := executable(MungePaths)
+	if !ok {
+		return "", fmt.Errorf("munge is not installed on this host (looked for %s)", strings.Join(MungePaths, ", "))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), mungeTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary)
+	cmd.Env = SafeEnvironment()
+	cmd.Dir = "/"
+	cmd.Stdin = strings.NewReader(payload)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := runUnblocked(cmd)
+	if ctx.Err() != nil {
+		// A host so loaded that munge takes over 10 s: an outage like any other, retried.
+		return "", errors.New("munge did not answer within 10 s")
+	}
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return "", fmt.Errorf("munge failed: %s", strings.TrimSpace(decodeReplace(stderr.Bytes())))
+	}
+	if err != nil {
+		return "", errors.New(pyError(err))
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}

@@ -1,0 +1,84 @@
+package waiter
+
+import (
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// Signals that come while the waiter starts (bridge/waiter/early_signals.py), and the signal
+// mask of what it starts. The SPANK step guard blocks the forwarded signals when it execs the
+// waiter; the Go runtime keeps USR1, USR2 and ALRM blocked until Notify asks for them, so they
+// wait, pending, as they do for the Python waiter.
+
+// EarlyKept are the signals the waiter takes from its first moment: the forwarded ones and the
+// two that stop the job.
+var EarlyKept = append(append([]syscall.Signal{}, Forwarded...), syscall.SIGTERM, syscall.SIGINT)
+
+// HoldEarlySignals starts keeping every EarlyKept signal, in order, on the returned channel,
+// for the handlers that main sets later. Writes to a closed pipe then fail with EPIPE, as they
+// do in Python, instead of ending the waiter.
+func HoldEarlySignals() chan os.Signal {
+	early := make(chan os.Signal, 64)
+	for _, sig := range EarlyKept {
+		signal.Notify(early, sig)
+	}
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	return early
+}
+
+// sigset is a kernel signal set (the 64 standard and real-time signals).
+type sigset uint64
+
+func setOf(signals ...syscall.Signal) sigset {
+	var set sigset
+	for _, sig := range signals {
+		set |= 1 << (uint(sig) - 1)
+	}
+	return set
+}
+
+func threadSigmask(how int, set sigset) {
+	_, _, _ = syscall.RawSyscall6(syscall.SYS_RT_SIGPROCMASK, uintptr(how),
+		uintptr(unsafe.Pointer(&set)), 0, 8, 0, 0)
+}
+
+// startUnblocked starts cmd with no signal blocked. A child gets the mask of the thread that
+// forks it, and Go's threads keep the mask the waiter was started with (the guard's): srun and
+// munge must start with none blocked, as they do from the Python waiter.
+func startUnblocked(cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	threadSigmask(1 /* SIG_UNBLOCK */, setOf(EarlyKept...))
+	return cmd.Start()
+}
+
+// runUnblocked is startUnblocked, then Wait.
+func runUnblocked(cmd *exec.Cmd) error {
+	if err := startUnblocked(cmd); err != nil {
+		return err
+	}
+	return cmd.Wait()
+}
+
+// dieBySignal ends the process by sig, its default action, so that Slurm records it (sacct
+// shows e.g. 0:9). It returns only if sig did not end the process (a second later).
+func dieBySignal(sig syscall.Signal) {
+	signal.Reset(sig)
+	if sig != syscall.SIGKILL && sig != syscall.SIGSTOP {
+		// The Go runtime ignores a signal nobody asked for (USR1...): its default action must be
+		// the kernel's again. A zeroed struct sigaction is SIG_DFL with no flags.
+		var action [4]uintptr
+		_, _, _ = syscall.RawSyscall6(syscall.SYS_RT_SIGACTION, uintptr(sig),
+			uintptr(unsafe.Pointer(&action)), 0, 8, 0, 0)
+	}
+	runtime.LockOSThread()
+	threadSigmask(1, setOf(sig))
+	_ = syscall.Tgkill(syscall.Getpid(), syscall.Gettid(), sig)
+	time.Sleep(time.Second)
+	runtime.UnlockOSThread()
+}

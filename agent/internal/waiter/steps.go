@@ -1,0 +1,220 @@
+package waiter
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The srun steps of a batch script (bridge/waiter/steps.py): the script's srun in the pod asks,
+// through the attach stream, for a step; this runs Slurm's srun for it on the slurmd host, a real
+// step whose tasks are the bridge's task proxies. Its output goes back through the step-output
+// relay, its end by step-done. srun gets the job's layout and nothing else of its environment.
+
+const (
+	stepToken          = "SLURM_K8S_BRIDGE_STEP_TOKEN"
+	maxConcurrentSteps = 64
+)
+
+// stepSignals are what the script's srun passes on to Slurm's.
+var stepSignals = setOf(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1,
+	syscall.SIGUSR2, syscall.SIGALRM, syscall.SIGCONT)
+
+// SrunPaths are where Slurm's srun is looked for, never on the job's PATH.
+var SrunPaths = []string{"/usr/bin/srun", "/usr/local/bin/srun", "/opt/slurm/bin/srun"}
+
+// srunLayoutVariables are what Slurm's srun gets of the batch environment: the job's layout.
+// Many other SLURM_* variables are srun options that would run or place the user's things here.
+var srunLayoutVariables = map[string]bool{}
+
+func init() {
+	for _, name := range []string{"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES",
+		"SLURM_JOB_NUM_NODES", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE",
+		"SLURM_NTASKS_PER_SOCKET", "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+		"SLURM_JOB_CPUS_PER_NODE", "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE",
+		"SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_CLUSTER_NAME",
+		"SLURM_JOB_PARTITION", "SLURM_JOB_NAME", "SLURM_DISTRIBUTION", "SLURM_OVERCOMMIT",
+		"SLURM_THREADS_PER_CORE", "SLURM_TRES_PER_TASK", "SLURM_TRES_BIND", "SLURM_GPU_BIND",
+		"SLURM_GPUS_PER_SOCKET", "SLURM_CPUS_PER_GPU"} {
+		srunLayoutVariables[name] = true
+	}
+}
+
+// rootControlled: the file and every directory above it are root's, writable by nobody else,
+// and none is a symlink: what is read there now and later is root's.
+func rootControlled(path string) bool {
+	for current := path; ; {
+		var info syscall.Stat_t
+		if syscall.Lstat(current, &info) != nil {
+			return false
+		}
+		if info.Mode&syscall.S_IFMT == syscall.S_IFLNK || info.Uid != 0 || info.Mode&0o022 != 0 {
+			return false
+		}
+		parent := filepath.Dir(current)
+		if parent == current {
+			return true
+		}
+		current = parent
+	}
+}
+
+// srunEnvironment is the environment of the waiter's srun: the job's layout variables, a fixed
+// PATH and locale, and SLURM_CONF only if root controls it.
+func srunEnvironment(environ Object) []string {
+	var env []string
+	for _, f := range environ {
+		if srunLayoutVariables[f.Key] && f.Key != "PATH" && f.Key != "LC_ALL" {
+			env = append(env, f.Key+"="+f.Value.(string))
+		}
+	}
+	env = append(env, SafeEnvironment()...)
+	if conf := lookup(environ, "SLURM_CONF"); len(conf) > 0 && conf[0] == '/' && rootControlled(conf) {
+		env = append(env, "SLURM_CONF="+conf)
+	}
+	return env
+}
+
+// scriptSteps are the steps one batch waiter runs for its script: which were started (a
+// request seen again after a reconnect is not run twice), how many run, and their sruns.
+type scriptSteps struct {
+	client *Client
+	// How the waiter was started, less its batch script: the task proxies are that command.
+	ownCommand []string
+	post       postAction
+	mu         sync.Mutex
+	started    map[string]bool
+	active     int
+	sruns      map[string]*exec.Cmd
+}
+
+func newScriptSteps(client *Client, ownCommand []string, post postAction) *scriptSteps {
+	return &scriptSteps{client: client, ownCommand: ownCommand, post: post, started: map[string]bool{},
+		sruns: map[string]*exec.Cmd{}}
+}
+
+// start runs Slurm's srun for the script's srun; io are the step's file options as the daemon
+// made them.
+func (s *scriptSteps) start(data, token string, io any) {
+	raw, err := pyA2bBase64(data)
+	if err != nil {
+		return
+	}
+	value, err := Loads(raw)
+	request, isObject := value.(Object)
+	if err != nil || !isObject {
+		return // not a step request of the agent's: nothing to run
+	}
+	keyValue, _ := request.Get("key")
+	number, ok := pyInt(keyValue)
+	argvValue, _ := request.Get("argv")
+	list, isList := argvValue.([]any)
+	if !ok || !isList {
+		return
+	}
+	key := strconv.FormatInt(number, 10)
+	argv := make([]string, len(list))
+	for i, arg := range list {
+		argv[i] = pyStr(arg)
+	}
+	options, _, err := SplitSrunArgs(argv)
+	if err == nil {
+		var hostIO []string
+		hostIO, err = HostIOOptions(io)
+		options = append(options, hostIO...)
+	}
+	if err != nil {
+		_ = WriteAll(2, []byte(err.Error()+"\n"))
+		go s.done(key, err.(srunError).exitCode())
+		return
+	}
+	s.mu.Lock()
+	if s.started[key] {
+		s.mu.Unlock()
+		return // seen before a reconnect
+	}
+	s.started[key] = true
+	busy := s.active >= maxConcurrentSteps
+	s.mu.Unlock()
+	if token == "" || busy {
+		_ = WriteAll(2, []byte("srun: error: this step was not started (too many at once, or not signed)\n"))
+		go s.done(key, 1)
+		return
+	}
+	srun, found := executable(SrunPaths)
+	if !found {
+		_ = WriteAll(2, []byte("srun: error: srun is not installed on this host (looked for "+joinComma(SrunPaths)+")\n"))
+		go s.done(key, 1)
+		return
+	}
+	command := append([]string{srun, "--jobid=" + os.Getenv("SLURM_JOB_ID")}, options...)
+	command = append(append(append(command, "--chdir=/"), s.ownCommand...), "task", key)
+	env := append(srunEnvironment(Environ()), stepToken+"="+token) // the SPANK guard checks it
+	s.mu.Lock()
+	s.active++
+	s.mu.Unlock()
+	go s.run(key, command, env)
+}
+
+func (s *scriptSteps) run(key string, command, env []string) {
+	relay := newStepOutputRelay(s.client, key)
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Env = env
+	code, err := runRelayed(cmd, relay, func(cmd *exec.Cmd) {
+		s.mu.Lock()
+		s.sruns[key] = cmd
+		s.mu.Unlock()
+	}, bounds{})
+	if err != nil {
+		_ = WriteAll(2, []byte("srun: error: "+pyError(err)+"\n"))
+		code = 1
+	}
+	s.mu.Lock()
+	delete(s.sruns, key)
+	s.active--
+	s.mu.Unlock()
+	if !relay.delivered {
+		s.done(key, code)
+	}
+}
+
+// signal: the script's srun got sig; Slurm's srun of that step gets it, and does what it does
+// natively (cancels the step on TERM, passes USR1 on to the tasks...).
+func (s *scriptSteps) signal(key string, sig any) {
+	number, ok := sig.(int64)
+	s.mu.Lock()
+	cmd := s.sruns[key]
+	s.mu.Unlock()
+	if cmd == nil || !ok || number < 1 || number > 64 || stepSignals&setOf(syscall.Signal(number)) == 0 {
+		return
+	}
+	if cmd.ProcessState == nil {
+		_ = cmd.Process.Signal(syscall.Signal(number))
+	}
+}
+
+// done tells the daemon the step ended with code (the script's srun exits with it).
+func (s *scriptSteps) done(key string, code int) {
+	for attempt := range 20 {
+		err := s.post("step-done", Dumps(Object{{"key", key}, {"code", code}}), 10*time.Second)
+		if status := daemonStatus(err); err == nil || status >= 400 && status < 500 {
+			return
+		}
+		time.Sleep(reconnectDelay(attempt))
+	}
+}
+
+func joinComma(items []string) string {
+	out := ""
+	for i, item := range items {
+		if i > 0 {
+			out += ", "
+		}
+		out += item
+	}
+	return out
+}

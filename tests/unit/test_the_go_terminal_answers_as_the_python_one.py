@@ -1,0 +1,190 @@
+"""A user step's task with a terminal (srun --pty: `waiter step -- ARGV` on a pseudo-terminal) runs
+alike from the Go waiter and the Python one: the same request (with the window's size), the
+terminal in the same raw mode while the task runs and as it was after, what is typed (Ctrl-C
+included) and the new window size on SIGWINCH sent in the same signed frames, the task's output
+written to the terminal, the same exit code."""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hmac
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import termios
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bridge.core.waiter_protocol import sign_output_frame
+
+from .waiter_runs import (
+    Exchange,
+    FakeDaemon,
+    Handler,
+    answering,
+    chunk,
+    fakes,
+    go_waiter,
+    namespaced,
+    namespaces_work,
+    python_waiter,
+)
+
+pytestmark = pytest.mark.skipif(not namespaces_work(),
+                                reason="needs mount namespaces (root) for the fake munge")
+
+ENV = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node-1", "SLURM_STEP_ID": "3", "SLURM_PROCID": "0",
+       "HOME": "/home/alice", "TERM": "xterm", "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+TYPED = b"typed\r\x03"
+
+
+@pytest.fixture(scope="module")
+def waiters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    directory = tmp_path_factory.mktemp("waiters")
+    return {"python": python_waiter(directory), "go": go_waiter(directory)}
+
+
+@dataclass
+class TerminalRun:
+    returncode: int
+    shown: bytes
+    """What the waiter wrote to its terminal."""
+    requests: list[tuple[str, bytes]]
+    frames: list[tuple[int, bytes]] = field(default_factory=list)
+    raw_mode: list[object] | None = None
+    after: list[object] | None = None
+    before: list[object] | None = None
+
+
+def set_window(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def terminal_task(frames: list[tuple[int, bytes]], typed: threading.Event) -> Handler:
+    """The daemon's user-task-tty endpoint: writes a line, takes the input until Ctrl-C and a
+    resize, then ends the task with 3."""
+    def answer(exchange: Exchange) -> None:
+        hello = json.dumps({"fd": 1, "data": base64.b64encode(b"hello\r\n").decode()}).encode() + b"\n"
+        exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                              b"Transfer-Encoding: chunked\r\n\r\n" + chunk(hello))
+        seq, got = 0, b""
+        while True:
+            frame = exchange.read_chunk()
+            kind, size = frame[0], int.from_bytes(frame[1:5], "big")
+            data, mac = frame[5:5 + size], frame[5 + size:]
+            assert hmac.compare_digest(sign_output_frame(exchange.stream_key, seq, kind, data)[-32:], mac)
+            frames.append((kind, data))
+            seq += 1
+            got += data if kind == 0 else b""
+            if got == TYPED:
+                typed.set()
+            if kind == 3:
+                break
+        bye = json.dumps({"fd": 2, "data": base64.b64encode(b"bye\r\n").decode()})
+        exchange.conn.sendall(chunk(f'{bye}\n{{"exit": 3}}\n'.encode()) + b"0\r\n\r\n")
+    return answer
+
+
+def run_on_a_terminal(command: list[str], directory: Path, handler: Handler, interact: bool) -> TerminalRun:
+    frames: list[tuple[int, bytes]] = []
+    typed = threading.Event()
+    daemon = FakeDaemon([], {"user-task-tty": handler})
+    if interact:
+        daemon.handlers["user-task-tty"] = terminal_task(frames, typed)
+    master, slave = os.openpty()
+    set_window(master, 24, 80)
+    before = termios.tcgetattr(master)
+    run = TerminalRun(0, b"", [], frames, before=before)
+    try:
+        proc = subprocess.Popen(
+            namespaced(fakes(directory), [*command, "--api", f"http://127.0.0.1:{daemon.port}", "step", "--",
+                                          "bash", "-l"]),
+            stdin=slave, stdout=slave, stderr=slave, cwd=directory, env=ENV)
+        if interact:
+            threading.Thread(target=type_and_resize, args=(master, proc, typed, run), daemon=True).start()
+        run.returncode = proc.wait(timeout=60)
+        run.after = termios.tcgetattr(master)
+        os.close(slave)
+        slave = -1
+        run.shown = drain(master)
+        run.requests = list(daemon.requests)
+    finally:
+        daemon.close()
+        for fd in (master, slave):
+            if fd >= 0:
+                os.close(fd)
+    return run
+
+
+def type_and_resize(
+    master: int, proc: subprocess.Popen[bytes], typed: threading.Event, run: TerminalRun,
+) -> None:
+    """Once the waiter put its terminal in raw mode: type, then resize the window."""
+    for _ in range(2000):
+        mode = termios.tcgetattr(master)
+        if not mode[3] & termios.ICANON:
+            run.raw_mode = mode
+            break
+        threading.Event().wait(0.01)
+    os.write(master, TYPED)
+    assert typed.wait(20), "the typed bytes never reached the daemon"
+    set_window(master, 33, 101)
+    proc.send_signal(signal.SIGWINCH)
+
+
+def drain(master: int) -> bytes:
+    shown = b""
+    while select.select([master], [], [], 1.0)[0]:
+        try:
+            more = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end is closed
+            break
+        if not more:
+            break
+        shown += more
+    return shown
+
+
+def both(waiters: dict[str, list[str]], tmp_path: Path, handler: Handler, interact: bool = False,
+         ) -> dict[str, TerminalRun]:
+    directory = tmp_path / "submit"
+    directory.mkdir()
+    return {name: run_on_a_terminal(command, directory, handler, interact)
+            for name, command in waiters.items()}
+
+
+def test_a_terminal_task_types_resizes_and_ends_alike(waiters: dict[str, list[str]], tmp_path: Path) -> None:
+    runs = both(waiters, tmp_path, answering(500, "unused"), interact=True)
+    python, go = runs["python"], runs["go"]
+    assert (go.returncode, go.shown, go.requests) == (python.returncode, python.shown, python.requests)
+    assert (go.frames, go.raw_mode, go.after) == (python.frames, python.raw_mode, python.after)
+    header = json.loads(go.requests[0][1])
+    assert (go.requests[0][0], header["tty"], header["rows"], header["cols"], header["argv"]) == (
+        "/v1/jobs/42/user-task-tty", True, 24, 80, ["bash", "-l"])
+    assert go.raw_mode is not None and not go.raw_mode[3] & termios.ECHO
+    assert go.returncode == 3 and go.shown == b"hello\r\nbye\r\n" and go.after == go.before
+    assert b"".join(data for kind, data in go.frames if kind == 0) == TYPED
+    assert (3, b'{"rows": 33, "cols": 101}') in go.frames
+
+
+@pytest.mark.parametrize("handler", [
+    answering(404, "job 42 has no step 3 on node node-1"),
+    answering(403, ""),
+    lambda exchange: exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                           + chunk(b'{"fd": 1, "data": "aGFsZgo="}\n') + b"0\r\n\r\n"),
+])
+def test_a_refused_or_cut_off_terminal_task_fails_alike(
+    waiters: dict[str, list[str]], tmp_path: Path, handler: Callable[[Exchange], None],
+) -> None:
+    runs = both(waiters, tmp_path, handler)
+    python, go = runs["python"], runs["go"]
+    assert (go.returncode, go.shown, go.requests) == (python.returncode, python.shown, python.requests)
+    assert go.returncode == 1 and go.after == go.before

@@ -1,0 +1,310 @@
+"""A fake daemon that speaks the waiter's side of bridge/manager/api.py, and the runs of a waiter,
+Python's zipapp or the Go binary, as a slurmd would start it, against it. Shared by the
+differential tests (test_the_go_waiter_answers_as_the_python_waiter.py) and bench/waiter_cost.py.
+
+The waiters run munge (and Slurm's srun) by absolute path only, as they must: each run is
+started in a mount namespace of its own where a directory of fakes is bound over /opt, so
+/opt/munge/bin/munge (the last place both look) is a stand-in that writes `MUNGE:` and its
+payload. The daemon checks that payload is the digest of the very request it came with, as
+bridge/manager/auth.py does with unmunge's answer."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.core.waiter_protocol import request_digest, sign_output_frame
+from bridge.waiter import build
+
+JOB_ID = 42
+FAKE_MUNGE = "#!/bin/sh\nprintf 'MUNGE:'\nexec cat\n"
+MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+ROOT = Path(__file__).resolve().parents[2]
+GO_CANDIDATES = ("/usr/local/go/bin/go",)
+
+
+class Exchange:
+    """One request to the fake daemon, and its answer."""
+
+    def __init__(self, conn: socket.socket, path: str, head: bytes, body: bytes, rest: bytes = b"") -> None:
+        self.conn, self.path, self.head, self.body = conn, path, head, body
+        self.rest = rest
+        """What came after the body's first chunk (a chunked request), unread."""
+        self.stream_key = b""
+        """The key a keyed credential carries (step-output), which signs the frames."""
+
+    def read_chunk(self) -> bytes:
+        """The next chunk of a chunked request."""
+        data, self.rest = take_chunk(self.conn, self.rest)
+        return data
+
+    @property
+    def json(self) -> dict[str, object]:
+        answer = json.loads(self.body)
+        assert isinstance(answer, dict)
+        return answer
+
+    def answer(self, status: int, text: str) -> None:
+        """A whole answer, as aiohttp gives one to HTTP/1.0: the body until the connection closes."""
+        reason = {200: "OK", 202: "Accepted", 403: "Forbidden", 409: "Conflict", 503: "Unavailable"}
+        self.conn.sendall(f"HTTP/1.1 {status} {reason.get(status, 'X')}\r\nContent-Type: text/plain\r\n"
+                          f"Connection: close\r\n\r\n{text}".encode())
+
+    def stream(self) -> None:
+        self.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                          b"Connection: close\r\n\r\n")
+
+    def send(self, event: dict[str, object]) -> None:
+        self.conn.sendall(json.dumps(event).encode() + b"\n")
+
+    def send_raw(self, data: bytes) -> None:
+        self.conn.sendall(data)
+
+
+Handler = Callable[[Exchange], None]
+
+
+def take_chunk(conn: socket.socket, buffer: bytes) -> tuple[bytes, bytes]:
+    """One chunk of a chunked body from `buffer` and `conn`; the chunk and what is left."""
+    while b"\r\n" not in buffer:
+        more = conn.recv(65536)
+        if not more:
+            raise ConnectionError("the chunked body was cut off")
+        buffer += more
+    size_line, _, buffer = buffer.partition(b"\r\n")
+    size = int(size_line, 16)
+    while len(buffer) < size + 2:
+        more = conn.recv(65536)
+        if not more:
+            raise ConnectionError("the chunked body was cut off")
+        buffer += more
+    return buffer[:size], buffer[size + 2:]
+
+
+def answering(status: int, text: str) -> Handler:
+    """A handler that answers every request alike."""
+    return lambda exchange: exchange.answer(status, text)
+
+
+def streaming(*events: dict[str, object], raw: bytes = b"") -> Handler:
+    """An attach handler that streams `events`, then `raw`, then closes."""
+    def attach(exchange: Exchange) -> None:
+        exchange.stream()
+        for event in events:
+            exchange.send(event)
+        exchange.send_raw(raw)
+    return attach
+
+
+@dataclass
+class FakeDaemon:
+    """Answers each action with its handler; attaches with `attaches` in turn (the last again)."""
+
+    attaches: list[Handler]
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    requests: list[tuple[str, bytes]] = field(default_factory=list)
+    events: dict[str, threading.Event] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._attach_count = 0
+        self.handlers.setdefault("cancel", answering(200, '{"cancelling": 42}'))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def event(self, name: str) -> threading.Event:
+        with self._lock:
+            return self.events.setdefault(name, threading.Event())
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.requests]
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                more = conn.recv(65536)
+                if not more:
+                    return
+                data += more
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            path = lines[0].split()[1]
+            fields = (line.partition(":") for line in lines[1:])
+            headers = {name.strip().lower(): value.strip() for name, _, value in fields}
+            rest = b""
+            if "chunked" in headers.get("transfer-encoding", ""):
+                body, rest = take_chunk(conn, body)  # the first line: what the stream is for
+            length = int(headers.get("content-length", "0"))
+            while len(body) < length:
+                body += conn.recv(65536)
+            expected = "MUNGE:" + request_digest("POST", path, JOB_ID, body)
+            credential, _, key = headers.get("x-munge-credential", "").partition(" ")
+            action = path.rsplit("/", 1)[1]
+            with self._lock:
+                self.requests.append((path, body))
+                index = self._attach_count
+                if action == "attach":
+                    self._attach_count += 1
+            exchange = Exchange(conn, path, head, body, rest)
+            exchange.stream_key = bytes.fromhex(key) if rest or key else b""
+            if credential != expected:
+                exchange.answer(403, "the credential does not carry this request's digest")
+            elif action == "attach":
+                self.event(f"attach-{index}").set()
+                self.attaches[min(index, len(self.attaches) - 1)](exchange)
+            else:
+                self.event(action).set()
+                self.handlers.get(action, lambda ex: ex.answer(200, "{}"))(exchange)
+
+
+@dataclass
+class Run:
+    """What a waiter did: as Slurm and sacct see it, and what it asked the daemon."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    requests: list[tuple[str, bytes]]
+    ended_at: float
+
+
+def python_waiter(directory: Path) -> list[str]:
+    """The zipapp bridge/waiter/build.py makes, as the default attach_command runs it."""
+    archive = directory / "waiter.py"
+    if not archive.exists():
+        build.build(archive, sys.executable)
+    return [sys.executable, "-I", "-S", str(archive)]
+
+
+def go_waiter(directory: Path) -> list[str]:
+    """The Go waiter, built here as it ships (static, stripped)."""
+    binary = directory / "waiter"
+    if not binary.exists():
+        go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
+        if go is None:
+            raise RuntimeError("Go is not installed (looked on PATH and in /usr/local/go/bin): "
+                               "the Go waiter cannot be built")
+        subprocess.run([go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "./cmd/waiter"],
+                       cwd=ROOT / "agent", env={**os.environ, "CGO_ENABLED": "0"}, check=True, timeout=600)
+    return [str(binary)]
+
+
+def fakes(directory: Path, srun: str | None = None, slurm: dict[str, str] | None = None) -> Path:
+    """The directory bound over /opt for a run: a fake munge, and a fake srun and other Slurm
+    binaries (`slurm`: name -> script) if given."""
+    opt = directory / "opt"
+    binaries = [("munge/bin/munge", FAKE_MUNGE), ("slurm/bin/srun", srun),
+                *((f"slurm/bin/{name}", text) for name, text in (slurm or {}).items())]
+    for name, text in binaries:
+        if text is not None:
+            path = opt / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            path.chmod(0o755)
+    return opt
+
+
+def namespaced(opt: Path, command: list[str]) -> list[str]:
+    """`command` in a mount namespace of its own where `opt` is /opt; it ends up exec'd, so its
+    pid is the waiter's."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /opt && exec "$@"',
+            str(opt), *command]
+
+
+def namespaces_work() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def batch_script(directory: Path, user_script: bytes) -> Path:
+    """The batch script job_submit.lua writes: its wrapper, the marker, the user's script."""
+    path = directory / "slurm_script"
+    path.write_bytes(b"#!/bin/sh\nexec waiter \"$0\" \"$@\"\n" + MARKER.encode() + b"\n" + user_script)
+    return path
+
+
+def run_waiter(
+    command: list[str], daemon: FakeDaemon, *, args: list[str], env: dict[str, str], cwd: Path, opt: Path,
+    during: Callable[[subprocess.Popen[bytes]], None] | None = None, merged: bool = False,
+    stdin: bytes | None = None,
+) -> Run:
+    """Run a waiter to its end against `daemon` (`during` acts on it meanwhile), with `stdin`
+    as its input (none: /dev/null)."""
+    proc = subprocess.Popen(namespaced(opt, [*command, "--api", f"http://127.0.0.1:{daemon.port}", *args]),
+                            cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+                            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE)
+    if during is not None:
+        threading.Thread(target=during, args=(proc,), daemon=True).start()
+    try:
+        stdout, stderr = proc.communicate(stdin, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return Run(proc.returncode, stdout, stderr or b"", list(daemon.requests), time.monotonic())
+
+
+def wait_then(event: threading.Event, action: Callable[[], object], timeout: float = 20) -> None:
+    assert event.wait(timeout), "the waiter never got that far"
+    action()
+
+
+def signal_when(event: threading.Event, signum: int) -> Callable[[subprocess.Popen[bytes]], None]:
+    """A `during` that sends `signum` to the waiter once `event` is set."""
+    return lambda proc: wait_then(event, lambda: proc.send_signal(signum))
+
+
+def lines_after(last: str | None, lines: list[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    """The (ts, line) pairs a daemon sends again after a reconnect: those after `last`."""
+    return iter([(ts, line) for ts, line in lines if last is None or ts > last])
+
+
+
+def relayed_frames(frames: list[tuple[int, bytes]], ended: Callable[[], object]) -> Handler:
+    """The daemon's step-output endpoint: takes the stream, checks every frame's signature."""
+    def step_output(exchange: Exchange) -> None:
+        exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                              b"Transfer-Encoding: chunked\r\n\r\n" + chunk(b'{"accepted": true}\n'))
+        seq = 0
+        while True:
+            frame = exchange.read_chunk()
+            fd, size = frame[0], int.from_bytes(frame[1:5], "big")
+            data, mac = frame[5:5 + size], frame[5 + size:]
+            assert hmac.compare_digest(sign_output_frame(exchange.stream_key, seq, fd, data)[-32:], mac)
+            frames.append((fd, data))
+            seq += 1
+            if fd == 0:
+                break
+        exchange.conn.sendall(chunk(b'{"done": true}\n') + b"0\r\n\r\n")
+        ended()
+    return step_output
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one chunk of a chunked HTTP/1.1 body."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
