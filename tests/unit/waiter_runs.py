@@ -200,15 +200,18 @@ def python_waiter(directory: Path) -> list[str]:
 
 
 def go_waiter(directory: Path) -> list[str]:
-    """The Go waiter, built here as it ships (static, stripped)."""
+    """The Go waiter, built here as it ships (static, stripped; cmd/waiter/main.go says how)."""
     binary = directory / "waiter"
     if not binary.exists():
         go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
         if go is None:
             raise RuntimeError("Go is not installed (looked on PATH and in /usr/local/go/bin): "
                                "the Go waiter cannot be built")
-        subprocess.run([go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "./cmd/waiter"],
-                       cwd=ROOT / "agent", env={**os.environ, "CGO_ENABLED": "0"}, check=True, timeout=600)
+        # cgo for internal/earlysignals' C constructor; static, with Go's own resolver (no NSS).
+        static = "-ldflags=-s -w -linkmode external -extldflags -static"
+        subprocess.run([go, "build", "-trimpath", "-tags", "netgo,osusergo", static, "-o", str(binary),
+                        "./cmd/waiter"],
+                       cwd=ROOT / "agent", env={**os.environ, "CGO_ENABLED": "1"}, check=True, timeout=600)
     return [str(binary)]
 
 

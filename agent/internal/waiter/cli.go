@@ -21,9 +21,10 @@ func crash(line string) int {
 	return 1
 }
 
-// Main runs the waiter or a proxy as args (the command line less the program) says; the exit code.
-func Main(args []string) int {
-	early := HoldEarlySignals()
+// Main runs the waiter or a proxy as args (the command line less the program) says; the exit
+// code. pendingAtStart are the signals that were pending when the process started.
+func Main(args []string, pendingAtStart []syscall.Signal) int {
+	early := HoldEarlySignals(pendingAtStart)
 	// What the job runs with is taken first; then the waiter leaves the user's directory.
 	environment := JobEnvironment(Environ())
 	workDir, err := syscall.Getwd()

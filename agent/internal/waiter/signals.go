@@ -19,11 +19,15 @@ import (
 // two that stop the job.
 var EarlyKept = append(append([]syscall.Signal{}, Forwarded...), syscall.SIGTERM, syscall.SIGINT)
 
-// HoldEarlySignals starts keeping every EarlyKept signal, in order, on the returned channel,
-// for the handlers that main sets later. Writes to a closed pipe then fail with EPIPE, as they
-// do in Python, instead of ending the waiter.
-func HoldEarlySignals() chan os.Signal {
+// HoldEarlySignals keeps every EarlyKept signal, in order, on the returned channel, for the
+// handlers that main sets later: first those pending when the process started (taken by
+// internal/earlysignals before the Go runtime could act on them), then those that come. Writes
+// to a closed pipe then fail with EPIPE, as they do in Python, instead of ending the waiter.
+func HoldEarlySignals(pendingAtStart []syscall.Signal) chan os.Signal {
 	early := make(chan os.Signal, 64)
+	for _, sig := range pendingAtStart {
+		early <- sig
+	}
 	for _, sig := range EarlyKept {
 		signal.Notify(early, sig)
 	}
