@@ -10,7 +10,14 @@ VENV="$SBX_REPO/.venv"
 # path, in isolated mode (-I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site,
 # its start-up is job start latency). Nothing of the user's PATH, cwd or environment decides what runs.
 WAITER_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter.pyz"
-WAITER_COMMAND="/usr/bin/python3 -I -S $WAITER_FILE"
+# ... or the compiled one (agent/cmd/waiter: static, the same protocol), with SBX_WAITER=go.
+WAITER_GO_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter"
+: "${SBX_WAITER:=python}"
+case $SBX_WAITER in
+  python) WAITER_COMMAND="/usr/bin/python3 -I -S $WAITER_FILE" ;;
+  go) WAITER_COMMAND="$WAITER_GO_FILE" ;;
+  *) die "SBX_WAITER must be python or go, not $SBX_WAITER" ;;
+esac
 
 require_sandbox() {
   [ -f "$SLURM_CONF" ] && [ -f "$ADMIN_KUBECONFIG" ] || die "the sandbox is not up: run make sandbox-up first"
@@ -34,6 +41,12 @@ install_waiter() {
   TMPDIR="$BRIDGE_STATE/build" /usr/bin/python3 -I -c 'import sys; sys.path.insert(0, sys.argv[1])
 from bridge.waiter.build import build
 build(sys.argv[2], sys.argv[3])' "$SBX_REPO" "$WAITER_FILE" "$BRIDGE_STATE/build/slurmd-python" >/dev/null
+  # The compiled waiter, static (cgo for its early-signal constructor; Go's own resolver and user
+  # lookup, nothing of the C library's NSS). Root-owned, replaced by one rename.
+  (cd "$SBX_REPO/agent" && PATH="/usr/local/go/bin:$PATH" CGO_ENABLED=1 GOFLAGS=-buildvcs=false \
+    go build -trimpath -tags netgo,osusergo -ldflags '-s -w -linkmode external -extldflags -static' \
+    -o "$WAITER_GO_FILE.new" ./cmd/waiter) || die "cannot build the compiled waiter (agent/cmd/waiter)"
+  chmod 755 "$WAITER_GO_FILE.new" && mv "$WAITER_GO_FILE.new" "$WAITER_GO_FILE"
 }
 
 # mint_jwt FILE: a slurmrestd token for the daemon (SlurmUser may see and modify every job).

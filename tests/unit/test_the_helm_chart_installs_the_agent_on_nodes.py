@@ -46,6 +46,14 @@ def test_the_daemonset_installs_the_agent_into_the_host_directory_and_holds(tmp_
     assert spec["automountServiceAccountToken"] is False
 
 
+def test_the_daemons_deployment_and_service_do_not_select_the_agents_pods(tmp_path: Path) -> None:
+    objects = render(tmp_path, _values())
+    labels = find(objects, "DaemonSet", f"{RELEASE}-agent")["spec"]["template"]["metadata"]["labels"]
+    for selector in (find(objects, "Deployment", RELEASE)["spec"]["selector"]["matchLabels"],
+                     find(objects, "Service", RELEASE)["spec"]["selector"]):
+        assert not all(labels.get(key) == value for key, value in selector.items()), selector
+
+
 def test_the_daemon_config_that_mounts_it_is_accepted_by_the_daemon(tmp_path: Path) -> None:
     objects = render(tmp_path, _values())
     text = find(objects, "ConfigMap", RELEASE)["data"]["config.toml"]
