@@ -214,11 +214,9 @@ func install(dest string) {
 	if err := out.Close(); err != nil {
 		fail(err.Error())
 	}
-	if err := os.Rename(tmp, dest); err != nil {
-		fail(err.Error())
-	}
 	// `srun` in the job is this binary too (see steps.go), and so are Slurm's commands
-	// (commands.go).
+	// (commands.go). The links come first: once DEST exists (what the daemon's execs and a step's
+	// tasks run), they resolve.
 	bin := filepath.Join(filepath.Dir(dest), "bin")
 	_ = os.MkdirAll(bin, 0o755)
 	for _, name := range []string{"srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo"} {
@@ -226,6 +224,9 @@ func install(dest string) {
 		if err := os.Symlink(dest, filepath.Join(bin, name)); err != nil {
 			fail(err.Error())
 		}
+	}
+	if err := os.Rename(tmp, dest); err != nil {
+		fail(err.Error())
 	}
 }
 

@@ -275,8 +275,8 @@ class VolumeConfig:
     @field_validator("mount_path")
     @classmethod
     def _mount_is_not_the_bridges(cls, path: str) -> str:
-        bridges = (wellknown.SCRIPT_DIR, "/dev/shm", wellknown.AGENT_DIR, wellknown.AGENT_NODE_DIR, "")
-        if path.rstrip("/") in bridges:
+        bridges = (wellknown.SCRIPT_DIR, "/dev/shm", wellknown.AGENT_DIR, wellknown.AGENT_NODE_DIR)
+        if path.rstrip("/") in (*bridges, "") or path.startswith(tuple(f"{mount}/" for mount in bridges)):
             raise ValueError(f"{path!r} is used by the bridge itself (or is /)")
         return path
 

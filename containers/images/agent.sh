@@ -34,4 +34,5 @@ for sock in "$@"; do
     ctr -n k8s.io --address "$sock" images import "$dir/agent.tar" >/dev/null || die "import of $REF into $sock failed"
   fi
 done
-"$dir/slurm-k8s-bridge-agent" install-on-node "$SBX_STATE/agent-node" 2>/dev/null
+"$dir/slurm-k8s-bridge-agent" install-on-node "$SBX_STATE/agent-node" 2>&1 | grep -v ' is version ' >&2 || true
+[ -x "$SBX_STATE/agent-node/current/slurm-k8s-bridge-agent" ] || die "the agent is not installed in $SBX_STATE/agent-node"

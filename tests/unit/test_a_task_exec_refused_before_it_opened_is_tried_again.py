@@ -200,3 +200,37 @@ class OneStep:
 
     def step_of(self, job_id: int, key: str) -> dict[str, object] | None:
         return {"argv": [], "env": {}, "cwd": "/"} if self.open and (job_id, key) == (42, "7") else None
+
+
+def _status_then_close(*frames: bytes) -> web.RequestHandler:
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io",))
+        await ws.prepare(request)
+        for frame in frames:
+            await ws.send_bytes(frame)
+        await ws.close()
+        return ws
+    return handler
+
+
+NO_PROGRAM = json.dumps({
+    "status": "Failure", "reason": "InternalError",
+    "message": 'Internal error occurred: error executing command in container: failed to exec in container: '
+               'failed to start exec "x": OCI runtime exec failed: exec failed: unable to start container '
+               'process: exec: "/slurm-k8s-bridge-bin/slurm-k8s-bridge-agent": stat '
+               '/slurm-k8s-bridge-bin/slurm-k8s-bridge-agent: no such file or directory: unknown',
+}).encode()
+EXIT_1 = json.dumps({"status": "Failure", "reason": "NonZeroExitCode", "message": "command terminated",
+                     "details": {"causes": [{"reason": "ExitCode", "message": "1"}]}}).encode()
+
+
+async def test_an_exec_whose_program_is_not_there_yet_ran_nothing_and_is_tried_again() -> None:
+    """Issue 22: with the agent from the node, a pod's copy appears just after its container
+    starts; an exec before that finds no program (the runtime's status, no exit code)."""
+    missing, nothing = await _exec_against(_status_then_close(b"\x03" + NO_PROGRAM))
+    exited, _ = await _exec_against(_status_then_close(b"\x03" + EXIT_1))
+    ran, output = await _exec_against(_status_then_close(b"\x01ran\n", b"\x03" + NO_PROGRAM))
+
+    assert missing is ExecNotStarted and nothing == []
+    assert exited is type(None)
+    assert ran is type(None) and output == [(1, b"ran\n"), (0, b"1")]

@@ -78,7 +78,8 @@ def test_agent_host_dir_must_be_absolute_and_come_with_its_image(pods: dict[str,
 
 
 @pytest.mark.parametrize("mount_path",
-                         ["/slurm-k8s-bridge-node", "/slurm-k8s-bridge-bin/", "/slurm-k8s-bridge"])
+                         ["/slurm-k8s-bridge-node", "/slurm-k8s-bridge-bin/", "/slurm-k8s-bridge",
+                          "/slurm-k8s-bridge-node/data", "/dev/shm/x"])
 def test_a_partitions_volume_cannot_cover_the_bridges_mounts(mount_path: str) -> None:
     with pytest.raises(ValidationError, match="used by the bridge itself"):
         VolumeConfig(name="data", host_path="/data", mount_path=mount_path)
@@ -176,3 +177,35 @@ def test_install_on_node_refuses_a_relative_root(agent: Path, tmp_path: Path) ->
                             timeout=30, check=False)
     assert result.returncode != 0 and b"not an absolute path" in result.stderr
     assert not (tmp_path / "agent-node").exists()
+
+
+def test_a_root_others_may_write_is_refused(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    root = tmp_path / "agent-node"
+    root.mkdir()
+    root.chmod(0o777)
+    result = _install_on_node(agent, root)
+    assert result.returncode != 0 and b"that only it may write" in result.stderr
+    assert list(root.iterdir()) == []
+
+
+def test_a_planted_or_cut_file_under_a_versions_name_is_replaced(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    root = tmp_path / "agent-node"
+    assert _install_on_node(agent, root).returncode == 0
+    installed = root / os.readlink(root / "current") / "slurm-k8s-bridge-agent"
+    installed.write_bytes(b"#!/bin/sh\necho planted\n")
+    assert _install_on_node(agent, root).returncode == 0
+    assert installed.read_bytes() == agent.read_bytes()
+    assert sorted(p.name for p in installed.parent.iterdir()) == ["slurm-k8s-bridge-agent"]
+
+
+def test_the_links_are_made_before_the_pods_copy_appears(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The daemon's execs and a step's tasks may come as soon as the container runs: the copy's
+    name appears last, after the srun and Slurm command links that point at it. A copy that cannot
+    take its name (a directory is in the way) shows what was done before that step."""
+    pod_dir = tmp_path / "pod"
+    (pod_dir / "slurm-k8s-bridge-agent" / "in-the-way").mkdir(parents=True)
+    result = subprocess.run([str(agent), "install", str(pod_dir / "slurm-k8s-bridge-agent")],
+                            capture_output=True, timeout=60, check=False)
+    assert result.returncode != 0
+    assert sorted(p.name for p in (pod_dir / "bin").iterdir()) == sorted(
+        ["srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo"])

@@ -143,14 +143,20 @@ class ExecVerbs:
                         await ws.send_bytes(b"\x00" + (stdin or b"")[start:start + 65536])
                     if terminal is not None:
                         feeding = asyncio.ensure_future(_feed_terminal(ws, terminal))
+                    output = False
                     async for message in ws:
                         data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
                         if not data:
                             continue
                         channel, payload = data[0], data[1:]
                         if channel in (1, 2) and payload:
+                            output = True
                             yield channel, payload
                         elif channel == 3 and payload:
+                            if not output and _runtime_could_not_start(payload):
+                                # The runtime found no program to run (e.g. the agent's copy in
+                                # the pod not in place yet, issue 22): nothing ran, try again.
+                                raise ExecNotStarted(f"exec in pod {pod_name}: {_status_message(payload)}")
                             exit_code = _exit_code_of(payload)
             except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
                 raise _exec_failure(error, pod_name, started) from error
@@ -248,6 +254,21 @@ def _exit_code_of(status: bytes) -> bytes:
         if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
             return str(cause["message"]).encode()
     return b"1"
+
+
+def _runtime_could_not_start(status: bytes) -> bool:
+    """The exec status says the runtime could not start the command (no exit code: it never ran),
+    as runc words it ("exec failed: unable to start container process: ... no such file")."""
+    try:
+        parsed = json.loads(status)
+    except ValueError:
+        return False
+    if not isinstance(parsed, dict) or parsed.get("status") == "Success":
+        return False
+    if any(cause.get("reason") == "ExitCode" for cause in (parsed.get("details") or {}).get("causes") or []):
+        return False
+    message = str(parsed.get("message") or "")
+    return "unable to start container process" in message or "executable file not found" in message
 
 
 def _status_message(status: bytes) -> str:
