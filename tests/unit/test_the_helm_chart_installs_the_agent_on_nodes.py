@@ -70,6 +70,16 @@ def test_a_config_that_would_not_mount_what_it_installs_is_refused(tmp_path: Pat
     assert 'must hold agent_host_dir = "/opt/bridge-agent/current"' in result.stderr
 
 
+def test_a_commented_out_key_or_another_image_is_refused(tmp_path: Path) -> None:
+    commented = TABLES.replace('agent_host_dir = "', '# agent_host_dir = "')
+    other_image = TABLES.replace("slurm-k8s-bridge-agent:0.9", "slurm-k8s-bridge-agent:0.8")
+    for tables, says in ((commented, "must hold agent_host_dir"), (other_image, "must hold agent_image")):
+        values = {**_values(), "config": {"extraTables": tables}}
+        result = helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, values=values,
+                      tmp_path=tmp_path)
+        assert result.returncode != 0 and says in result.stderr, (tables, result.stderr)
+
+
 def test_a_relative_host_directory_or_no_image_is_refused(tmp_path: Path) -> None:
     for values, says in ((_values(hostDir="agent"), "must be an absolute path"),
                          (_values(image=""), "agentOnNodes.image")):
