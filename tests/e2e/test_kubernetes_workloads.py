@@ -190,7 +190,10 @@ def test_pods_wait_behind_an_sbatch_job_and_say_why_where_kubectl_looks(bridge: 
             pods = pods_of(bridge, f"job-name={tag}-queued")
             conditions = [next((c for c in p["status"].get("conditions") or []
                                 if c["type"] == "PodScheduled"), {}) for p in pods]
-            if len(pods) == 2 and all(c.get("reason") == "SlurmPending" for c in conditions):
+            # Slurm's reason is None until its scheduler has looked at the job (the condition
+            # follows it): wait for the reason the scheduler gives.
+            if len(pods) == 2 and all(c.get("reason") == "SlurmPending" and any(
+                    word in c.get("message", "") for word in ("Resources", "Priority")) for c in conditions):
                 return pods
             return None
 
