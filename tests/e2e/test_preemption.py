@@ -13,6 +13,7 @@ script says."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -174,10 +175,38 @@ def _largest_gap(ticks: list[int]) -> int:
     return max((b - a for a, b in itertools.pairwise(ticks)), default=0)
 
 
+SLURM_CONF = Path("/var/lib/slurm-k8s-sandbox/slurm/etc/slurm.conf")
+"""What slurmctld and the slurmds read (in the Slurm rootfs); containers/slurm/up.sh writes it."""
+
+
+def _preempt_mode(bridge: Sandbox) -> str:
+    config = bridge.slurm("scontrol", "show", "config").stdout
+    return next(line.split("=", 1)[1].strip() for line in config.splitlines()
+                if line.startswith("PreemptMode "))
+
+
+@pytest.fixture(scope="module")
+def gang(bridge: Sandbox) -> Iterator[Sandbox]:
+    """PreemptMode=REQUEUE,GANG for this module's suspend tests (suspend preemption needs the gang
+    scheduler, which stays off for the rest of the suite: see slurm.conf.in), then REQUEUE again."""
+    original = SLURM_CONF.read_text()
+    assert "\nPreemptMode=REQUEUE\n" in original, "slurm.conf's PreemptMode is not the sandbox's"
+    SLURM_CONF.write_text(original.replace("\nPreemptMode=REQUEUE\n", "\nPreemptMode=REQUEUE,GANG\n"))
+    try:
+        bridge.slurm("scontrol", "reconfigure")
+        wait_until("the gang scheduler on", lambda: "GANG" in _preempt_mode(bridge), timeout=60)
+        yield bridge
+    finally:
+        SLURM_CONF.write_text(original)
+        bridge.slurm("scontrol", "reconfigure")
+        wait_until("the gang scheduler off", lambda: "GANG" not in _preempt_mode(bridge), timeout=60)
+
+
 @pytest.mark.parametrize("nodes", [1, 2], ids=["one job", "two jobs at once"])
 def test_a_suspend_preempted_job_pauses_while_the_preemptor_runs_and_resumes_as_natively(
-    bridge: Sandbox, nodes: int
+    gang: Sandbox, nodes: int
 ) -> None:
+    bridge = gang
     native = _preempt_suspended(bridge, "native", nodes)
     k8s = _preempt_suspended(bridge, "k8s", nodes)
     for partition, results in (("native", native), ("k8s", k8s)):
