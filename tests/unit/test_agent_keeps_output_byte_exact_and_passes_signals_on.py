@@ -33,7 +33,7 @@ MAX_FRAME_CHARS = 2 + 4 * CHUNK // 3
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not GO.exists():
-        pytest.skip(f"{GO} is not installed: the agent cannot be built")
+        pytest.fail(f"{GO} is not installed: the agent cannot be built")
     out = tmp_path_factory.mktemp("agent") / "slurm-k8s-bridge-agent"
     env = {**os.environ, "PATH": f"{GO.parent}:{os.environ.get('PATH', '')}", "CGO_ENABLED": "0",
            "GOTOOLCHAIN": "local"}

@@ -182,7 +182,7 @@ def _root_owned_conf(tmp_path: Path, mode: int) -> Path:
     """A root-owned slurm.conf in a directory whose every parent is root's and not writable by
     others (srun_environment checks the whole path: /tmp, where tmp_path lives, is 1777)."""
     if not IS_ROOT:
-        pytest.skip("a root-owned file can only be made by root")
+        pytest.fail("a root-owned file can only be made by root: run the unit tests as root, as CI does")
     safe = Path(tempfile.mkdtemp(dir="/run"))
     safe.chmod(0o755)
     _ROOT_DIRS.append(safe)
@@ -307,7 +307,7 @@ def _guard_hmac_source() -> str:
 def guard_hmac(tmp_path_factory: pytest.TempPathFactory) -> Any:
     gcc = shutil.which("gcc")
     if gcc is None:
-        pytest.skip("gcc is not installed")
+        pytest.fail("gcc is not installed: the step guard's HMAC cannot be built")
     work = tmp_path_factory.mktemp("guard-hmac")
     (work / "hmac.c").write_text(_guard_hmac_source())
     built = subprocess.run([gcc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-o", str(work / "hmac"),
