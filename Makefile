@@ -40,7 +40,7 @@ e2e: venv sandbox-up
 test: venv sandbox-up  ## lint, type check, unit tests, then e2e tests on the sandbox
 	$(VENV)/bin/ruff check bridge tests
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=30 tests
 
 demo: venv sandbox-up
 	@containers/sandbox/demo.sh

@@ -10,9 +10,10 @@ VENV="$SBX_REPO/.venv"
 # path, in isolated mode (-I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site,
 # its start-up is job start latency). Nothing of the user's PATH, cwd or environment decides what runs.
 WAITER_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter.pyz"
-# ... or the compiled one (agent/cmd/waiter: static, the same protocol), with SBX_WAITER=go.
+# ... or, by default, the compiled one (agent/cmd/waiter: static, the same protocol); SBX_WAITER=python
+# for the first.
 WAITER_GO_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter"
-: "${SBX_WAITER:=python}"
+: "${SBX_WAITER:=go}"
 case $SBX_WAITER in
   python) WAITER_COMMAND="/usr/bin/python3 -I -S $WAITER_FILE" ;;
   go) WAITER_COMMAND="$WAITER_GO_FILE" ;;
