@@ -32,8 +32,8 @@ mode=$(stat -c %a "$dir")
 (( (8#$mode & 8#022) == 0 )) || die "$dir is writable by group or others (mode $mode): anyone could replace the waiter"
 
 agent=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../agent" && pwd) || die "no agent/ beside deploy/: run it from a checkout"
-export PATH="/usr/local/go/bin:$PATH"
-command -v go >/dev/null || die "no Go toolchain (looked in /usr/local/go/bin and the PATH)"
+export PATH="$PATH:/usr/local/go/bin"  # the PATH's Go first, else Go's own install place
+command -v go >/dev/null || die "no Go toolchain (looked on the PATH and in /usr/local/go/bin)"
 command -v gcc >/dev/null || die "no gcc: the waiter's early-signal constructor is C (cgo)"
 
 # Built beside DEST, so that the rename that installs it stays within one file system.
@@ -43,9 +43,10 @@ trap 'rm -f "$new"' EXIT
   -ldflags '-s -w -linkmode external -extldflags -static' -o "$new" ./cmd/waiter) \
   || die "cannot build the waiter (agent/cmd/waiter); is the C library's static archive (libc.a) installed?"
 # gcc comes with binutils' readelf. A program interpreter would mean a dynamic program.
-if readelf -l "$new" | grep -q 'INTERP'; then
-  die "the build is not static (it asks for a program interpreter)"
-fi
+headers=$(readelf -l "$new") || die "cannot read the build's program headers (readelf)"
+case $headers in
+  *INTERP*) die "the build is not static (it asks for a program interpreter)" ;;
+esac
 chown root:root "$new"
 chmod 755 "$new"
 mv -f "$new" "$dest"

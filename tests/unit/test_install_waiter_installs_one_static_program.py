@@ -16,9 +16,9 @@ from bridge.manager.doctor_waiter import waiter_install_problems
 SCRIPT = Path(__file__).parents[2] / "deploy" / "slurm" / "install-waiter.sh"
 
 
-def _install(dest: Path) -> subprocess.CompletedProcess[str]:
+def _install(dest: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     assert os.geteuid() == 0, "install-waiter.sh installs a root-owned program: this test needs root"
-    return subprocess.run([str(SCRIPT), str(dest)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([str(SCRIPT), str(dest)], capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +81,18 @@ def test_a_relative_destination_is_refused(tmp_path: Path) -> None:
     result = _install(Path("waiter"))
     assert (result.returncode, result.stderr) == (
         1, "install-waiter.sh: DEST must be an absolute path, not 'waiter' (attach_command names it so)\n")
+
+
+def test_a_build_that_is_not_static_is_refused(tmp_path: Path) -> None:
+    # A Go whose build asks for ld.so (here: one that writes /bin/true), first on the PATH.
+    fake = tmp_path / "bin" / "go"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+                    'cp /bin/true "$out"\n')
+    fake.chmod(0o755)
+    libexec = tmp_path / "libexec"
+    libexec.mkdir(mode=0o755)
+    result = _install(libexec / "waiter", {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert (result.returncode, result.stderr) == (
+        1, "install-waiter.sh: the build is not static (it asks for a program interpreter)\n")
+    assert list(libexec.iterdir()) == [], "nothing installed, no build file left"
