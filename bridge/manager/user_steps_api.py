@@ -2,12 +2,11 @@
 of a bare srun's allocation): authenticate the user-step proxy, parse, delegate.
 
 Each task of such a step is the waiter's user-step proxy on the slurmd host
-(agent/internal/waiter/user_step.go),
-as the job's user: munge proves it (manager.auth: the credential's uid must be the job's, made on
-a bridged slurmd's host, for this very request). It can only ever run what that user could run in
-their own job's pods anyway. controller.user_steps finds (or, for an allocation, asks for) the
-pod; controller.tasks runs the task there and passes on its signals.
-"""
+(agent/internal/waiter/user_step.go), as the job's user: munge proves it (manager.auth: the
+credential's uid must be the job's, made on a bridged slurmd's host, for this very request). It can
+only ever run what that user could run in their own job's pods anyway. controller.user_steps finds
+(or, for an allocation, asks for) the pod; controller.tasks runs the task there and passes on its
+signals. """
 
 from __future__ import annotations
 
