@@ -6,7 +6,8 @@ Each task of such a step is the waiter's user-step proxy on the slurmd host
 credential's uid must be the job's, made on a bridged slurmd's host, for this very request). It can
 only ever run what that user could run in their own job's pods anyway. controller.user_steps finds
 (or, for an allocation, asks for) the pod; controller.tasks runs the task there and passes on its
-signals. """
+signals.
+"""
 
 from __future__ import annotations
 
