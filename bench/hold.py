@@ -79,7 +79,7 @@ def main() -> None:
                 print(f"{now - started:6.0f}s pending {pending:5d} running {running:5d} pods {pods:5d} "
                       f"bridge {rss:6.1f} MB {cores:5.2f} cores", flush=True)
                 if pods >= args.running:
-                    waiter_pss = pss_kb(r"slurm-k8s-bridge-waiter\.pyz?( |$)")
+                    waiter_pss = pss_kb(r"/slurm-k8s-bridge-waiter( |$)")  # the compiled one
                     break
         finally:
             if array_ids:

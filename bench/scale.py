@@ -1031,7 +1031,7 @@ def run(args: argparse.Namespace, hosts: JobHosts) -> None:
 
     def sample() -> None:
         while not stop.wait(2.0):
-            samples["waiter"] += pss_kb(r"slurm-k8s-bridge-waiter\.pyz?( |$)")
+            samples["waiter"] += pss_kb(r"/slurm-k8s-bridge-waiter( |$)")  # the compiled one
             samples["slurmd"] += pss_kb(r"(^|/)slurmd ")
             samples["slurmstepd"] += pss_kb(r"^slurmstepd")
 

@@ -1,7 +1,9 @@
-"""What one waiter costs on a slurmd host, the Python zipapp against the Go binary: prints,
-asserts nothing; the last line is one JSON object.
+"""What one waiter costs on a slurmd host: the compiled waiter of this checkout, built and installed
+by deploy/slurm/install-waiter.sh as a site does (into a temporary directory). Prints, asserts
+nothing; the last line is one JSON object. (Until issue 22 it compared the Python waiter too:
+docs/benchmarks.md keeps those figures.)
 
-Each waiter runs, in turn, RUNS times (after a warm-up) as a batch waiter against the fake daemon
+The waiter runs RUNS times (after a warm-up) as a batch waiter against the fake daemon
 of the unit tests (tests/unit/waiter_runs.py) for a job whose pod "sleeps" `--sleep` seconds:
 attach, one log line, then the exit. Measured per run:
 
@@ -9,11 +11,11 @@ attach, one log line, then the exit. Measured per run:
   attach reaches the daemon, less the mean CPU of the wrapper that starts it (unshare, sh and
   mount, which bind the fake munge over /opt: measured alone, with /bin/true in its place);
 - total CPU: user + system of the whole run (wait4), children (munge) included;
-- PSS: /proc/PID/smaps_rollup mid-run, while `--parallel` waiters of the same kind run at once
-  (a host runs hundreds: their shared pages, the binary's text or Python's, are split among
-  them), with its anonymous (private) and file-backed (shared) parts.
+- PSS: /proc/PID/smaps_rollup mid-run, while `--parallel` waiters run at once (a host runs
+  hundreds: their shared pages, the binary's text, are split among them), with its anonymous
+  (private) and file-backed (shared) parts.
 
-Needs root (mount namespaces), as the differential tests do.
+Needs root (mount namespaces, a root-owned install), Go and gcc.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/waiter_cost.py [--runs 5] [--parallel 20] [--sleep 2]
 """
@@ -26,23 +28,15 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.unit.waiter_runs import (
-    Exchange,
-    FakeDaemon,
-    batch_script,
-    fakes,
-    go_waiter,
-    namespaced,
-    python_waiter,
-)
+from tests.unit.waiter_runs import Exchange, FakeDaemon, batch_script, fakes, namespaced
 
+INSTALL_WAITER = Path(__file__).resolve().parents[1] / "deploy" / "slurm" / "install-waiter.sh"
 ENV = {"SLURM_JOB_ID": "42", "HOME": "/", "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
 
 
@@ -121,6 +115,13 @@ def one_batch(
     return [finish() for finish in finishes]
 
 
+def installed_waiter(directory: Path) -> list[str]:
+    """The waiter as install-waiter.sh puts it in place on a slurmd host."""
+    dest = directory / "libexec" / "waiter"
+    subprocess.run([str(INSTALL_WAITER), str(dest)], check=True, stdout=subprocess.DEVNULL, timeout=600)
+    return [str(dest)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -129,33 +130,29 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        commands = {"python": python_waiter(directory), "go": go_waiter(directory)}
+        command = installed_waiter(directory)
         opt = fakes(directory)
         batch_script(directory, b"#!/bin/sh\nsleep 2\n")
         wrapper = wrapper_cpu_ns(opt)
-        results: dict[str, dict[str, float]] = {}
-        samples: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
+        runs: list[dict[str, float]] = []
         for run in range(args.runs + 1):
-            for name, command in commands.items():  # in turn: a drift of the machine hits both alike
-                batch = one_batch(command, directory, opt, args.sleep, args.parallel)
-                if run > 0:
-                    samples[name] += batch
-        for name, runs in samples.items():
-            start_ms = [(s["attach_cpu_ns"] - wrapper) / 1e6 for s in runs]
-            results[name] = {
-                "start_cpu_ms": round(statistics.median(start_ms), 2),
-                "total_cpu_ms": round(statistics.median(s["total_cpu_ms"] for s in runs), 2),
-                **{key: statistics.median(s[key] for s in runs)
-                   for key in ("pss_kb", "pss_anon_kb", "pss_file_kb")},
-            }
-            figures = results[name]
-            print(f"{name:>6}: start CPU {figures['start_cpu_ms']} ms (to its attach, wrapper less), "
-                  f"whole run {figures['total_cpu_ms']} ms CPU with munge, PSS {figures['pss_kb']} kB "
-                  f"(anon {figures['pss_anon_kb']}, file {figures['pss_file_kb']}; {args.parallel} at once), "
-                  f"medians of {len(runs)}")
+            batch = one_batch(command, directory, opt, args.sleep, args.parallel)
+            if run > 0:  # the first is the warm-up
+                runs += batch
+        start_ms = [(s["attach_cpu_ns"] - wrapper) / 1e6 for s in runs]
+        figures = {
+            "start_cpu_ms": round(statistics.median(start_ms), 2),
+            "total_cpu_ms": round(statistics.median(s["total_cpu_ms"] for s in runs), 2),
+            **{key: statistics.median(s[key] for s in runs)
+               for key in ("pss_kb", "pss_anon_kb", "pss_file_kb")},
+        }
+        print(f"waiter: start CPU {figures['start_cpu_ms']} ms (to its attach, wrapper less), "
+              f"whole run {figures['total_cpu_ms']} ms CPU with munge, PSS {figures['pss_kb']} kB "
+              f"(anon {figures['pss_anon_kb']}, file {figures['pss_file_kb']}; {args.parallel} at once), "
+              f"medians of {len(runs)}")
         print(f"wrapper (unshare, sh, mount): {wrapper / 1e6:.2f} ms CPU, subtracted from start CPU")
-        print(json.dumps({**results, "wrapper_cpu_ms": round(wrapper / 1e6, 2),
-                          "python_version": sys.version.split()[0], "parallel": args.parallel}))
+        print(json.dumps({"go": figures, "wrapper_cpu_ms": round(wrapper / 1e6, 2),
+                          "parallel": args.parallel}))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
-"""Start-up cost of the waiter as the slurmds run it (`python3 -I -S FILE`): prints, asserts nothing.
+"""Start-up cost of the compiled waiter as the slurmds run it (by absolute path): prints, asserts
+nothing.
 
-Each FILE is started with no arguments (it imports every module it needs, prints its usage and
-exits 2), in turn, RUNS times after 3 warm-ups; CPU is the child's user + system time.
+Each PROGRAM is started with no arguments (it prints its usage and exits 2), in turn, RUNS times
+after 3 warm-ups; CPU is the child's user + system time.
 
-Usage:  python3 bench/waiter_start.py [--runs 40] [--python /usr/bin/python3] FILE [FILE ...]
-e.g. the waiter before the zipapp against today's:
-  git show 87150fc:bridge/waiter/attach.py > /tmp/attach-before.py
-  python3 -m bridge.waiter.build /tmp/waiter.pyz
-  python3 bench/waiter_start.py /tmp/attach-before.py /tmp/waiter.pyz
+Usage:  python3 bench/waiter_start.py [--runs 40] PROGRAM [PROGRAM ...]
+e.g. the installed waiter against this checkout's (deploy/slurm/install-waiter.sh builds it, as root):
+  deploy/slurm/install-waiter.sh /root/bench/waiter
+  python3 bench/waiter_start.py /usr/libexec/slurm-k8s-bridge/waiter /root/bench/waiter
 """
 
 from __future__ import annotations
@@ -30,26 +30,24 @@ def child_cpu_s() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--python", default="/usr/bin/python3")
-    parser.add_argument("files", nargs="+")
+    parser.add_argument("programs", nargs="+")
     args = parser.parse_args()
-    cpu_ms: dict[str, list[float]] = {f: [] for f in args.files}
-    wall_ms: dict[str, list[float]] = {f: [] for f in args.files}
+    cpu_ms: dict[str, list[float]] = {p: [] for p in args.programs}
+    wall_ms: dict[str, list[float]] = {p: [] for p in args.programs}
     for run in range(WARM_UP + args.runs):
-        for name in args.files:  # in turn, so that a drift of the machine's speed hits all alike
+        for name in args.programs:  # in turn, so that a drift of the machine's speed hits all alike
             cpu, wall = child_cpu_s(), time.perf_counter()
-            subprocess.run([args.python, "-I", "-S", name], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=False)
+            subprocess.run([name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
             if run >= WARM_UP:
                 wall_ms[name].append((time.perf_counter() - wall) * 1000)
                 cpu_ms[name].append((child_cpu_s() - cpu) * 1000)
     summary = {}
-    for name in args.files:
+    for name in args.programs:
         cpu, wall = cpu_ms[name], wall_ms[name]
-        print(f"{name}: CPU ms min/median/max {min(cpu):.1f}/{statistics.median(cpu):.1f}/{max(cpu):.1f}"
-              f"  wall ms {min(wall):.1f}/{statistics.median(wall):.1f}/{max(wall):.1f}")
-        summary[name] = {"cpu_ms_median": round(statistics.median(cpu), 1),
-                         "wall_ms_median": round(statistics.median(wall), 1)}
+        print(f"{name}: CPU ms min/median/max {min(cpu):.2f}/{statistics.median(cpu):.2f}/{max(cpu):.2f}"
+              f"  wall ms {min(wall):.2f}/{statistics.median(wall):.2f}/{max(wall):.2f}")
+        summary[name] = {"cpu_ms_median": round(statistics.median(cpu), 2),
+                         "wall_ms_median": round(statistics.median(wall), 2)}
     print(json.dumps(summary))
 
 

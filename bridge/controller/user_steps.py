@@ -2,7 +2,7 @@
 srun of an allocation without a batch script (salloc, a bare srun).
 
 The SPANK guard turns each task of such a step into the waiter's user-step proxy
-(bridge/waiter/user_step.py), which asks the API to run the task's argv in the job's pod on its
+(agent/internal/waiter/user_step.go), which asks the API to run the task's argv in the job's pod on its
 node; the API (manager/user_steps_api.py) hands it here for the pod, and to controller.tasks to
 run it. A job without a batch script has no waiter to hand over a payload: the first task of its
 first step opens the run's session with one made from Slurm's record and that step's

@@ -88,9 +88,9 @@ class WaiterConfig:
         "directory), that starts a waiter; job_submit.lua puts it into every rewritten batch script, "
         "followed by `--api <api_url>` and the script's path. It must name everything by absolute path: "
         "start with one, not go through env, a shell or another program that finds its argument on the "
-        "PATH, run Python with -I (no PYTHONPATH, user site or cwd on sys.path), and hold no shell "
-        "characters. Install the waiter there on every bridged slurmd host: "
-        "`slurm-k8s-bridge waiter-build --python /usr/bin/python3 PATH` (root, mode 644)."))
+        "PATH, and hold no shell characters. The waiter is the compiled, static program of agent/cmd/waiter: "
+        "install it on every bridged slurmd host, as root, from the bridge's source: "
+        "`deploy/slurm/install-waiter.sh PATH` (root-owned, mode 755)."))
     api_url: NonEmpty = Field(default="http://127.0.0.1:8470", json_schema_extra={
         "toml_default": "http:// (https:// with TLS) + [api] listen"}, description=(
         "URL of this daemon's API as the slurmds reach it; https:// when the API serves TLS."))

@@ -1,5 +1,5 @@
 """The srun options a step of a bridged job may use, and how srun reads its command line. The
-waiter refuses a step with any other before it runs Slurm's srun (bridge/waiter/steps.py); the
+waiter refuses a step with any other before it runs Slurm's srun (agent/internal/waiter/srun_options.go); the
 daemon checks the same when it takes the request (bridge/controller/steps.py) and before it runs the
 step's command in the pods (bridge/manager/api.py). docs/srun-options.md is the table of them all.
 

@@ -1,11 +1,10 @@
 """What the daemon and the job-side waiter agree on, byte for byte: the digest a waiter's munge
 credential carries, the signals a batch script may be sent through the bridge, and the signed
-frames of a step's output stream. The waiter (bridge/waiter) and the API (bridge/manager/api.py)
-both import it.
+frames of a step's output stream. The API (bridge/manager/api.py) imports it; the
+compiled waiter (agent/internal/waiter/protocol.go) is held to the same bytes by the unit tests.
 
-Pure and standard library only: the waiter imports it at every job start on the slurmd hosts, as
-`python3 -I -S`, so it imports no typing at run time, and no hashlib (OpenSSL) for the digest that
-every request carries: SHA-256 comes from Python's own module where there is one.
+Pure and standard library only: no hashlib (OpenSSL) for the digest that every request carries,
+SHA-256 comes from Python's own module where there is one.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The JSON bodies the waiter sends to the API, as strict pydantic models.
 
 Strict (no coercion: a number where text is meant is refused) and closed (a field no waiter ever
-sent is refused): every waiter, old or new, sends a subset of these fields, as bridge/waiter/attach.py
-does. The API answers each refusal with its own 400 message, as before. Used by manager.api only.
+sent is refused): every waiter, old or new, sends a subset of these fields, as
+agent/internal/waiter/attach.go does. The API answers each refusal with its own 400 message, as
+before. Used by manager.api only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Command line: `slurm-k8s-bridge run|attach|doctor|job-submit-conf|waiter-build|version`."""
+"""Command line: `slurm-k8s-bridge run|doctor|job-submit-conf|version`.
+
+The waiter the slurmds run is not among them: it is the compiled agent/cmd/waiter
+(deploy/slurm/install-waiter.sh)."""
 
 from __future__ import annotations
 
@@ -25,9 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the bridge daemon")
     run.add_argument("-c", "--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     run.add_argument("--log-format", choices=("json", "console"), default="json")
-    attach = sub.add_parser("attach", help="run as a job's waiter on the slurmd (job_submit.lua calls this)")
-    attach.add_argument("--api", help="the daemon's API URL")
-    attach.add_argument("script", help="path of the rewritten batch script")
     doctor = sub.add_parser(
         "doctor", help="check config, Slurm, Kubernetes, RBAC, node mapping, job_submit.lua"
     )
@@ -35,17 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--slurm-conf", help="slurm.conf of the cluster (default $SLURM_CONF or /etc/slurm)")
     conf = sub.add_parser("job-submit-conf", help="print job_submit_bridge.conf for job_submit.lua")
     conf.add_argument("-c", "--config", default=DEFAULT_CONFIG)
-    waiter_build = sub.add_parser(
-        "waiter-build", help="write the waiter, one file (a zipapp) that attach_command runs on the slurmds"
-    )
-    waiter_build.add_argument(
-        "dest", help="the file attach_command runs (default config: /usr/libexec/slurm-k8s-bridge/waiter.py)"
-    )
-    waiter_build.add_argument(
-        "--python",
-        help="the Python the slurmds run it with, which compiles its bytecode "
-        "(default: /usr/bin/python3 if this host has it, else this one)",
-    )
     return parser
 
 
@@ -54,16 +43,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
-        return 0
-    if args.command == "attach":
-        from bridge.waiter import main as waiter  # stdlib only: keeps the job's start fast
-
-        return waiter.main([*(["--api", args.api] if args.api else []), args.script])
-    if args.command == "waiter-build":
-        from bridge.waiter.build import build, default_python
-
-        python = args.python or default_python()
-        print(f"{build(args.dest, python)} (bytecode compiled by {python})")
         return 0
     if args.command == "job-submit-conf":
         return _job_submit_conf(args.config)

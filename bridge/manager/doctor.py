@@ -29,27 +29,10 @@ from bridge.core.errors import BridgeError
 from bridge.manager.config_file import secret_file_exposure
 from bridge.manager.doctor_access import needed_access
 from bridge.manager.doctor_gpus import gpu_problems
+from bridge.manager.doctor_waiter import waiter_install_problems
 from bridge.manager.doctor_workloads import capacity_notes, not_slurms
 
 TOKEN_WARN_S = 24 * 3600
-
-
-def waiter_install_problems(command: str, trusted_uids: frozenset[int] = frozenset({0})) -> list[str]:
-    """What is wrong with the files `attach_command` runs, as far as this host has them (config
-    already checked its form). The waiter runs as the job's user: a program or script that anyone
-    but root may replace, or that sits in a directory anyone may write, is a way to run code
-    there. A missing file is not a problem here: the slurmds may run on other hosts."""
-    problems = []
-    for path in map(Path, attach_command_files(command)):
-        if not path.exists():
-            continue
-        for item in (path, path.parent):
-            info = item.stat()
-            if info.st_uid not in trusted_uids:
-                problems.append(f"{item} is owned by uid {info.st_uid}, not root")
-            if info.st_mode & 0o022:
-                problems.append(f"{item} is writable by group or others (mode {info.st_mode & 0o777:o})")
-    return problems
 
 
 class CheckFailed(Exception):
@@ -202,19 +185,17 @@ class Doctor:
         command = self.cfg.waiter.attach_command
         if OwnPod.from_environment() is not None:
             return f"the waiter runs on the slurmd hosts, not in this pod: run doctor there ({command})"
+        program = attach_command_files(command)[0]
+        install = f"as root, from the bridge's source: deploy/slurm/install-waiter.sh {program}"
         problems = waiter_install_problems(command)
         if problems:
-            raise CheckFailed(
-                f"waiter.attach_command {command!r}: " + "; ".join(problems) + ". Install it as root: "
-                "slurm-k8s-bridge waiter-build --python /usr/bin/python3 "
-                "/usr/libexec/slurm-k8s-bridge/waiter.py"
-            )
-        missing = [f for f in attach_command_files(command) if not Path(f).exists()]
-        if missing:
+            raise CheckFailed(f"waiter.attach_command {command!r}: {'; '.join(problems)}. "
+                              f"Install it {install}")
+        if not Path(program).exists():
             # Not a failure: doctor also runs where no slurmd does (an image, another host).
-            return (f"{', '.join(missing)} not on this host: install it on every host of a bridged "
-                    "slurmd (root-owned, mode 644) and run doctor there")
-        return f"{command} is in place, root-owned, writable by root only"
+            return (f"{program} not on this host: install it on every host of a bridged slurmd "
+                    f"({install}) and run doctor there")
+        return f"{command} is in place: a static program, root-owned, writable by root only"
 
     async def check_munge(self) -> str:
         if shutil.which("munge") is None:

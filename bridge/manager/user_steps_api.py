@@ -1,11 +1,12 @@
 """The API of steps a user starts in a bridged job (srun --jobid N --overlap, the srun of an salloc or
 of a bare srun's allocation): authenticate the user-step proxy, parse, delegate.
 
-Each task of such a step is the waiter's user-step proxy on the slurmd host (bridge/waiter/user_step.py),
-as the job's user: munge proves it (manager.auth: the credential's uid must be the job's, made on
-a bridged slurmd's host, for this very request). It can only ever run what that user could run in
-their own job's pods anyway. controller.user_steps finds (or, for an allocation, asks for) the
-pod; controller.tasks runs the task there and passes on its signals.
+Each task of such a step is the waiter's user-step proxy on the slurmd host
+(agent/internal/waiter/user_step.go), as the job's user: munge proves it (manager.auth: the
+credential's uid must be the job's, made on a bridged slurmd's host, for this very request). It can
+only ever run what that user could run in their own job's pods anyway. controller.user_steps finds
+(or, for an allocation, asks for) the pod; controller.tasks runs the task there and passes on its
+signals.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ HEADER_TIMEOUT_S = 30.0
 TERMINAL_QUEUE = 64
 """Frames typed ahead of a slow pod: the proxy's writes wait beyond it (TCP), not our memory."""
 INPUT_KIND, RESIZE_KIND = 0, 3
-"""The proxy's frame kinds (bridge/waiter/terminal.py)."""
+"""The proxy's frame kinds (agent/internal/waiter/terminal.go)."""
 INPUT_CHANNEL, RESIZE_CHANNEL = 0, 4
 """The exec protocol's stdin and resize channels."""
 
@@ -73,8 +74,8 @@ class UserStepsApi:
 
     async def user_task_tty(self, request: web.Request) -> web.StreamResponse:
         """The same for a task with a terminal (srun --pty): the first line of the body is the
-        task, then come signed frames of what is typed and of window sizes (bridge/waiter/
-        terminal.py), under the key the munge credential of the request carries."""
+        task, then come signed frames of what is typed and of window sizes (agent/internal/
+        waiter/terminal.go), under the key the munge credential of the request carries."""
         job_id = int(request.match_info["job_id"])
         try:
             header = await asyncio.wait_for(request.content.readline(), timeout=HEADER_TIMEOUT_S)

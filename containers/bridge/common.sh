@@ -6,19 +6,10 @@
 . "$(dirname "${BASH_SOURCE[0]}")/../kube/common.sh"   # kc, ADMIN_KUBECONFIG
 BRIDGE_STATE="$SBX_STATE/bridge"
 VENV="$SBX_REPO/.venv"
-# The waiter, as the slurmds run it: one stdlib-only file (a zipapp of bridge/waiter), by absolute
-# path, in isolated mode (-I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site,
-# its start-up is job start latency). Nothing of the user's PATH, cwd or environment decides what runs.
-WAITER_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter.pyz"
-# ... or, by default, the compiled one (agent/cmd/waiter: static, the same protocol); SBX_WAITER=python
-# for the first.
-WAITER_GO_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter"
-: "${SBX_WAITER:=go}"
-case $SBX_WAITER in
-  python) WAITER_COMMAND="/usr/bin/python3 -I -S $WAITER_FILE" ;;
-  go) WAITER_COMMAND="$WAITER_GO_FILE" ;;
-  *) die "SBX_WAITER must be python or go, not $SBX_WAITER" ;;
-esac
+# The waiter, as the slurmds run it: the compiled, static agent/cmd/waiter, by absolute path, so
+# nothing of the user's PATH, cwd or environment decides what runs.
+WAITER_FILE="$BRIDGE_STATE/libexec/slurm-k8s-bridge-waiter"
+WAITER_COMMAND=$WAITER_FILE
 
 require_sandbox() {
   [ -f "$SLURM_CONF" ] && [ -f "$ADMIN_KUBECONFIG" ] || die "the sandbox is not up: run make sandbox-up first"
@@ -26,28 +17,16 @@ require_sandbox() {
   mkdir -p "$BRIDGE_STATE"
 }
 
+# install_waiter: the waiter as a site installs it (deploy/slurm/install-waiter.sh: static,
+# root-owned, replaced by one rename), and the daemon's modules for the rootfs's Python (the pyslurm
+# backend runs there, with PYTHONPATH=$BRIDGE_STATE/lib).
 install_waiter() {
   rm -rf "$BRIDGE_STATE/lib.new" && mkdir -p "$BRIDGE_STATE/lib.new"
   cp -r "$SBX_REPO/bridge" "$BRIDGE_STATE/lib.new/"
   rm -rf "$BRIDGE_STATE/lib" && mv "$BRIDGE_STATE/lib.new" "$BRIDGE_STATE/lib"
   chmod -R a+rX "$BRIDGE_STATE/lib"
-  # Root-owned, not writable by users: the archive is sys.path[0] when it runs; replaced at once.
-  # Its bytecode is compiled by the python3 the slurmds run, the Slurm rootfs's (another version's
-  # bytecode is ignored, and every start would compile the modules again: 85 ms of CPU against
-  # 35). That python3 sees the build's files through $BRIDGE_STATE, which the rootfs shares.
   install -d -m 755 "$(dirname "$WAITER_FILE")"
-  install -d -m 700 "$BRIDGE_STATE/build"
-  printf '#!/bin/sh\nexec %q /usr/bin/python3 "$@"\n' "$SLURM_DIR/in-ns.sh" >"$BRIDGE_STATE/build/slurmd-python"
-  chmod 700 "$BRIDGE_STATE/build/slurmd-python"
-  TMPDIR="$BRIDGE_STATE/build" /usr/bin/python3 -I -c 'import sys; sys.path.insert(0, sys.argv[1])
-from bridge.waiter.build import build
-build(sys.argv[2], sys.argv[3])' "$SBX_REPO" "$WAITER_FILE" "$BRIDGE_STATE/build/slurmd-python" >/dev/null
-  # The compiled waiter, static (cgo for its early-signal constructor; Go's own resolver and user
-  # lookup, nothing of the C library's NSS). Root-owned, replaced by one rename.
-  (cd "$SBX_REPO/agent" && PATH="/usr/local/go/bin:$PATH" CGO_ENABLED=1 GOFLAGS=-buildvcs=false \
-    go build -trimpath -tags netgo,osusergo -ldflags '-s -w -linkmode external -extldflags -static' \
-    -o "$WAITER_GO_FILE.new" ./cmd/waiter) || die "cannot build the compiled waiter (agent/cmd/waiter)"
-  chmod 755 "$WAITER_GO_FILE.new" && mv "$WAITER_GO_FILE.new" "$WAITER_GO_FILE"
+  "$SBX_REPO/deploy/slurm/install-waiter.sh" "$WAITER_FILE" >/dev/null || die "cannot install the compiled waiter"
 }
 
 # mint_jwt FILE: a slurmrestd token for the daemon (SlurmUser may see and modify every job).

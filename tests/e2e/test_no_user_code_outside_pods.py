@@ -16,13 +16,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from bridge.waiter import build
-from tests.e2e.sandbox import REPO, Sandbox, job_pods, wait_until, write_script
+from tests.e2e.sandbox import Sandbox, job_pods, wait_until, write_script
 
 PROBE = 'if [ -e /usr/sbin/slurmd ]; then echo ON_SLURMD_HOST; else echo IN_POD; fi\n'
 MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
@@ -308,19 +306,6 @@ def test_the_waiter_ignores_what_the_user_plants(bridge: Sandbox, tmp_path: Path
     assert sorted(p.name for p in plant.iterdir() if p.name.startswith("pwned")) == []
 
 
-IN_SLURM_ROOTFS = REPO / "containers" / "slurm" / "in-ns.sh"
-BYTECODE_CHECK = """
-import importlib.util, sys, zipfile
-archive = zipfile.ZipFile(sys.argv[1])
-names = set(archive.namelist())
-for name in sorted(n for n in names if n.endswith(".py")):
-    header = archive.read(name + "c")[:16] if name + "c" in names else b""
-    source_hash = importlib.util.source_hash(archive.read(name))
-    if header[:4] != importlib.util.MAGIC_NUMBER or header[8:16] != source_hash:
-        print(name)
-"""
-
-
 def _elf_program_types(program: bytes) -> list[int]:
     """The p_type of every program header of a 64-bit little-endian ELF file."""
     assert program[:6] == b"\x7fELF\x02\x01", "not a 64-bit little-endian ELF file"
@@ -332,28 +317,15 @@ def _elf_program_types(program: bytes) -> list[int]:
 PT_INTERP = 3  # names the dynamic loader: a program with it loads libraries a user's environment can steer
 
 
-def test_the_waiter_is_started_by_absolute_path_in_isolated_mode(bridge: Sandbox) -> None:
+def test_the_waiter_is_one_static_program_started_by_absolute_path(bridge: Sandbox) -> None:
     settings = (Path(bridge.env["SLURM_CONF"]).parents[1] / "job_submit_bridge.conf").read_text()
     command = next(line for line in settings.splitlines() if line.startswith("attach_command="))
     words = command.removeprefix("attach_command=").split()
-    assert words[0].startswith("/"), words
-    if Path(words[0]).name.startswith("python"):
-        assert words[1:3] == ["-I", "-S"] and words[3].startswith("/")
-        waiter = Path(words[3])
-        with zipfile.ZipFile(waiter) as archive:  # the zipapp bridge/waiter/build.py makes of this checkout
-            problems = build.archive_problems(archive, build.staged_sources(), bytecode=False)
-            assert problems == [], f"{waiter}: not this checkout's"
-        # Its bytecode is the slurmds' own Python's (the Slurm rootfs's), compiled from the sources
-        # beside it: checked by that Python, whose version this test's need not be.
-        stale = subprocess.run([str(IN_SLURM_ROOTFS), "/usr/bin/python3", "-I", "-S", "-c", BYTECODE_CHECK,
-                                str(waiter)], capture_output=True, text=True, check=True).stdout
-        assert stale == "", f"{waiter}: bytecode not the slurmds' Python's, or not of its sources: {stale}"
-    else:
-        # The compiled waiter: the program itself, then only its options; a static program (no
-        # loader, so no LD_PRELOAD or LD_LIBRARY_PATH of the user's decides what it runs).
-        assert words[1:2] == ["--api"] and len(words) == 3, words
-        waiter = Path(words[0])
-        assert PT_INTERP not in _elf_program_types(waiter.read_bytes()), f"{waiter} is dynamically linked"
+    # The compiled waiter: the program itself, then only its options; a static program (no
+    # loader, so no LD_PRELOAD or LD_LIBRARY_PATH of the user's decides what it runs).
+    assert words[0].startswith("/") and words[1:2] == ["--api"] and len(words) == 3, words
+    waiter = Path(words[0])
+    assert PT_INTERP not in _elf_program_types(waiter.read_bytes()), f"{waiter} is dynamically linked"
     for path in (waiter, waiter.parent):
         assert path.stat().st_uid == 0 and not path.stat().st_mode & 0o022, f"{path} writable by others"
 

@@ -18,13 +18,22 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().out.strip() == __import__("bridge").__version__
 
 
+@pytest.mark.parametrize("command", ["attach", "waiter-build"])
+def test_the_cli_runs_and_builds_no_python_waiter(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # The waiter is the compiled agent/cmd/waiter, which deploy/slurm/install-waiter.sh installs.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "/usr/libexec/slurm-k8s-bridge/waiter"])
+    assert exit_info.value.code == 2
+    assert f"invalid choice: '{command}'" in capsys.readouterr().err
+
+
 def test_job_submit_conf_lists_partitions_keys_and_the_attach_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "bridge.toml"
     config.write_text(
         'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n'
-        '[waiter]\nattach_command = "/opt/b attach"\napi_url = "http://10.0.0.5:8470"\n'
+        '[waiter]\nattach_command = "/opt/b/waiter"\napi_url = "http://10.0.0.5:8470"\n'
         '[partitions.gpu]\ndefault_image = "img:1"\n[partitions.cpu]\n'
     )
 
@@ -32,7 +41,7 @@ def test_job_submit_conf_lists_partitions_keys_and_the_attach_command(
     lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
 
     assert lines == [
-        "attach_command=/opt/b attach --api http://10.0.0.5:8470",
+        "attach_command=/opt/b/waiter --api http://10.0.0.5:8470",
         f"directive_keys={','.join(KEYS)}",
         "partition=cpu",
         "partition=gpu default_image=img:1",

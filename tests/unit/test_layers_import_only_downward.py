@@ -1,7 +1,6 @@
 """The layers of docs/architecture.md are folders of bridge/, and imports only point down:
-core <- clients <- controller <- manager. The waiter runs alone on the slurmd hosts (a zipapp of
-bridge/waiter): it imports itself and the pure core modules it shares with the daemon, nothing
-else; of the rest, only the command line imports the waiter (to run it, or build it)."""
+core <- clients <- controller <- manager. (The waiter that runs on the slurmd hosts is the compiled
+agent/cmd/waiter, no part of bridge/.)"""
 
 from __future__ import annotations
 
@@ -17,11 +16,7 @@ MAY_IMPORT = {
     "clients": {"core", "clients"},
     "controller": {"core", "clients", "controller"},
     "manager": {"core", "clients", "controller", "manager"},
-    "waiter": {"waiter"},
 }
-WAITER_SHARES = {"bridge.core.waiter_protocol", "bridge.core.srun_options", "bridge.core.slurm_commands"}
-"""The core modules the waiter imports: pure and standard library only, as the waiter is."""
-WAITER_IMPORTERS = {"manager/cli.py"}
 
 
 def _modules() -> list[Path]:
@@ -64,12 +59,8 @@ def test_imports_point_down(path: Path) -> None:
         assert _bridge_imports(path) == [], "bridge/__init__.py imports nothing"
         return
     wrong = []
-    relative = path.relative_to(BRIDGE).as_posix()
     for line, name in _bridge_imports(path):
-        allowed = name.split(".")[1] in MAY_IMPORT[layer]
-        allowed |= layer == "waiter" and any(name == m or name.startswith(m + ".") for m in WAITER_SHARES)
-        allowed |= relative in WAITER_IMPORTERS and name.split(".")[1] == "waiter"
-        if not allowed:
+        if name.split(".")[1] not in MAY_IMPORT[layer]:
             wrong.append(f"line {line}: {name}")
     assert wrong == [], f"{layer} may import only {sorted(MAY_IMPORT[layer])}"
 
@@ -85,23 +76,12 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
         bad.unlink()
 
 
-def test_the_checker_sees_the_waiter_import_more_of_the_core(tmp_path: Path) -> None:
-    """The waiter may import the core modules it shares, not the rest of the core."""
-    bad = BRIDGE / "waiter" / "_probe_violation.py"
-    bad.write_text("from bridge.core.waiter_protocol import FORWARDED\n"
-                   "from bridge.core.wellknown import PREFIX\n")
+def test_the_checker_sees_the_controller_import_the_manager(tmp_path: Path) -> None:
+    bad = BRIDGE / "controller" / "_probe_violation.py"
+    bad.write_text("from bridge.core.wellknown import PREFIX\n"
+                   "from bridge.manager.api import serve\n")
     try:
-        with pytest.raises(AssertionError, match=r"line 2: bridge\.core\.wellknown"):
-            test_imports_point_down(bad)
-    finally:
-        bad.unlink()
-
-
-def test_the_checker_sees_the_daemon_import_the_waiter(tmp_path: Path) -> None:
-    bad = BRIDGE / "manager" / "_probe_violation.py"
-    bad.write_text("from bridge.waiter.http_client import post\n")
-    try:
-        with pytest.raises(AssertionError, match="manager may import only"):
+        with pytest.raises(AssertionError, match=r"line 2: bridge\.manager\.api"):
             test_imports_point_down(bad)
     finally:
         bad.unlink()

@@ -212,7 +212,7 @@ def test_the_daemon_accepts_the_config_the_chart_writes(tmp_path: Path) -> None:
     extra = {"config": {
         "extraTopLevel": "termination_grace_s = 5\n",
         "extraSlurm": "poll_interval_s = 0.2\n",
-        "extraWaiter": 'attach_command = "/usr/bin/python3 -I -S /opt/waiter.py"\n',
+        "extraWaiter": 'attach_command = "/opt/slurm-k8s-bridge/waiter"\n',
         "extraTables": '[pods]\nagent_image = "a:1"\n\n[partitions.k8s]\ndefault_image = "busybox:1"\n',
     }}
     config = tmp_path / "config.toml"
@@ -222,7 +222,7 @@ def test_the_daemon_accepts_the_config_the_chart_writes(tmp_path: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
 
     assert result.returncode == 0, result.stderr
-    assert (f"attach_command=/usr/bin/python3 -I -S /opt/waiter.py --api http://{RELEASE}.{RELEASE_NAMESPACE}"
+    assert (f"attach_command=/opt/slurm-k8s-bridge/waiter --api http://{RELEASE}.{RELEASE_NAMESPACE}"
             ".svc:8470") in result.stdout
     assert "partition=k8s default_image=busybox:1" in result.stdout
     assert tomllib.loads(config.read_text())["termination_grace_s"] == 5

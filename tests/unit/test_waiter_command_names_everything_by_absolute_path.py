@@ -1,9 +1,12 @@
 """waiter.attach_command runs as the job's user, in the user's environment and directory: the config
-refuses any form whose program or script the user's PATH, cwd or PYTHON* variables could pick, and
-doctor refuses files that anyone but root may replace."""
+refuses any form whose program the user's PATH or cwd could pick, and any Python waiter (there is
+none any more); doctor refuses a program that anyone but root may replace, or that is not static."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,8 @@ import pytest
 from bridge.core.attach_command import DEFAULT_ATTACH_COMMAND, attach_command_files
 from bridge.core.config import ConfigError, parse_config
 from bridge.manager import cli
-from bridge.manager.doctor import CheckFailed, Doctor, waiter_install_problems
+from bridge.manager.doctor import CheckFailed, Doctor
+from bridge.manager.doctor_waiter import waiter_install_problems
 
 MINIMAL = 'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n[partitions.k8s]\n'
 
@@ -20,8 +24,8 @@ def _with_attach(command: str) -> str:
     return MINIMAL + f"[waiter]\nattach_command = '{command}'\n"
 
 
-def test_the_default_starts_the_installed_waiter_file_in_isolated_mode() -> None:
-    assert DEFAULT_ATTACH_COMMAND == "/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py"
+def test_the_default_starts_the_installed_compiled_waiter() -> None:
+    assert DEFAULT_ATTACH_COMMAND == "/usr/libexec/slurm-k8s-bridge/waiter"
     assert parse_config(MINIMAL).waiter.attach_command == DEFAULT_ATTACH_COMMAND
 
 
@@ -36,25 +40,30 @@ def test_job_submit_conf_writes_the_default_command(
     assert f"attach_command={DEFAULT_ATTACH_COMMAND} --api http://127.0.0.1:8470" in capsys.readouterr().out
 
 
+PYTHON_GONE = "starts a Python waiter, which no longer exists: the waiter is the compiled "
+
+
 @pytest.mark.parametrize(
     ("command", "message"),
     [
         ("slurm-k8s-bridge attach", "does not start with an absolute path"),
-        ("python3 -I -S /usr/libexec/w.py", "does not start with an absolute path"),
-        ("./waiter.py", "does not start with an absolute path"),
-        ("/usr/bin/env python3 -I -S /usr/libexec/w.py", "starts env, which runs another program"),
-        ("/bin/env -i /usr/bin/python3 -I /w.py", "starts env"),
-        ("/bin/sh -c /usr/libexec/w.py", "starts sh"),
-        ("/usr/bin/nice -n 5 python3 -I /w.py", "starts nice"),
-        ("/usr/bin/python3 -S /usr/libexec/w.py", "runs Python without -I"),
-        ("/usr/bin/python3 /usr/libexec/w.py -I", "runs Python without -I"),  # a script argument
-        ("/usr/bin/python3.11 -E -s /usr/libexec/w.py", "runs Python without -I"),
-        ("/opt/venv/bin/python -X importtime /w.py", "runs Python without -I"),
-        ("/usr/bin/python3 -I -S waiter.py", "the script 'waiter.py' is not an absolute path"),
-        ("/usr/bin/python3 -I -S $HOME/waiter.py", "holds '\\$', which the batch script's shell"),
-        ("/usr/bin/python3 -I -S /w.py; id", "holds ';'"),
-        ("/usr/libexec/w*.py", r"holds '\*'"),
-        ('/usr/bin/python3 -I "/w.py', "not a valid command line"),
+        ("waiter --api http://d:1", "does not start with an absolute path"),
+        ("./waiter", "does not start with an absolute path"),
+        ("/usr/bin/env waiter", "starts env, which runs another program"),
+        ("/bin/env -i /usr/libexec/w", "starts env"),
+        ("/bin/sh -c /usr/libexec/w", "starts sh"),
+        ("/usr/bin/nice -n 5 waiter", "starts nice"),
+        ("/usr/libexec/w $HOME", "holds '\\$', which the batch script's shell"),
+        ("/usr/libexec/w; id", "holds ';'"),
+        ("/usr/libexec/w*", r"holds '\*'"),
+        ('/usr/libexec/w "--api', "not a valid command line"),
+        # The Python waiter, however isolated, is gone: a clear word beats a job that fails at its start.
+        ("/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py",
+         PYTHON_GONE + r"/usr/libexec/slurm-k8s-bridge/waiter \(install it with "
+         r"deploy/slurm/install-waiter\.sh /usr/libexec/slurm-k8s-bridge/waiter\)"),
+        ("/usr/bin/python3.11 -I -m bridge.waiter.attach", PYTHON_GONE),
+        ("/opt/venv/bin/pypy3 /w.py", PYTHON_GONE),
+        ("/opt/slurm-k8s-bridge/bin/slurm-k8s-bridge attach", PYTHON_GONE),
     ],
 )
 def test_a_command_the_user_could_redirect_is_refused_naming_the_key(command: str, message: str) -> None:
@@ -66,24 +75,31 @@ def test_a_command_the_user_could_redirect_is_refused_naming_the_key(command: st
 @pytest.mark.parametrize(
     "command",
     [
-        "/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py",
-        "/usr/bin/python3 -IS /usr/libexec/slurm-k8s-bridge/waiter.py",
-        "/usr/bin/python3.11 -X importtime -I /usr/libexec/w.py",
-        "/usr/bin/python3 -W ignore -I -S /usr/libexec/w.py",
-        "/usr/bin/python3 -I -m bridge.waiter.attach",  # -I: the module is not looked up in the cwd
-        "/opt/slurm-k8s-bridge/bin/slurm-k8s-bridge attach",
+        "/usr/libexec/slurm-k8s-bridge/waiter",
+        "/opt/bridge/bin/waiter --ca /etc/bridge/ca.pem",
+        "/usr/local/libexec/waiter-2",
     ],
 )
-def test_absolute_isolated_commands_are_accepted(command: str) -> None:
+def test_absolute_commands_are_accepted(command: str) -> None:
     assert parse_config(_with_attach(command)).waiter.attach_command == command
 
 
-def test_the_files_a_command_runs_are_its_program_and_its_python_script() -> None:
-    assert attach_command_files(DEFAULT_ATTACH_COMMAND) == [
-        "/usr/bin/python3", "/usr/libexec/slurm-k8s-bridge/waiter.py"
-    ]
-    assert attach_command_files("/usr/bin/python3 -X dev -I /w.py --api x") == ["/usr/bin/python3", "/w.py"]
-    assert attach_command_files("/opt/b/bin/slurm-k8s-bridge attach") == ["/opt/b/bin/slurm-k8s-bridge"]
+def test_the_file_a_command_runs_is_its_program() -> None:
+    assert attach_command_files(DEFAULT_ATTACH_COMMAND) == ["/usr/libexec/slurm-k8s-bridge/waiter"]
+    assert attach_command_files("/opt/b/waiter --ca /etc/ca.pem") == ["/opt/b/waiter"]
+
+
+def _static_program(directory: Path) -> Path:
+    """A static ELF program, as install-waiter.sh makes the waiter (gcc -static: faster than Go)."""
+    assert shutil.which("gcc"), "gcc is needed to build a static program for this test"
+    source = directory.parent / "main.c"
+    source.write_text("int main(void) { return 0; }\n")
+    program = directory / "waiter"
+    built = subprocess.run(["gcc", "-static", "-o", str(program), str(source)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, f"gcc -static failed (is libc.a installed?): {built.stderr}"
+    program.chmod(0o755)
+    return program
 
 
 @pytest.fixture
@@ -91,60 +107,98 @@ def installed(tmp_path: Path) -> tuple[str, Path]:
     libexec = tmp_path / "libexec"
     libexec.mkdir(mode=0o755)
     libexec.chmod(0o755)
-    script = libexec / "waiter.py"
-    script.write_text("# the waiter\n")
-    script.chmod(0o644)
-    python = Path("/usr/bin/python3").resolve()
-    return f"{python} -I -S {script}", script
+    program = _static_program(libexec)
+    return f"{program} --api http://d:1", program
 
 
 def test_doctor_accepts_a_waiter_only_its_owner_can_write(installed: tuple[str, Path]) -> None:
-    command, script = installed
-    owner = script.stat().st_uid
+    command, program = installed
+    owner = program.stat().st_uid
     # Owned by root on a real install; here by whoever runs the tests (trusted for this check).
     assert waiter_install_problems(command, frozenset({0, owner})) == []
 
 
 def test_doctor_refuses_a_waiter_others_may_replace(installed: tuple[str, Path]) -> None:
-    command, script = installed
-    owner = frozenset({0, script.stat().st_uid})
-    script.chmod(0o664)
-    assert waiter_install_problems(command, owner) == [f"{script} is writable by group or others (mode 664)"]
-    script.chmod(0o644)
-    script.parent.chmod(0o777)
+    command, program = installed
+    owner = frozenset({0, program.stat().st_uid})
+    program.chmod(0o664)
+    assert waiter_install_problems(command, owner) == [f"{program} is writable by group or others (mode 664)"]
+    program.chmod(0o644)
+    program.parent.chmod(0o777)
     assert waiter_install_problems(command, owner) == [
-        f"{script.parent} is writable by group or others (mode 777)"
+        f"{program.parent} is writable by group or others (mode 777)"
     ]
 
 
 def test_doctor_refuses_a_waiter_of_another_owner(installed: tuple[str, Path]) -> None:
-    command, script = installed
+    command, program = installed
     problems = waiter_install_problems(command, frozenset({987654}))
-    assert f"{script} is owned by uid {script.stat().st_uid}, not root" in problems
+    assert f"{program} is owned by uid {program.stat().st_uid}, not root" in problems
 
 
 async def test_doctor_names_a_waiter_missing_here_without_failing(
     installed: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # doctor also runs where no slurmd does (the daemon's image, another host): a note, no failure.
-    command, script = installed
-    script.unlink()
+    command, program = installed
+    program.unlink()
     monkeypatch.delenv("POD_NAME", raising=False)
     cfg = parse_config(_with_attach(command))
 
     assert waiter_install_problems(command) == []
     assert await Doctor(cfg, None).check_waiter() == (
-        f"{script} not on this host: install it on every host of a bridged slurmd (root-owned, "
-        "mode 644) and run doctor there"
+        f"{program} not on this host: install it on every host of a bridged slurmd (as root, from the "
+        f"bridge's source: deploy/slurm/install-waiter.sh {program}) and run doctor there"
     )
 
 
 async def test_doctor_fails_the_waiter_check_for_a_replaceable_file(
     installed: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    command, script = installed
-    script.chmod(0o666)
+    command, program = installed
+    program.chmod(0o666)
     monkeypatch.delenv("POD_NAME", raising=False)
 
-    with pytest.raises(CheckFailed, match="is writable by group or others"):
+    with pytest.raises(CheckFailed) as failed:
         await Doctor(parse_config(_with_attach(command)), None).check_waiter()
+    assert f"{program} is writable by group or others (mode 666)" in str(failed.value)
+    assert str(failed.value).endswith(
+        f"Install it as root, from the bridge's source: deploy/slurm/install-waiter.sh {program}")
+
+
+async def test_doctor_passes_a_static_root_owned_waiter(
+    installed: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert os.geteuid() == 0, "this test needs root: doctor trusts only a root-owned waiter"
+    command, _ = installed
+    monkeypatch.delenv("POD_NAME", raising=False)
+
+    assert await Doctor(parse_config(_with_attach(command)), None).check_waiter() == (
+        f"{command} is in place: a static program, root-owned, writable by root only")
+
+
+def test_doctor_refuses_a_dynamically_linked_waiter(installed: tuple[str, Path]) -> None:
+    # /bin/true asks for ld.so, which would follow the job's LD_PRELOAD and LD_LIBRARY_PATH.
+    command, program = installed
+    shutil.copyfile("/bin/true", program)
+    assert waiter_install_problems(command, frozenset({0, program.stat().st_uid})) == [
+        f"{program} is dynamically linked: its program interpreter would follow the job's LD_PRELOAD "
+        "and LD_LIBRARY_PATH"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"#!/usr/bin/python3 -I\nimport bridge\n", "is not an ELF program: the waiter is the compiled one"),
+        (b"", "is not an ELF program: the waiter is the compiled one"),
+        ("truncated", "is a truncated or malformed ELF program"),
+    ],
+)
+def test_doctor_refuses_a_waiter_that_is_no_whole_elf_program(
+    installed: tuple[str, Path], content: bytes | str, problem: str
+) -> None:
+    command, program = installed
+    # The static program's headers, its program header table cut off.
+    program.write_bytes(program.read_bytes()[:80] if content == "truncated" else content)
+    assert waiter_install_problems(command, frozenset({0, program.stat().st_uid})) == [f"{program} {problem}"]

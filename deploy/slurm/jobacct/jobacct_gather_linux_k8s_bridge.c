@@ -9,7 +9,7 @@
  * before, and then, for a task that has a usage file, puts the pod's figures in its place:
  *
  *   /run/slurm-k8s-bridge/usage/<slurmstepd pid>/<task pid>
- *     one line, written by the waiter (bridge/waiter/usage.py): a batch step's latest sample, or
+ *     one line, written by the waiter (agent/internal/waiter/usage.go): a batch step's latest sample, or
  *     the rusage of a step's task (agent/task_wait.go)
  *     "k8s-bridge-usage-v1 USER_US SYS_US RSS MAX_RSS VSIZE MAX_VSIZE READ WRITE MAJFLT
  *      WAITER_USER_US WAITER_SYS_US SUM"

@@ -630,8 +630,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return rc;
 }
 
-/* The waiter's first act is to set its handlers and unblock these (bridge/waiter/early_signals.py,
- * HELD_SIGNALS); the mask set here, in the task just before its exec, survives the exec. */
+/* The waiter's first act is to set its handlers and unblock these (agent/internal/earlysignals,
+ * its constructor runs before the Go runtime); the mask set here, in the task just before its exec, survives the exec. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	/* Not TERM or INT: the site's TaskProlog, which runs after this hook, inherits the mask. */

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# install-waiter.sh DEST: build the compiled waiter (agent/cmd/waiter) of this checkout and install
+# it as DEST, the program `[waiter] attach_command` names (default
+# /usr/libexec/slurm-k8s-bridge/waiter). Run as root on every host of a bridged slurmd.
+#
+# The waiter runs as the job's user, so nobody but root may replace it: DEST ends up root-owned,
+# mode 755, in a directory only root writes, and takes the place of the old one by one rename (a
+# job starting meanwhile runs the old or the new program, never half of one). It is static: cgo for
+# its early-signal constructor, Go's own resolver and user lookup (nothing of the C library's NSS,
+# which the host's or the job's settings would steer), no program interpreter (ld.so) that the
+# job's environment could steer either.
+set -euo pipefail
+
+die() { echo "install-waiter.sh: $*" >&2; exit 1; }
+
+[ $# -eq 1 ] || die "usage: install-waiter.sh DEST (e.g. /usr/libexec/slurm-k8s-bridge/waiter)"
+dest=$1
+case $dest in
+  /*) ;;
+  *) die "DEST must be an absolute path, not '$dest' (attach_command names it so)" ;;
+esac
+[ "$(id -u)" = 0 ] || die "run it as root: the waiter must be root-owned"
+dir=$(dirname "$dest")
+[ -d "$dest" ] && die "$dest is a directory; DEST is the waiter's file"
+if [ ! -d "$dir" ]; then
+  install -d -m 755 -o root -g root "$dir"
+fi
+# Whoever may write the directory may put another program in the waiter's place.
+owner=$(stat -c %u "$dir")
+[ "$owner" = 0 ] || die "$dir is owned by uid $owner, not root: anyone it belongs to could replace the waiter"
+mode=$(stat -c %a "$dir")
+(( (8#$mode & 8#022) == 0 )) || die "$dir is writable by group or others (mode $mode): anyone could replace the waiter"
+
+agent=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../agent" && pwd) || die "no agent/ beside deploy/: run it from a checkout"
+export PATH="$PATH:/usr/local/go/bin"  # the PATH's Go first, else Go's own install place
+command -v go >/dev/null || die "no Go toolchain (looked on the PATH and in /usr/local/go/bin)"
+command -v gcc >/dev/null || die "no gcc: the waiter's early-signal constructor is C (cgo)"
+
+# Built beside DEST, so that the rename that installs it stays within one file system.
+new=$(mktemp "$dir/.waiter.XXXXXX")
+trap 'rm -f "$new"' EXIT
+(cd "$agent" && CGO_ENABLED=1 GOFLAGS=-buildvcs=false go build -trimpath -tags netgo,osusergo \
+  -ldflags '-s -w -linkmode external -extldflags -static' -o "$new" ./cmd/waiter) \
+  || die "cannot build the waiter (agent/cmd/waiter); is the C library's static archive (libc.a) installed?"
+# gcc comes with binutils' readelf. A program interpreter would mean a dynamic program.
+headers=$(readelf -l "$new") || die "cannot read the build's program headers (readelf)"
+case $headers in
+  *INTERP*) die "the build is not static (it asks for a program interpreter)" ;;
+esac
+chown root:root "$new"
+chmod 755 "$new"
+mv -f "$new" "$dest"
+trap - EXIT
+echo "$dest"
