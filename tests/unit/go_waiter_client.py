@@ -44,6 +44,16 @@ def go_test(name: str, env: dict[str, str] | None = None, package: str = "./inte
     return result.stdout
 
 
+def go_test_binary(directory: Path, package: str = "./internal/waiter/") -> Path:
+    """`package`'s Go tests compiled into one program, for a test to run with the fds, the
+    environment or the namespace a case needs (`-test.run ^NAME$` picks the test)."""
+    binary = directory / "waiter.test"
+    if not binary.exists():
+        subprocess.run([go_binary(), "test", "-c", "-o", str(binary), package], cwd=ROOT / "agent",
+                       check=True, capture_output=True, timeout=600)
+    return binary
+
+
 def go_constants(tmp_path: Path, test: str, variable: str) -> dict[str, object]:
     """What the Go test `test` wrote as JSON to the file named by the environment `variable`."""
     out = tmp_path / f"{test}.json"
