@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -29,13 +31,21 @@ from bridge.core import wellknown
 from bridge.core.agent_protocol import EXIT_FAILED, EXIT_NO_SUCH_PROCESS, EXIT_NOT_STARTED
 from bridge.core.config import PartitionConfig
 from bridge.core.errors import ExecCommandFailed, ExecOutcomeUnknown, KubeUnavailable
-from bridge.core.waiter_protocol import request_digest
+from bridge.core.waiter_protocol import FORWARDED, request_digest
 from bridge.manager.api import Api
-from bridge.waiter import attach as waiter
-from bridge.waiter import early_signals
-from bridge.waiter.http_client import DaemonError
 
 from .builders import SecretStore, allocation, config, payload
+from .go_waiter_client import (
+    Exchange,
+    FakeDaemon,
+    batch_script,
+    fakes,
+    go_constants,
+    go_test,
+    go_waiter,
+    namespaces_work,
+    run_waiter,
+)
 
 USR1, USR2 = int(signal.SIGUSR1), int(signal.SIGUSR2)
 UNMUNGE_OK = (
@@ -309,124 +319,88 @@ async def test_an_attach_with_crafted_signals_is_refused(tmp_path: Path, signals
     assert reconciler.sessions.of_job(42) == []
 
 
-# -- the waiter ----------------------------------------------------------------------------------
-
-
-class Daemon:
-    """The daemon's answers as the waiter sees them: each /signal and /attach call is recorded."""
-
-    def __init__(self, signal_answers: list[int]) -> None:
-        self.signal_answers = signal_answers
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-
-    def post(self, _url: Any, path: str, _job: int, body: dict[str, Any], *_args: Any) -> Any:
-        action = path.rsplit("/", 1)[1]
-        self.calls.append((action, json.loads(json.dumps(body))))
-        if action == "signal":
-            status = self.signal_answers.pop(0) if self.signal_answers else 200
-            if status != 200:
-                raise DaemonError(status, "not now")
-            return _Answer([])
-        return _Answer([b'{"type": "exit", "code": 0, "signal": null}\n'])
-
-
-class _Answer(list):  # type: ignore[type-arg]
-    def __enter__(self) -> _Answer:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+# -- the waiter (the compiled one: agent/internal/waiter/script_signals_test.go, and its binary) --
 
 
 @pytest.mark.parametrize("refusal", [409, 503])
-def test_a_signal_the_daemon_did_not_take_goes_with_the_next_attach(monkeypatch: Any, refusal: int) -> None:
-    daemon = Daemon([refusal])
-    monkeypatch.setattr(waiter, "post", daemon.post)
-    monkeypatch.setattr(waiter, "output_merged", lambda: True)
-    job = waiter.Waiter("http://127.0.0.1:1", 42, "true\n", {"SLURM_JOB_ID": "42"}, "/tmp")
-
-    job.forward_signal(USR1)
-    code = job.run()
-
-    assert code == 0
-    assert [action for action, _ in daemon.calls] == ["signal", "attach"]
-    assert daemon.calls[0][1] == {"signal": USR1, "seq": 1}
-    assert daemon.calls[1][1]["signals"] == [[1, USR1]]
+def test_a_signal_the_daemon_did_not_take_goes_with_the_next_attach(refusal: int) -> None:
+    go_test("TestASignalTheDaemonDidNotTakeGoesWithTheNextAttach", {"TEST_REFUSAL": str(refusal)})
 
 
-def test_a_signal_the_daemon_took_is_not_posted_again_and_the_attach_offers_it_until_delivered(
-    monkeypatch: Any
-) -> None:
-    daemon = Daemon([200, 503])
-    monkeypatch.setattr(waiter, "post", daemon.post)
-    monkeypatch.setattr(waiter, "output_merged", lambda: True)
-    job = waiter.Waiter("http://127.0.0.1:1", 42, "true\n", {"SLURM_JOB_ID": "42"}, "/tmp")
-
-    job.forward_signal(USR1)
-    job.forward_signal(USR2)
-    job.run()
-
-    assert [body.get("seq") for action, body in daemon.calls if action == "signal"] == [1, 2]
-    # USR1 was taken (seq 1: the daemon drops it if it still has it), USR2 not (the 503).
-    assert daemon.calls[-1][1]["signals"] == [[1, USR1], [2, USR2]]
+def test_a_signal_the_daemon_took_is_not_posted_again_and_the_attach_offers_it_until_delivered() -> None:
+    go_test("TestASignalTheDaemonTookIsNotPostedAgainAndTheAttachOffersItUntilDelivered")
 
 
-def test_a_signal_during_a_send_is_sent_after_it_in_order(monkeypatch: Any) -> None:
-    daemon = Daemon([])
-    job = waiter.Waiter("http://127.0.0.1:1", 42, "true\n", {"SLURM_JOB_ID": "42"}, "/tmp")
-    nested: list[bool] = []
-
-    def post_interrupted_once(*args: Any) -> Any:
-        if not nested:
-            nested.append(True)
-            job.forward_signal(USR2)  # the handler runs in the middle of the first send
-        return daemon.post(*args)
-
-    monkeypatch.setattr(waiter, "post", post_interrupted_once)
-    job.forward_signal(USR1)
-
-    assert [(body["seq"], body["signal"]) for _, body in daemon.calls] == [(1, USR1), (2, USR2)]
+def test_a_signal_during_a_send_is_sent_after_it_in_order() -> None:
+    go_test("TestASignalDuringASendIsSentAfterItInOrder")
 
 
 # -- a signal while the waiter starts ------------------------------------------------------------
 
-EARLY_SIGNAL_PROGRAM = """
-import os, signal, sys
-from bridge.waiter import attach, early_signals, main
-
-# As the step guard starts the waiter: the signals blocked; Slurm's USR1 then comes at once.
-signal.pthread_sigmask(signal.SIG_BLOCK, early_signals.HELD_SIGNALS)
-os.kill(os.getpid(), signal.SIGUSR1)
-forwarded = []
-attach.Waiter.forward_signal = lambda self, signum: forwarded.append(int(signum))
-attach.Waiter.run = lambda self: print(forwarded, sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
-sys.exit(main.main([sys.argv[1]]))
-"""
+# As the step guard starts the waiter: the signals it holds blocked; Slurm's USR1 then comes at once
+# and waits, pending, across the exec.
+HOLD_USR1_THEN_EXEC = ("import os, signal, sys\n"
+                       "signal.pthread_sigmask(signal.SIG_BLOCK, [int(s) for s in sys.argv[1].split(',')])\n"
+                       "os.kill(os.getpid(), signal.SIGUSR1)\n"
+                       "os.execv(sys.argv[2], sys.argv[2:])\n")
+# Munge, as the waiter starts it, notes its blocked signals (the mask a child inherits).
+MUNGE_NOTING_ITS_MASK = ("#!/bin/sh\ngrep '^SigBlk:' /proc/self/status >>/opt/masks\n"
+                         "printf 'MUNGE:'\nexec cat\n")
 
 
 def test_a_signal_that_comes_while_the_waiter_starts_is_passed_on_not_its_death(tmp_path: Path) -> None:
-    import subprocess
+    if not namespaces_work():
+        pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+    held = _signals_the_guard_holds()
+    passed_on: list[tuple[int, int]] = []
+    got_it = threading.Event()
 
-    script = tmp_path / "batch.sh"
-    script.write_text(f"#!/bin/sh\nexec waiter\n{waiter.MARKER}\necho hello\n")
-    result = subprocess.run(
-        [sys.executable, "-c", EARLY_SIGNAL_PROGRAM, str(script)], capture_output=True, text=True,
-        cwd=Path(__file__).resolve().parents[2], env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin"},
-        timeout=60, check=False,
-    )
+    def signal_endpoint(exchange: Exchange) -> None:
+        passed_on.append((exchange.json["seq"], exchange.json["signal"]))  # type: ignore[arg-type]
+        got_it.set()
+        exchange.answer(200, "{}")
 
-    assert result.returncode == 0, (result.returncode, result.stderr)
-    assert result.stdout.strip() == f"[{USR1}] []", "passed on once, and nothing left blocked"
+    def attach(exchange: Exchange) -> None:
+        offered = [tuple(pair) for pair in exchange.json["signals"]]  # type: ignore[attr-defined]
+        passed_on.extend(offered)
+        if not offered:
+            assert got_it.wait(20), "the signal never reached the daemon"
+        exchange.stream({"type": "signal-done", "signal": USR1, "seq": 1},
+                        {"type": "exit", "code": 0, "signal": None})
+
+    daemon = FakeDaemon({"attach": attach, "signal": signal_endpoint})
+    try:
+        script = batch_script(tmp_path, b"echo hello\n")
+        opt = fakes(tmp_path, munge=MUNGE_NOTING_ITS_MASK)
+        run = run_waiter([sys.executable, "-c", HOLD_USR1_THEN_EXEC, ",".join(map(str, sorted(held))),
+                          *go_waiter(tmp_path)], daemon, args=[str(script)], cwd=tmp_path, opt=opt,
+                         env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin"})
+    finally:
+        daemon.close()
+
+    assert run.returncode == 0, (run.returncode, run.stderr)
+    assert set(passed_on) == {(1, USR1)}, "passed on once (offered again until reported delivered)"
+    masks = (opt / "masks").read_text().split("\n")[:-1]
+    assert masks and set(masks) == {"SigBlk:\t0000000000000000"}, "nothing left blocked for what it starts"
 
 
-def test_the_step_guard_blocks_exactly_the_signals_the_waiter_unblocks() -> None:
-    import re
-
+def _signals_the_guard_holds() -> set[int]:
     guard = (Path(__file__).resolve().parents[2] / "deploy/slurm/spank/slurm_k8s_bridge_guard.c").read_text()
     listed = re.search(r"held_signals\[\] = \{([^}]*)\}", guard)
     assert listed is not None, "the guard lists the signals it holds"
-    held = {getattr(signal, name.strip()) for name in listed.group(1).split(",")}
-    assert held == set(early_signals.HELD_SIGNALS)
+    return {int(getattr(signal, name.strip())) for name in listed.group(1).split(",")}
+
+
+def test_the_step_guard_blocks_exactly_the_signals_the_waiter_unblocks(tmp_path: Path) -> None:
+    """The waiter forwards (and unblocks, by asking for them) exactly the signals the guard holds;
+    it takes those pending at its start, and TERM and INT, before the Go runtime acts on them."""
+    constants = go_constants(tmp_path, "TestSignalConstantsDump", "WAITER_SIGNAL_CONSTANTS_OUT")
+    held = _signals_the_guard_holds()
+    assert set(constants["forwarded"]) == held == {int(s) for s in FORWARDED}  # type: ignore[call-overload]
+    assert set(constants["early_kept"]) == held | {signal.SIGTERM, signal.SIGINT}  # type: ignore[call-overload]
+    root = Path(__file__).resolve().parents[2]
+    constructor = (root / "agent/internal/earlysignals/earlysignals.go").read_text()
+    listed = re.search(r"early_kept\[\] = \{([^}]*)\}", constructor)
+    assert listed is not None, "the C constructor lists the signals it takes"
+    assert {int(getattr(signal, name.strip())) for name in listed.group(1).split(",")} == set(
+        constants["early_kept"])  # type: ignore[call-overload]

@@ -6,85 +6,30 @@ twice."""
 
 from __future__ import annotations
 
-import json
 import signal
 from typing import Any
 
-from bridge.waiter import attach as waiter
-
-from .test_a_batch_signal_is_kept_until_the_script_got_it import _Answer, _attached, _world
+from .go_waiter_client import go_test
+from .test_a_batch_signal_is_kept_until_the_script_got_it import _attached, _world
 
 USR1, USR2 = int(signal.SIGUSR1), int(signal.SIGUSR2)
-EXIT = b'{"type": "exit", "code": 0, "signal": null}\n'
 
 
-class RestartingDaemon:
-    """Takes every /signal; each attach gets the next scripted stream (a stream without an exit
-    is a daemon that went away, and the waiter attaches again)."""
-
-    def __init__(self, streams: list[list[bytes]]) -> None:
-        self.streams = streams
-        self.attaches: list[list[list[int]]] = []
-        self.signals: list[tuple[int, int]] = []
-
-    def post(self, _url: Any, path: str, _job: int, body: dict[str, Any], *_args: Any) -> Any:
-        body = json.loads(json.dumps(body))
-        if path.endswith("/signal"):
-            self.signals.append((body["seq"], body["signal"]))
-            return _Answer([])
-        self.attaches.append(body["signals"])
-        return _Answer(self.streams.pop(0))
+# The waiter's side: agent/internal/waiter/script_signals_test.go, whose fake daemon takes every
+# /signal and gives each attach the next scripted stream (a stream without an exit is a daemon
+# that went away, and the waiter attaches again).
 
 
-def _done(signum: int, seq: int) -> bytes:
-    return json.dumps({"type": "signal-done", "signal": signum, "seq": seq}).encode() + b"\n"
+def test_a_taken_signal_goes_with_every_attach_until_the_daemon_reports_it_delivered() -> None:
+    go_test("TestATakenSignalGoesWithEveryAttachUntilTheDaemonReportsItDelivered")
 
 
-def _waiter(monkeypatch: Any, daemon: RestartingDaemon) -> waiter.Waiter:
-    monkeypatch.setattr(waiter, "post", daemon.post)
-    monkeypatch.setattr(waiter, "output_merged", lambda: True)
-    return waiter.Waiter("http://127.0.0.1:1", 42, "true\n", {"SLURM_JOB_ID": "42"}, "/tmp")
+def test_a_report_for_an_older_signal_keeps_the_newer_one_of_its_kind() -> None:
+    go_test("TestAReportForAnOlderSignalKeepsTheNewerOneOfItsKind")
 
 
-def test_a_taken_signal_goes_with_every_attach_until_the_daemon_reports_it_delivered(
-    monkeypatch: Any,
-) -> None:
-    daemon = RestartingDaemon([
-        [],                               # the daemon dies before the pod runs
-        [_done(USR1, 1)],                 # the next one delivers it, then goes away too
-        [EXIT],
-    ])
-    job = _waiter(monkeypatch, daemon)
-
-    job.forward_signal(USR1)  # taken at once by the first daemon (its /signal)
-    code = job.run()
-
-    assert code == 0
-    assert daemon.signals == [(1, USR1)]
-    assert daemon.attaches == [[[1, USR1]], [[1, USR1]], []]
-
-
-def test_a_report_for_an_older_signal_keeps_the_newer_one_of_its_kind(monkeypatch: Any) -> None:
-    daemon = RestartingDaemon([[_done(USR1, 1)], [EXIT]])
-    job = _waiter(monkeypatch, daemon)
-
-    job.forward_signal(USR1)
-    job.forward_signal(USR1)  # taken too (seq 2): the first may have been delivered meanwhile
-    job.forward_signal(USR2)
-    job.run()
-
-    assert daemon.attaches == [[[2, USR1], [3, USR2]], [[2, USR1], [3, USR2]]]
-
-
-def test_what_a_waiter_keeps_stays_one_signal_per_kind_under_a_flood(monkeypatch: Any) -> None:
-    daemon = RestartingDaemon([[EXIT]])
-    job = _waiter(monkeypatch, daemon)
-
-    for _ in range(1000):
-        job.forward_signal(USR1)
-    job.run()
-
-    assert daemon.attaches == [[[1000, USR1]]]
+def test_what_a_waiter_keeps_stays_one_signal_per_kind_under_a_flood() -> None:
+    go_test("TestWhatAWaiterKeepsStaysOneSignalPerKindUnderAFlood")
 
 
 def _events(session: Any) -> list[dict[str, Any]]:

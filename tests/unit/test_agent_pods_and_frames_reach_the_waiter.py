@@ -9,7 +9,7 @@ import base64
 import json
 import os
 import subprocess
-import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,12 @@ from bridge.core.outcome import FailedBeforeStart, Finished, Running, job_outcom
 from bridge.core.translate import desired_pods
 
 from .builders import allocation, config, payload
+from .go_waiter_client import go_test_binary
 
 AGENT = "/slurm-k8s-bridge-bin/slurm-k8s-bridge-agent"
 PIDFILE = "/slurm-k8s-bridge-bin/script.pid"
 SCRIPT_PATH = "/slurm-k8s-bridge/slurm_script"
 AGENT_IMAGE = "reg.example/slurm-k8s-bridge-agent:1"
-ROOT = Path(__file__).resolve().parents[2]
 THREE_NODES = (
     NodeAllocation("kube1", cpus=2, memory_mb=1024, gpu_indices=()),
     NodeAllocation("kube2", cpus=1, memory_mb=512, gpu_indices=()),
@@ -301,67 +301,70 @@ def test_a_failed_init_container_is_blamed_on_the_agent(
     assert result.reason == f"slurm-9-{index}: the bridge's agent could not be set up: {explained}"
 
 
-# -- (d) the waiter writes what the pods wrote --------------------------------------------------
-
-LOAD = (
-    "import sys\n"
-    f"sys.path.insert(0, {str(ROOT)!r})\n"
-    "from bridge.waiter import output as attach\n"
-)
+# -- (d) the waiter writes what the pods wrote ---------------------------------------------------
+# The compiled waiter's output functions (agent/internal/waiter/output.go), in its test program
+# (output_test.go) run with the fds slurmstepd would give it.
 
 
-def waiter_python(code: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-    """`code` after importing the waiter's output module, in a fresh interpreter started as the
-    waiter is."""
-    return subprocess.run([sys.executable, "-I", "-S", "-c", LOAD + code], timeout=60, check=False, **kwargs)
+@pytest.fixture(scope="module")
+def output_program(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return [str(go_test_binary(tmp_path_factory.mktemp("go"))), "-test.run", "^TestOutputAsTheJobSeesIt$"]
 
 
-def merged_seen(stdout: Any, stderr: Any) -> int:
-    code = "sys.exit(10 if attach.output_merged() else 20)"
-    return waiter_python(code, stdout=stdout, stderr=stderr).returncode
+def waiter_output(program: list[str], case: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(program, env={**os.environ, "WAITER_OUTPUT_CASE": case}, timeout=60, check=False,
+                          **kwargs)
 
 
-def test_one_file_for_stdout_and_stderr_is_merged(tmp_path: Path) -> None:
+def merged_seen(program: list[str], stdout: Any, stderr: Any) -> int:
+    return waiter_output(program, "merged", stdout=stdout, stderr=stderr).returncode
+
+
+def test_one_file_for_stdout_and_stderr_is_merged(output_program: list[str], tmp_path: Path) -> None:
     with open(tmp_path / "slurm-1.out", "wb") as out:
-        assert merged_seen(out, subprocess.STDOUT) == 10
+        assert merged_seen(output_program, out, subprocess.STDOUT) == 10
 
 
-def test_the_same_file_opened_twice_is_merged(tmp_path: Path) -> None:
+def test_the_same_file_opened_twice_is_merged(output_program: list[str], tmp_path: Path) -> None:
     """-o and -e naming one file: slurmstepd opens it twice, the inode is the same."""
     with open(tmp_path / "slurm-1.out", "ab") as out, open(tmp_path / "slurm-1.out", "ab") as err:
-        assert merged_seen(out, err) == 10
+        assert merged_seen(output_program, out, err) == 10
 
 
-def test_two_files_are_not_merged(tmp_path: Path) -> None:
+def test_two_files_are_not_merged(output_program: list[str], tmp_path: Path) -> None:
     with open(tmp_path / "slurm-1.out", "wb") as out, open(tmp_path / "slurm-1.err", "wb") as err:
-        assert merged_seen(out, err) == 20
+        assert merged_seen(output_program, out, err) == 20
 
 
-def test_write_all_writes_every_byte_to_pipes_in_order() -> None:
-    """Each os.write here takes at most 1,000 bytes: only a loop over partial writes gets all."""
-    code = (
-        "import os\n"
-        "real = os.write\n"
-        "os.write = lambda fd, data: real(fd, bytes(data[:1000]))\n"
-        "big = bytes(range(256)) * 4096\n"
-        "sys.stdout.write('text first|')\n"
-        "attach.write_all(1, big)\n"
-        "attach.write_all(2, b'err\\x00\\xff')\n"
-        "attach.write_all(1, b'|no newline')\n"
-        "attach.write_all(3, b'never written')\n"
-    )
-    result = waiter_python(code, capture_output=True)
+def test_write_all_writes_every_byte_to_pipes_in_order(output_program: list[str], tmp_path: Path) -> None:
+    """The pipe is non-blocking and read slowly: a write takes only what it has room for, often
+    nothing (EAGAIN), and only a loop over partial writes gets every byte out, in order."""
+    reader, writer = os.pipe()
+    os.set_blocking(writer, False)
+    fd3 = tmp_path / "fd3"
+    # A file open on fd 3 too, which the waiter must leave alone.
+    with os.fdopen(reader, "rb", buffering=0) as source, subprocess.Popen(
+        ["sh", "-c", 'exec "$@" 3>"$FD3"', "sh", *output_program],
+        env={**os.environ, "WAITER_OUTPUT_CASE": "in-order", "FD3": str(fd3)},
+        stdout=writer, stderr=subprocess.PIPE,
+    ) as proc:
+        os.close(writer)
+        received = bytearray()
+        while chunk := source.read(1000):
+            received += chunk
+            time.sleep(0.0005)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert bytes(received) == b"text first|" + bytes(range(256)) * 4096 + b"|no newline"
+    assert stderr == b"err\x00\xff"
+    assert fd3.exists() and fd3.read_bytes() == b"", "a fd that is not the job's is never written"
 
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == b"text first|" + bytes(range(256)) * 4096 + b"|no newline"
-    assert result.stderr == b"err\x00\xff"
 
-
-def test_write_all_fills_a_pipe_beyond_its_buffer() -> None:
+def test_write_all_fills_a_pipe_beyond_its_buffer(output_program: list[str]) -> None:
     reader, writer = os.pipe()
     with os.fdopen(reader, "rb") as source:
-        code = LOAD + "attach.write_all(1, b'z' * 4_000_000)"
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], stdout=writer)
+        proc = subprocess.Popen(output_program, env={**os.environ, "WAITER_OUTPUT_CASE": "fill"},
+                                stdout=writer)
         os.close(writer)
         data = source.read()
     assert proc.wait(timeout=60) == 0

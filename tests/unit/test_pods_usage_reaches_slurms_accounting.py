@@ -1,7 +1,7 @@
 """A bridged batch script's usage is measured in its pod and handed to Slurm's accounting in the
 waiter's place: the agent samples the script's process tree ("u" frames, agent/usage.go), the
 daemon passes them on as "usage" events, and the waiter writes each into the usage file the step
-guard made for its task (bridge/waiter/usage.py), which jobacct_gather/linux_k8s_bridge reads."""
+guard made for its task (agent/internal/waiter/usage.go), which jobacct_gather/linux_k8s_bridge reads."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bridge.controller.log_relay import output_event
-from bridge.waiter.usage import RECORD_SIZE, USAGE_DIR, USAGE_MAGIC, UsageFile, usage_record
 
+from .go_waiter_client import ROOT, go_constants, go_test
 from .test_agent_keeps_output_byte_exact_and_passes_signals_on import agent, frame_lines  # noqa: F401
 
 FIGURES = "1500000 20000 67108864 70000000 100000000 120000000 4096 8192 3"
@@ -103,24 +103,15 @@ def test_the_interval_setting_never_reaches_the_script(agent: Path, tmp_path: Pa
                     if line.startswith(b"o ")) == b"[unset]\n"
 
 
-def test_a_record_carries_the_figures_and_their_sum() -> None:
-    record = usage_record(FIGURES, (41_000, 7_000))
+# -- the waiter's side: the compiled waiter's usage file (agent/internal/waiter/usage_test.go) ----
 
-    assert record is not None and len(record) == RECORD_SIZE and record.endswith(b"\n")
-    fields = record.decode().split()
-    assert fields[0] == USAGE_MAGIC
-    assert fields[1:10] == FIGURES.split()
-    assert fields[10:12] == ["41000", "7000"], "the waiter's own CPU, which slurmstepd's rusage brings"
-    assert int(fields[12]) == sum(int(part) for part in FIGURES.split()) + 48_000
+
+def test_a_record_carries_the_figures_and_their_sum() -> None:
+    go_test("TestARecordCarriesTheFiguresAndTheirSum")
 
 
 def test_a_figure_the_pod_could_not_read_stays_unknown() -> None:
-    record = usage_record(FIGURES.replace("4096 8192", "- -"), (0, 0))
-
-    assert record is not None
-    fields = record.decode().split()
-    assert fields[7:9] == ["-", "-"]
-    assert int(fields[12]) == sum(int(part) for part in FIGURES.split()) - 4096 - 8192
+    go_test("TestAFigureThePodCouldNotReadStaysUnknown")
 
 
 @pytest.mark.parametrize("figures", [
@@ -134,59 +125,38 @@ def test_a_figure_the_pod_could_not_read_stays_unknown() -> None:
     "",
 ])
 def test_a_frame_that_is_not_nine_counts_makes_no_record(figures: str) -> None:
-    assert usage_record(figures, (0, 0)) is None
+    go_test("TestAFrameThatIsNotNineCountsMakesNoRecord", {"WAITER_USAGE_FIGURES": figures})
 
 
-def test_the_waiter_writes_into_the_guards_file_and_replaces_the_last_record(tmp_path: Path) -> None:
-    (tmp_path / "77").mkdir()
-    (tmp_path / "77" / "4242").write_bytes(b"")
-    usage = UsageFile(directory=str(tmp_path), stepd=77, pid=4242)
-
-    usage.record(FIGURES)
-    usage.record(FIGURES.replace("1500000", "2500000"))
-
-    content = (tmp_path / "77" / "4242").read_bytes()
-    assert len(content) == RECORD_SIZE, "one record, written over the last"
-    fields = content.split()
-    assert fields[1] == b"2500000"
-    assert int(fields[10]) > 0, "this process's own CPU so far"
+def test_the_waiter_writes_into_the_guards_file_and_replaces_the_last_record() -> None:
+    go_test("TestTheWaiterWritesIntoTheGuardsFileAndReplacesTheLastRecord")
 
 
-def test_the_waiter_never_makes_a_usage_file(tmp_path: Path) -> None:
-    (tmp_path / "77").mkdir()
-    UsageFile(directory=str(tmp_path), stepd=77, pid=4242).record(FIGURES)
-
-    assert not (tmp_path / "77" / "4242").exists(), "only the guard (root) makes them"
+def test_the_waiter_never_makes_a_usage_file() -> None:
+    go_test("TestTheWaiterNeverMakesAUsageFile")
 
 
-def test_the_waiter_does_not_write_through_a_link(tmp_path: Path) -> None:
-    target = tmp_path / "elsewhere"
-    target.write_bytes(b"untouched")
-    (tmp_path / "77").mkdir()
-    os.symlink(target, tmp_path / "77" / "4242")
-
-    UsageFile(directory=str(tmp_path), stepd=77, pid=4242).record(FIGURES)
-
-    assert target.read_bytes() == b"untouched"
+def test_the_waiter_does_not_write_through_a_link() -> None:
+    go_test("TestTheWaiterDoesNotWriteThroughALink")
 
 
 NOT_ASCII_FIGURES = base64.b64encode("\uff11 \uff12".encode()).decode()
 
 
 @pytest.mark.parametrize("data", ["not base64 !!", "MTIz\ufffd", NOT_ASCII_FIGURES])
-def test_a_frame_that_is_not_base64_of_ascii_is_dropped(tmp_path: Path, data: str) -> None:
-    (tmp_path / "77").mkdir()
-    (tmp_path / "77" / "4242").write_bytes(b"")
-
-    UsageFile(directory=str(tmp_path), stepd=77, pid=4242).record_frame(data)
-
-    assert (tmp_path / "77" / "4242").read_bytes() == b""
+def test_a_frame_that_is_not_base64_of_ascii_is_dropped(data: str) -> None:
+    go_test("TestAFrameThatIsNotBase64OfASCIIIsDropped", {"WAITER_USAGE_FRAME": data})
+    go_test("TestAFrameThatIsBase64OfNineCountsIsWritten")
 
 
-def test_the_waiter_finds_its_file_under_its_slurmstepd() -> None:
-    usage = UsageFile()
-
-    assert usage._path == f"{USAGE_DIR}/{os.getppid()}/{os.getpid()}"
+def test_the_waiter_finds_its_file_under_its_slurmstepd(tmp_path: Path) -> None:
+    """Where, and in what form, the accounting plugin reads it."""
+    go_test("TestTheWaiterFindsItsFileUnderItsSlurmstepd")
+    constants = go_constants(tmp_path, "TestUsageConstantsDump", "WAITER_USAGE_CONSTANTS_OUT")
+    plugin = (ROOT / "deploy/slurm/jobacct/jobacct_gather_linux_k8s_bridge.c").read_text()
+    assert f'#define USAGE_DIR "{constants["usage_dir"]}"' in plugin
+    assert f'#define USAGE_MAGIC "{constants["usage_magic"]}"' in plugin
+    assert constants["record_size"] == 256, "the Python waiter's records, which the plugin reads whole"
 
 
 def test_the_daemon_passes_the_first_pods_samples_on_as_usage() -> None:

@@ -10,7 +10,6 @@ import base64
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,8 @@ from bridge.controller.log_relay import output_event
 from bridge.controller.sessions import JobSession
 from bridge.core import slurm_commands
 from bridge.core.slurm_commands import Refused, export_file_bytes, parse_request, prepare
-from bridge.waiter import commands as waiter_commands
-from bridge.waiter.commands import ScriptCommands, command_environment
 
+from .go_waiter_client import go_test
 from .test_agent_keeps_output_byte_exact_and_passes_signals_on import agent, installed_agent, output_frame
 
 __all__ = ["agent"]  # the module fixture, used below
@@ -213,85 +211,23 @@ def test_only_the_batch_scripts_pod_may_ask() -> None:
 
 
 # -- the waiter: Slurm's binary, by absolute path, with a fixed environment ------------------------
+# The compiled waiter's (agent/internal/waiter/commands.go), in Go tests (commands_test.go).
 def test_the_binarys_environment_is_fixed_whatever_the_job_exported() -> None:
-    environ = {"LD_PRELOAD": "/tmp/evil.so", "SQUEUE_FORMAT": "%Z", "SBATCH_GET_USER_ENV": "1",
-               "PATH": "/home/alice/bin", "SLURM_CONF": "/home/alice/slurm.conf",
-               "SLURM_JOB_NODELIST": "k[1-2]"}
-    assert command_environment("squeue", environ) == {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
-    assert command_environment("scontrol", environ)["SLURM_JOB_NODELIST"] == "k[1-2]"
+    go_test("TestTheBinarysEnvironmentIsFixedWhateverTheJobExported")
 
 
-def test_the_waiter_runs_slurms_binary_with_the_script_on_stdin_and_the_export_on_a_memfd(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    seen: dict[str, Any] = {}
-
-    def fake_run(argv: list[str], env: dict[str, str], relay: object, **kwargs: Any) -> int:
-        seen.update(argv=argv, env=env, stdin=os.read(kwargs["stdin"], 100))
-        export_fd = kwargs["pass_fds"][0]
-        seen["export"] = os.pread(export_fd, 100, 0)
-        return 0
-
-    class FakeRelay:
-        delivered = True
-
-        def __init__(self, *_args: object) -> None: ...
-
-    monkeypatch.setattr(waiter_commands, "run_relayed", fake_run)
-    monkeypatch.setattr(waiter_commands, "StepOutputRelay", FakeRelay)
-    monkeypatch.setattr(waiter_commands, "command_binary", lambda name: f"/usr/bin/{name}")
-    done: list[tuple[str, int]] = []
-    commands = ScriptCommands(("http", "x", 1), 5, None, lambda key, code: done.append((key, code)))
-    data = base64.b64encode(json.dumps({
-        "key": "4", "command": "sbatch", "argv": ["--parsable", "job.sh"], "cwd": "/w",
-        "files": {"job.sh": base64.b64encode(b"#!/bin/sh\necho hi\n").decode()}, "env": {"A": "1"},
-    }).encode()).decode()
-    commands._run("4", slurm_commands.prepare_request(parse_request(data)), None)
-    assert seen["argv"][0] == "/usr/bin/sbatch" and seen["argv"][1].startswith("--export-file=")
-    assert seen["argv"][2:] == ["--chdir=/w", "--job-name=job.sh", "--parsable"]
-    assert seen["stdin"] == b"#!/bin/sh\necho hi\n" and seen["export"] == b"A=1\0"
-    assert seen["env"] == {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
-    assert done == []  # the relay delivered the end
+def test_the_waiter_runs_slurms_binary_with_the_script_on_stdin_and_the_export_on_a_memfd() -> None:
+    go_test("TestTheWaiterRunsSlurmsBinaryWithTheScriptOnStdinAndTheExportOnAMemfd")
 
 
-def test_the_waiter_checks_again_and_refuses_what_the_daemon_should_not_have_passed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sent: list[tuple[int, bytes]] = []
-
-    class FakeRelay:
-        delivered = False
-
-        def __init__(self, *_args: object) -> None: ...
-
-        def open(self) -> None: ...
-
-        def send(self, fd: int, data: bytes) -> None:
-            sent.append((fd, data))
-
-        def finish(self, code: int) -> None:
-            sent.append((0, str(code).encode()))
-
-    ran: list[object] = []
-    monkeypatch.setattr(waiter_commands, "StepOutputRelay", FakeRelay)
-    monkeypatch.setattr(waiter_commands, "run_relayed", lambda *a, **k: ran.append(a) or 0)
-    done: list[tuple[str, int]] = []
-    commands = ScriptCommands(("http", "x", 1), 5, None, lambda key, code: done.append((key, code)))
-    commands.start({"type": "command", "key": "9", "data": _frame("9", "sbatch", ["--get-user-env", "x.sh"])})
-    deadline = time.monotonic() + 10
-    while not done and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ran == []
-    assert sent[0][0] == 2 and b"--get-user-env is not allowed" in sent[0][1]
-    assert done == [("9", 1)]
+def test_the_waiter_checks_again_and_refuses_what_the_daemon_should_not_have_passed() -> None:
+    go_test("TestTheWaiterChecksAgainAndRefusesWhatTheDaemonShouldNotHavePassed")
 
 
-def test_slurms_binaries_are_found_by_absolute_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", "/tmp/evil")
-    monkeypatch.setattr(waiter_commands.os, "access", lambda path, _mode: path == "/opt/slurm/bin/squeue")
-    assert waiter_commands.command_binary("squeue") == "/opt/slurm/bin/squeue"
-    with pytest.raises(OSError, match="not installed"):
-        waiter_commands.command_binary("sinfo")
+def test_slurms_binaries_are_found_by_absolute_path_only() -> None:
+    """Where the Go test expects them is where the daemon's side says the waiter looks."""
+    assert slurm_commands.BINARY_DIRS == ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
+    go_test("TestSlurmsBinariesAreFoundByAbsolutePathOnly")
 
 
 # -- the agent: the six names, the frame, sbatch's script read in the pod ---------------------------

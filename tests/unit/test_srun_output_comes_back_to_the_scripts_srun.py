@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
-import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,9 @@ from bridge.core.errors import ExecNotStarted
 from bridge.core.model import JobAllocation
 from bridge.core.waiter_protocol import MAX_OUTPUT_FRAME, request_digest, sign_output_frame
 from bridge.manager.api import Api
-from bridge.waiter import http_client, munge
-from bridge.waiter import relay as step_relay
-from bridge.waiter.relay import StepOutputRelay, run_relayed
 
 from .builders import allocation, config
+from .go_waiter_client import go_test_binary
 
 UNMUNGE_OK = (
     "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"
@@ -97,10 +96,40 @@ class Reconciler:
         self.open_steps.discard(key)
 
 
-@pytest.fixture
-def credential_is_its_payload(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The stand-in unmunge prints the credential back as its payload.
-    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
+# The waiter's side is the compiled waiter's relay (agent/internal/waiter/relay.go), run by its
+# test program (relay_driver_test.go) as the waiter runs Slurm's srun for a step; its munge writes
+# its payload back, which the daemon's stand-in unmunge takes as the credential's payload.
+
+
+@pytest.fixture(scope="module")
+def relay_program(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    program = go_test_binary(tmp_path_factory.mktemp("go"))
+    return [str(program), "-test.run", "^TestRelayedRunAgainstTheDaemon$"]
+
+
+@dataclass
+class Relayed:
+    """How the relayed run went: srun's exit code, the relay's end, what went to the job's files."""
+
+    code: int
+    delivered: bool
+    gone: bool
+    seconds: float
+    out: bytes
+    err: bytes
+
+
+async def run_relay(program: list[str], tmp_path: Path, **settings: str) -> Relayed:
+    """The relay driver with WAITER_RELAY_<NAME> settings; run beside the daemon this loop serves."""
+    out = tmp_path / "relayed.json"
+    env = {**os.environ, "WAITER_RELAY_OUT": str(out),
+           **{f"WAITER_RELAY_{name.upper()}": value for name, value in settings.items()}}
+    proc = await asyncio.create_subprocess_exec(*program, env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, stdout + stderr
+    outcome = json.loads(out.read_text())
+    return Relayed(outcome["code"], outcome["delivered"], outcome["gone"], outcome["seconds"], stdout, stderr)
 
 
 async def _serve(tmp_path: Path, reconciler: Reconciler) -> TestClient:
@@ -114,14 +143,10 @@ async def _serve(tmp_path: Path, reconciler: Reconciler) -> TestClient:
 
 
 async def _relay(
-    client: TestClient, script: str, key: str = "7"
-) -> tuple[int, StepOutputRelay, float]:
-    url = ("http", "127.0.0.1", int(client.server.port or 0))
-    relay = StepOutputRelay(url, 42, key, None)
-    started = time.monotonic()
-    code = await asyncio.to_thread(run_relayed, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"},
-                                   relay)
-    return code, relay, time.monotonic() - started
+    program: list[str], tmp_path: Path, client: TestClient, script: str, key: str = "7"
+) -> Relayed:
+    return await run_relay(program, tmp_path, api=f"http://127.0.0.1:{client.server.port}", key=key,
+                           script=script)
 
 
 def _by_fd(frames: list[tuple[int, bytes]]) -> dict[int, bytes]:
@@ -131,20 +156,21 @@ def _by_fd(frames: list[tuple[int, bytes]]) -> dict[int, bytes]:
     return joined
 
 
-@pytest.mark.usefixtures("credential_is_its_payload")
-async def test_srun_output_and_exit_code_reach_the_pod_in_order_per_stream(tmp_path: Path) -> None:
+async def test_srun_output_and_exit_code_reach_the_pod_in_order_per_stream(
+    relay_program: list[str], tmp_path: Path
+) -> None:
     agent = PodAgent()
     reconciler = Reconciler(agent)
     client = await _serve(tmp_path, reconciler)
     try:
-        code, relay, _ = await _relay(
-            client,
+        relayed = await _relay(
+            relay_program, tmp_path, client,
             "printf 'one\\n'; printf 'err\\n' >&2; printf 'two\\377\\n'; head -c 3000000 /dev/zero; exit 3")
     finally:
         await client.close()
 
-    assert code == 3
-    assert relay.delivered
+    assert relayed.code == 3
+    assert relayed.delivered
     assert agent.commands == [["slurm-42-0", AGENT, "step-output", "7"]]
     streams = _by_fd(agent.frames)
     assert streams[1] == b"one\ntwo\xff\n" + b"\0" * 3_000_000
@@ -168,65 +194,66 @@ class PodAgentBehindABusyKubelet(PodAgent):
         return await super().exec_feeding(pod, command, feed)
 
 
-@pytest.mark.usefixtures("credential_is_its_payload")
 async def test_a_relay_whose_exec_was_refused_before_it_opened_is_opened_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    relay_program: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tasks_module, "TASK_START_FIRST_RETRY_S", 0.01)
     agent = PodAgentBehindABusyKubelet()
     client = await _serve(tmp_path, Reconciler(agent))
     try:
-        code, relay, _ = await _relay(client, "printf 'kept in the pipe\\n'; exit 4")
+        relayed = await _relay(relay_program, tmp_path, client, "printf 'kept in the pipe\\n'; exit 4")
     finally:
         await client.close()
 
     assert agent.refused == 2
-    assert code == 4 and relay.delivered
+    assert relayed.code == 4 and relayed.delivered
     assert _by_fd(agent.frames)[1] == b"kept in the pipe\n"
 
 
-@pytest.mark.usefixtures("credential_is_its_payload")
-async def test_when_the_scripts_srun_is_gone_the_real_srun_is_ended(tmp_path: Path) -> None:
+async def test_when_the_scripts_srun_is_gone_the_real_srun_is_ended(
+    relay_program: list[str], tmp_path: Path
+) -> None:
     agent = PodAgent(gone_after=1)
     client = await _serve(tmp_path, Reconciler(agent))
     try:
-        code, relay, took = await _relay(client, "echo first; sleep 1; echo second; exec sleep 60")
+        relayed = await _relay(relay_program, tmp_path, client,
+                               "echo first; sleep 1; echo second; exec sleep 60")
     finally:
         await client.close()
 
-    assert relay.gone and not relay.delivered
-    assert code == 143 and took < 30
+    assert relayed.gone and not relayed.delivered
+    assert relayed.code == 143 and relayed.seconds < 30
 
 
-@pytest.mark.usefixtures("credential_is_its_payload")
-async def test_a_quiet_step_whose_scripts_srun_is_gone_is_ended_too(tmp_path: Path) -> None:
+async def test_a_quiet_step_whose_scripts_srun_is_gone_is_ended_too(
+    relay_program: list[str], tmp_path: Path
+) -> None:
     """`timeout 5 srun sleep 100`: natively the step ends with its srun, output or not."""
     agent = PodAgent(gone_in_s=0.5)
     client = await _serve(tmp_path, Reconciler(agent))
     try:
-        code, relay, took = await _relay(client, "exec sleep 60")
+        relayed = await _relay(relay_program, tmp_path, client, "exec sleep 60")
     finally:
         await client.close()
 
-    assert relay.gone and not relay.delivered
-    assert code == 143 and took < 30
+    assert relayed.gone and not relayed.delivered
+    assert relayed.code == 143 and relayed.seconds < 30
 
 
-@pytest.mark.usefixtures("credential_is_its_payload")
 async def test_output_the_daemon_will_not_take_goes_to_the_job_files(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    relay_program: list[str], tmp_path: Path
 ) -> None:
     agent = PodAgent()
     client = await _serve(tmp_path, Reconciler(agent))
     try:
-        code, relay, _ = await _relay(
-            client, "echo to-the-out-file; echo to-the-err-file >&2; exit 4", key="8")
+        relayed = await _relay(
+            relay_program, tmp_path, client, "echo to-the-out-file; echo to-the-err-file >&2; exit 4",
+            key="8")
     finally:
         await client.close()
 
-    out, err = capfd.readouterr()
-    assert code == 4 and not relay.delivered and agent.frames == []
-    assert "to-the-out-file\n" in out and "to-the-err-file\n" in err
+    assert relayed.code == 4 and not relayed.delivered and agent.frames == []
+    assert b"to-the-out-file\n" in relayed.out and b"to-the-err-file\n" in relayed.err
 
 
 async def _raw_stream(client: TestClient, payload_of: Any, frames: bytes) -> list[dict[str, Any]]:
@@ -285,21 +312,20 @@ async def test_a_credential_without_a_stream_key_is_refused(tmp_path: Path) -> N
     assert agent.commands == []
 
 
-@pytest.mark.usefixtures("credential_is_its_payload")
 async def test_a_broken_relay_never_ends_the_step_and_the_rest_goes_to_the_job_files(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    relay_program: list[str], tmp_path: Path
 ) -> None:
     """Only the agent's own "srun is gone" (exit 3) ends a step; an exec that broke off (status
     1, no status) means: carry on, and write the rest where srun's output would go natively."""
     agent = PodAgent(exit_code=1)
     client = await _serve(tmp_path, Reconciler(agent))
     try:
-        code, relay, _ = await _relay(client, "echo first; sleep 1.5; echo second; exit 5")
+        relayed = await _relay(relay_program, tmp_path, client, "echo first; sleep 1.5; echo second; exit 5")
     finally:
         await client.close()
 
-    assert code == 5 and not relay.gone and not relay.delivered
-    assert "second\n" in capfd.readouterr().out
+    assert relayed.code == 5 and not relayed.gone and not relayed.delivered
+    assert b"second\n" in relayed.out
 
 
 async def test_a_second_stream_for_a_step_that_streams_is_refused(tmp_path: Path) -> None:
@@ -317,24 +343,28 @@ async def test_a_second_stream_for_a_step_that_streams_is_refused(tmp_path: Path
     assert status == 409 and "already streams" in text
 
 
-def test_a_munge_that_hangs_leaves_the_output_to_the_job_files(
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+async def test_a_munge_that_hangs_leaves_the_output_to_the_job_files(
+    relay_program: list[str], tmp_path: Path
 ) -> None:
-    def hung(_payload: str) -> str:
-        raise subprocess.TimeoutExpired("munge", 10)
+    hung = tmp_path / "munge"
+    hung.write_text("#!/bin/sh\nexec sleep 60\n")
+    hung.chmod(0o755)
 
-    monkeypatch.setattr(munge, "munge_credential", hung)
-    monkeypatch.setattr(step_relay, "STREAM_OPEN_ATTEMPTS", 2)
-    monkeypatch.setattr(step_relay, "reconnect_delay", lambda _attempt: 0.0)
-    relay = StepOutputRelay(("http", "127.0.0.1", 1), 42, "7", None)
+    # Twice, without pausing, and munge given 1 s: the waiter's 30 tries of 10 s would take long.
+    relayed = await run_relay(relay_program, tmp_path, munge=str(hung), quick="1",
+                              script="echo still-here; exit 6")
 
-    code = run_relayed(["/bin/sh", "-c", "echo still-here; exit 6"], {"PATH": "/usr/bin:/bin"}, relay)
-
-    assert code == 6 and not relay.delivered
-    assert "still-here\n" in capfd.readouterr().out
+    assert relayed.code == 6 and not relayed.delivered
+    assert b"still-here\n" in relayed.out
 
 
-def test_an_early_answer_that_came_with_the_acceptance_is_seen() -> None:
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def test_an_early_answer_that_came_with_the_acceptance_is_seen(
+    relay_program: list[str], tmp_path: Path
+) -> None:
     """"accepted" and "gone" in one segment: the second must not hide in a read buffer."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -346,27 +376,21 @@ def test_an_early_answer_that_came_with_the_acceptance_is_seen() -> None:
             conn.recv(65536)
             lines = [b'{"accepted": true}\n', b'{"gone": "the script\'s srun is gone"}\n']
             conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         + b"".join(http_client.chunk(line) for line in lines))
+                         + b"".join(_chunk(line) for line in lines))
             time.sleep(1)
 
     thread = threading.Thread(target=daemon)
     thread.start()
-    relay = StepOutputRelay(("http", "127.0.0.1", server.getsockname()[1]), 42, "7", None)
-    original = munge.munge_credential
-    munge.munge_credential = lambda payload: payload  # type: ignore[assignment]
     try:
-        relay.open()
-        time.sleep(0.2)
-        relay.check()
+        relayed = await run_relay(relay_program, tmp_path, mode="open-then-check",
+                                  api=f"http://127.0.0.1:{server.getsockname()[1]}")
     finally:
-        munge.munge_credential = original  # type: ignore[assignment]
         thread.join()
         server.close()
 
-    assert relay.gone
+    assert relayed.gone
 
 
-@pytest.mark.usefixtures("credential_is_its_payload")
 async def test_a_relay_that_ends_with_frames_still_queued_does_not_hold_the_stream(tmp_path: Path) -> None:
     """The script's srun killed while its output is still queued for it: the handler answers, and
     the step's stream slot is free again."""

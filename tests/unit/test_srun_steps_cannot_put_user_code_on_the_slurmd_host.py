@@ -6,6 +6,7 @@ which the SPANK guard recomputes in C), and only the first pod's agent may ask f
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import hashlib
 import hmac
@@ -14,9 +15,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -38,14 +37,9 @@ from bridge.core import wellknown
 from bridge.core.config import ConfigError, PartitionConfig, WaiterConfig
 from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
 from bridge.core.srun_options import split_srun_args
-from bridge.waiter import steps as waiter_steps
-from bridge.waiter.environment import SAFE_ENVIRONMENT
-from bridge.waiter.relay import StepOutputRelay
-from bridge.waiter.steps import SRUN_LAYOUT_VARIABLES, ScriptSteps, srun_environment
 
 from .builders import allocation, config
-
-REAL_POPEN = subprocess.Popen
+from .go_waiter_client import go_constants, go_test, go_test_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_SOURCE = ROOT / "deploy/slurm/spank/slurm_k8s_bridge_guard.c"
@@ -142,6 +136,54 @@ def test_no_command_is_srun_s_fatal_error(argv: list[str]) -> None:
 
 
 # -- 2. srun_environment: the job's layout, nothing that steers srun or the loader -----------------
+# The compiled waiter's (agent/internal/waiter/steps.go), run by its test program (steps_test.go).
+# What the Python waiter gave srun of the batch environment, which the Go one must give too.
+SRUN_LAYOUT_VARIABLES = frozenset({
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+    "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET",
+    "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_CPUS_PER_NODE",
+    "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS",
+    "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION",
+    "SLURM_JOB_NAME", "SLURM_DISTRIBUTION", "SLURM_OVERCOMMIT", "SLURM_THREADS_PER_CORE",
+    "SLURM_TRES_PER_TASK", "SLURM_TRES_BIND", "SLURM_GPU_BIND", "SLURM_GPUS_PER_SOCKET",
+    "SLURM_CPUS_PER_GPU",
+})
+SAFE_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+_PROGRAM: list[Path] = []
+
+
+def _steps_program() -> Path:
+    """The waiter package's test program, built once for this module."""
+    if not _PROGRAM:
+        directory = tempfile.mkdtemp(prefix="waiter-steps-")
+        atexit.register(shutil.rmtree, directory, True)
+        _PROGRAM.append(go_test_binary(Path(directory)))
+    return _PROGRAM[0]
+
+
+def srun_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The environment the Go waiter gives its srun, given the batch environment `environ`, in
+    this process's working directory (where a relative SLURM_CONF would be read)."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory) / "env.json"
+        subprocess.run([str(_steps_program()), "-test.run", "^TestSrunEnvironmentOf$"],
+                       env={**os.environ, "WAITER_SRUN_ENVIRON": json.dumps(environ),
+                            "WAITER_SRUN_ENV_OUT": str(out)},
+                       check=True, capture_output=True, timeout=60)
+        env = json.loads(out.read_text())
+    assert isinstance(env, dict)
+    return env
+
+
+def test_the_go_waiter_gives_srun_the_layout_the_python_waiter_gave_and_runs_nothing_else(
+    tmp_path: Path,
+) -> None:
+    constants = go_constants(tmp_path, "TestStepConstantsDump", "WAITER_STEP_CONSTANTS_OUT")
+    assert set(constants["layout"]) == SRUN_LAYOUT_VARIABLES  # type: ignore[arg-type]
+    assert constants["safe_environment"] == SAFE_ENVIRONMENT
+    assert constants["srun_paths"] == ["/usr/bin/srun", "/usr/local/bin/srun", "/opt/slurm/bin/srun"]
+
+
 LAYOUT = {name: f"value-of-{name}" for name in sorted(SRUN_LAYOUT_VARIABLES)}
 STEERING = {
     "SLURM_PROLOG": "/home/alice/p.sh", "SLURM_TASK_PROLOG": "/home/alice/tp.sh",
@@ -691,122 +733,29 @@ def test_a_bare_s_is_not_a_step_request() -> None:
     assert event["fd"] == 2
 
 
-# -- the waiter's srun for a step (ScriptSteps.start, without running Slurm) ---------------------
-@pytest.fixture
-def waiter(
-    monkeypatch: pytest.MonkeyPatch,
-) -> tuple[ScriptSteps, list[tuple[str, int]], list[dict[str, Any]]]:
-    monkeypatch.setenv("SLURM_JOB_ID", "42")
-    monkeypatch.setenv("SLURM_NTASKS", "4")
-    monkeypatch.setenv("SLURM_TASK_PROLOG", "/home/alice/tp.sh")
-    monkeypatch.setenv("LD_PRELOAD", "/home/alice/evil.so")
-    monkeypatch.setattr(waiter_steps, "srun_binary", lambda: "/usr/bin/srun")
-    calls: list[dict[str, Any]] = []
-
-    class SlurmSrun:
-        """Popen of Slurm's srun, recorded: it prints nothing and exits 0."""
-
-        def __init__(self, command: list[str], **kwargs: Any) -> None:
-            calls.append({"command": list(command), **kwargs})
-            self.stdout, self.stderr = open(os.devnull, "rb"), open(os.devnull, "rb")  # noqa: SIM115
-
-        def poll(self) -> int:
-            return 0
-
-        def wait(self) -> int:
-            return 0
-
-    monkeypatch.setattr(waiter_steps.subprocess, "Popen", SlurmSrun)
-    # No daemon to stream srun's output to: it is written here (the relay has its own tests).
-    monkeypatch.setattr(StepOutputRelay, "open", lambda _self: None)
-    done: list[tuple[str, int]] = []
-    own_command = ["/usr/bin/python3", "-I", "-S", "/opt/bridge/waiter.py", "--api", "http://d:1"]
-    instance = ScriptSteps(("http", "127.0.0.1", 1), 42, None, own_command, _no_daemon)
-    monkeypatch.setattr(instance, "done", lambda key, code: done.append((key, code)))
-    return instance, done, calls
+# -- the waiter's srun for a step (without running Slurm) ----------------------------------------
+# The compiled waiter's scriptSteps (agent/internal/waiter/steps_test.go): a fake Slurm srun notes
+# how it was started; no daemon takes its output; each end told by step-done is noted.
 
 
-def _no_daemon(action: str, _body: dict[str, Any], _timeout: float | None) -> Any:
-    raise AssertionError(f"no daemon in these tests: {action} was posted")
-
-
-def _start_and_join(instance: ScriptSteps, data: str, token: str) -> None:
-    """start, then wait for the threads it started (its srun and its step-done)."""
-    before = set(threading.enumerate())
-    instance.start(data, token)
-    for thread in set(threading.enumerate()) - before:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                thread.join(timeout=10)
-                break
-            except RuntimeError:  # listed while still starting (srun's pipe readers)
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-        assert not thread.is_alive()
-
-
-def test_the_waiters_srun_runs_the_task_proxy_with_the_layout_only(waiter: Any) -> None:
-    instance, done, calls = waiter
-    data = _data({"key": 9, "argv": ["-l", "-n", "2", "sh", "-c", "id"]})
-
-    _start_and_join(instance, data, "t" * 64)
-
-    assert len(calls) == 1
-    assert calls[0]["command"] == [
-        "/usr/bin/srun", "--jobid=42", "--label", "--ntasks=2", "--chdir=/",
-        "/usr/bin/python3", "-I", "-S", "/opt/bridge/waiter.py", "--api", "http://d:1", "task", "9",
-    ]
-    env = calls[0]["env"]
-    assert env["SLURM_K8S_BRIDGE_STEP_TOKEN"] == "t" * 64
-    assert env["SLURM_NTASKS"] == "4"
-    assert "SLURM_TASK_PROLOG" not in env
-    assert "LD_PRELOAD" not in env
-    assert env["PATH"] == SAFE_ENVIRONMENT["PATH"]
-    assert calls[0]["cwd"] == "/"
-    assert done == [("9", 0)]
+def test_the_waiters_srun_runs_the_task_proxy_with_the_layout_only() -> None:
+    go_test("TestTheWaitersSrunRunsTheTaskProxyWithTheLayoutOnly")
 
 
 @pytest.mark.parametrize(("argv", "code"), [
     (["--task-prolog=/home/alice/x", "id"], 255), (["--container=x", "id"], 255), ([], 1),
 ])
-def test_the_waiter_runs_no_srun_for_a_refused_step(waiter: Any, capfd: pytest.CaptureFixture[str],
-                                                    argv: list[str], code: int) -> None:
-    instance, done, calls = waiter
-
-    _start_and_join(instance, _data({"key": 4, "argv": argv}), "t" * 64)
-
-    assert calls == []
-    assert done == [("4", code)]
-    assert "srun: " in capfd.readouterr().err
+def test_the_waiter_runs_no_srun_for_a_refused_step(argv: list[str], code: int) -> None:
+    go_test("TestTheWaiterRunsNoSrunForARefusedStep",
+            {"WAITER_STEP_ARGV": json.dumps(argv), "WAITER_STEP_CODE": str(code)})
 
 
-def test_the_waiter_runs_no_srun_for_an_unsigned_step(waiter: Any, capfd: pytest.CaptureFixture[str]) -> None:
-    instance, done, calls = waiter
-
-    _start_and_join(instance, _data({"key": 6, "argv": ["hostname"]}), "")
-
-    assert calls == []
-    assert done == [("6", 1)]
-    assert "not signed" in capfd.readouterr().err
+def test_the_waiter_runs_no_srun_for_an_unsigned_step() -> None:
+    go_test("TestTheWaiterRunsNoSrunForAnUnsignedStep")
 
 
-def test_a_step_whose_srun_cannot_start_still_ends(waiter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    instance, done, _calls = waiter
-
-    def popen(command: list[str], **_kwargs: Any) -> None:
-        if any("\0" in word for word in command):
-            raise ValueError("embedded null byte")  # what subprocess raises before any exec
-        raise AssertionError("srun was started")
-
-    monkeypatch.setattr(waiter_steps.subprocess, "Popen", popen)
-    monkeypatch.setattr(threading, "excepthook", lambda _args: None)
-
-    _start_and_join(instance, _data({"key": 8, "argv": ["-J", "a\0b", "hostname"]}), "t" * 64)
-
-    assert done == [("8", 1)]
-    assert instance.active == 0
-
+def test_a_step_whose_srun_cannot_start_still_ends() -> None:
+    go_test("TestAStepWhoseSrunCannotStartStillEnds")
 
 
 # -- signals to the script's srun -----------------------------------------------------------------
@@ -833,24 +782,13 @@ def test_only_the_first_pod_asks_for_step_signals() -> None:
     assert log_relay.output_event(1, "2026-12-01T00:00:00Z", f"k {data}")["type"] == "out"
 
 
-def test_the_daemon_and_the_waiter_agree_on_the_signals_for_srun() -> None:
-    assert waiter_steps.STEP_SIGNALS == controller_steps.SIGNALS_FOR_SRUN
+def test_the_daemon_and_the_waiter_agree_on_the_signals_for_srun(tmp_path: Path) -> None:
+    constants = go_constants(tmp_path, "TestStepConstantsDump", "WAITER_STEP_CONSTANTS_OUT")
+    assert set(constants["step_signals"]) == controller_steps.SIGNALS_FOR_SRUN  # type: ignore[arg-type]
 
 
-def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else(waiter: Any) -> None:
-    instance, _done, _calls = waiter
-    srun = REAL_POPEN(["sleep", "30"])  # the fixture stands in for subprocess.Popen
-    instance.sruns["5"] = srun
-    try:
-        instance.signal("5", 9)  # not one srun acts on: dropped
-        instance.signal("6", 15)  # no such step: dropped
-        time.sleep(0.2)
-        assert srun.poll() is None
-        instance.signal("5", 15)
-        assert srun.wait(timeout=10) == -15
-    finally:
-        srun.kill()
-        srun.wait()
+def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else() -> None:
+    go_test("TestTheWaiterPassesAStepSignalToItsSrunAndNothingElse")
 
 
 # -- a task proxy ends as its task did ---------------------------------------------------------------
@@ -859,16 +797,15 @@ def test_the_waiter_passes_a_step_signal_to_its_srun_and_nothing_else(waiter: An
 def test_a_task_proxy_ends_by_the_signal_that_ended_its_task(code: int, returncode: int) -> None:
     """--kill-on-bad-exit, scancel of a step: natively the other tasks die by a signal, and the
     step's exit code comes from the tasks that exited; the proxy must die the same way."""
-    program = f"import sys; from bridge.waiter.task import end_as_the_task as end; sys.exit(end({code}))"
-    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, timeout=30, check=False)
+    proc = subprocess.run([str(_steps_program()), "-test.run", "^TestEndAsTheTask$"],
+                          env={**os.environ, "WAITER_TASK_CODE": str(code)}, timeout=30, check=False)
     assert proc.returncode == returncode
 
 
 def test_a_task_that_claims_a_segfault_leaves_no_core_on_the_slurmd_host(tmp_path: Path) -> None:
     """The exit code is the user's to pick: 139 ends the proxy by SIGSEGV, without a core."""
-    program = ("import resource, sys; resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)); "
-               "from bridge.waiter.task import end_as_the_task as end; sys.exit(end(139))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env, timeout=30, check=False)
+    env = {**os.environ, "WAITER_TASK_CODE": "139", "WAITER_CORE_UNLIMITED": "1"}
+    proc = subprocess.run([str(_steps_program()), "-test.run", "^TestEndAsTheTask$"], cwd=tmp_path, env=env,
+                          timeout=30, check=False)
     assert proc.returncode == -11
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("core")]

@@ -17,7 +17,8 @@ import (
 // MungePaths are where munge is looked for, in order.
 var MungePaths = []string{"/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/bin/munge"}
 
-const mungeTimeout = 10 * time.Second
+// A var only so that tests can stand in a munge that hangs without waiting for it.
+var mungeTimeout = 10 * time.Second
 
 // executable finds the first of paths this process may execute.
 func executable(paths []string) (string, bool) {

@@ -19,9 +19,15 @@ import (
 // the job's -o/-e files, and its exit code by step-done.
 
 const (
-	streamOpenAttempts  = 30
 	streamAnswerTimeout = 60 * time.Second
 	streamEndTimeout    = 300 * time.Second
+)
+
+// How often, and after what pause, opening the stream is tried: vars only so that tests can
+// see a stream that never opens without waiting for it.
+var (
+	streamOpenAttempts = 30
+	streamOpenDelay    = reconnectDelay
 )
 
 // chunk is data as one chunk of a chunked HTTP/1.1 body.
@@ -121,7 +127,7 @@ func (r *stepOutputRelay) open() {
 		if status >= 400 && status < 500 {
 			return // refused for good (an older daemon, the step unknown): written here
 		}
-		time.Sleep(reconnectDelay(attempt))
+		time.Sleep(streamOpenDelay(attempt))
 	}
 }
 
