@@ -212,6 +212,17 @@ def built_go_waiter() -> Path:
     return _built["waiter"]
 
 
+def go_test(name: str, env: dict[str, str] | None = None) -> None:
+    """Runs the Go test `name` of agent/internal/waiter (a failure fails the calling test)."""
+    go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
+    assert go is not None, "Go is not installed (looked on PATH and in /usr/local/go/bin)"
+    result = subprocess.run([go, "test", "-count=1", "-run", f"^{name}$", "./internal/waiter/"],
+                            cwd=ROOT / "agent", env={**os.environ, **(env or {})}, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok  \t" in result.stdout and "no tests to run" not in result.stdout, result.stdout
+
+
 def go_waiter(directory: Path) -> list[str]:
     """The command that runs the Go waiter, copied into `directory` (its own file, which a test
     may replace or rename; the session's build stays whole)."""
