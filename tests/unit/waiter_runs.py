@@ -250,8 +250,10 @@ def fakes(directory: Path, srun: str | None = None, slurm: dict[str, str] | None
 def namespaced(opt: Path, command: list[str]) -> list[str]:
     """`command` in a mount namespace of its own where `opt` is /opt; it ends up exec'd, so its
     pid is the waiter's."""
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /opt && exec "$@"',
-            str(opt), *command]
+    # By absolute path: the run's PATH may be one a test planted.
+    unshare, mount = (shutil.which(name) or name for name in ("unshare", "mount"))
+    return [unshare, "-m", "--propagation", "private", "/bin/sh", "-c",
+            f'{mount} --bind "$0" /opt && exec "$@"', str(opt), *command]
 
 
 def attach_body(
