@@ -253,3 +253,20 @@ def test_a_munge_that_times_out_is_an_outage_the_waiter_waits_out(
     assert (ran.returncode, ran.stdout, ran.stderr, server.requests) == (4, b"", b"", 1)
     assert calls.read_text() == "call\ncall\n"
     assert 10 <= time.monotonic() - started < 30, "given up on after 10 s"
+
+
+def test_a_hung_munge_is_given_up_on_even_if_a_child_holds_its_output(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    """Killed at 10 s, a munge whose child still holds its output: the waiter does not wait for
+    that child (it once waited the child's 30 s), it asks munge again."""
+    calls = tmp_path / "munge-calls"
+    forking_then_fine = (f"#!/bin/sh\necho call >> {calls}\n"
+                         f"if [ \"$(wc -l < {calls})\" = 1 ]; then sleep 30; exit 0; fi\n"
+                         "printf 'MUNGE:'\nexec cat\n")
+    server = Server([b'{"type": "exit", "code": 4, "signal": null}'])
+    started = time.monotonic()
+    ran = run_against(waiter, server, tmp_path, munge=forking_then_fine)
+    assert (ran.returncode, ran.stdout, ran.stderr, server.requests) == (4, b"", b"", 1)
+    assert calls.read_text() == "call\ncall\n"
+    assert 10 <= time.monotonic() - started < 20, "waited for munge's child"
