@@ -1,12 +1,13 @@
 """[api] tls_cert_file/tls_key_file serve the API over TLS; the waiter then needs an https:// URL and
 verifies the certificate (with waiter.ca_file, passed to it as --ca). The round trip is real: the
-daemon's Api app with a real Reconciler behind a TLS socket, the waiter's own client in front."""
+daemon's Api app with a real Reconciler behind a TLS socket, the compiled waiter in front (run as a
+slurmd starts it, with a stand-in munge bound over /opt: waiter_runs.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import ssl
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +25,23 @@ from bridge.manager import cli
 from bridge.manager.api import Api
 from bridge.manager.config_file import config_from_text
 from bridge.manager.daemon import server_ssl_context
-from bridge.waiter import http_client, munge
 
 from .builders import allocation, config
+from .waiter_runs import MARKER, fakes, go_waiter, namespaced, namespaces_work
+
+# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
+if not namespaces_work():
+    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
 
 MINIMAL = 'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n[partitions.k8s]\n'
 
-# Prints what `unmunge --keys=uid,gid` prints for alice's credential; the payload is the credential
-# itself (the waiter's munge_credential is replaced by one that returns its payload).
+# Prints what `unmunge --keys=uid,gid` prints for a credential of the user these tests run as; the
+# payload is what the waiter's stand-in munge was given (it writes `MUNGE:` and its input). Each
+# run is recorded in `checked` beside it: a request reached the daemon's credential check.
 FAKE_UNMUNGE = (
-    "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"
+    "import os, sys\nopen(os.path.join(os.path.dirname(__file__), 'checked'), 'a').write('x')\n"
+    f"sys.stdout.write('UID: u ({os.getuid()})\\nGID: g ({os.getgid()})\\n\\n'"
+    " + sys.stdin.read().removeprefix('MUNGE:'))\n"
 )
 
 
@@ -132,7 +140,7 @@ def test_a_key_that_does_not_match_is_a_config_error_at_start(
 
 class FakeSlurm:
     async def job(self, job_id: int) -> JobAllocation | None:
-        return allocation(job_id=job_id)
+        return allocation(job_id=job_id, uid=os.getuid(), gid=os.getgid())
 
 
 @pytest.fixture
@@ -159,44 +167,66 @@ async def tls_api(cert: tuple[Path, Path], tmp_path: Path) -> Any:
     await runner.cleanup()
 
 
-def _attach(port: int, ca_file: str | None) -> list[dict[str, Any]]:
-    body = {"script": "#!/bin/sh\necho hi\n", "environment": {"SLURM_JOB_ID": "42"}, "work_dir": "/tmp",
-            "uid": 1000, "gid": 100, "last_log": {}, "cancel": False}
-    url = ("https", "127.0.0.1", port)
-    with http_client.post(url, "/v1/jobs/42/attach", 42, body, 10, ca_file) as stream:
-        return [json.loads(line) for line in stream]
+@pytest.fixture(scope="module")
+def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return go_waiter(tmp_path_factory.mktemp("waiter"))
+
+
+async def run_waiter(
+    waiter: list[str], tmp_path: Path, api: str, *options: str, ends: bool = True,
+) -> tuple[int | None, bytes, bytes]:
+    """The waiter's job (`echo hi`) attached through `api`: its exit code, output and error. One
+    that does not end (`ends` False) is given 3 s, then a SIGTERM (a cancel it cannot send either)
+    and 5 s more; None if it still runs."""
+    script = tmp_path / "slurm_script"
+    script.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n#!/bin/sh\necho hi\n")
+    # Files, not pipes: what a waiter that had to be killed wrote is kept.
+    with open(tmp_path / "stdout", "wb+") as stdout, open(tmp_path / "stderr", "wb+") as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            *namespaced(fakes(tmp_path), [*waiter, "--api", api, *options, str(script)]), cwd=tmp_path,
+            env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin"}, stdout=stdout, stderr=stderr,
+            stdin=asyncio.subprocess.DEVNULL)
+        code: int | None = None
+        try:
+            if not ends:
+                await asyncio.sleep(3)
+                assert proc.returncode is None, "it gave up instead of waiting the outage out"
+                proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(proc.wait(), 30 if ends else 5)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        stdout.seek(0)
+        stderr.seek(0)
+        return code, stdout.read(), stderr.read()
 
 
 async def test_the_waiter_attaches_over_tls_and_the_answer_streams(
-    tls_api: int, cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+    tls_api: int, cert: tuple[Path, Path], waiter: list[str], tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
-
-    events = await asyncio.to_thread(_attach, tls_api, str(cert[0]))
-
-    assert events == [
-        {"type": "log", "pod": 0, "ts": "t1", "line": "hello over TLS"},
-        {"type": "exit", "code": 3, "signal": None},
-    ]
+    code, stdout, stderr = await run_waiter(waiter, tmp_path, f"https://127.0.0.1:{tls_api}", "--ca",
+                                            str(cert[0]))
+    assert (code, stdout, stderr) == (3, b"hello over TLS\n", b"")
+    assert (tmp_path / "checked").read_text() == "x", "one request, its credential checked"
 
 
 async def test_without_the_ca_file_the_waiter_refuses_the_certificate(
-    tls_api: int, monkeypatch: pytest.MonkeyPatch
+    tls_api: int, waiter: list[str], tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
-
-    with pytest.raises(ssl.SSLCertVerificationError, match=r"self[- ]signed"):
-        await asyncio.to_thread(_attach, tls_api, None)
+    """The handshake fails, as in an outage: the waiter keeps trying (a cancel cannot be sent
+    either, and it says why), and no request, no credential, ever reaches the daemon."""
+    code, stdout, stderr = await run_waiter(waiter, tmp_path, f"https://127.0.0.1:{tls_api}", ends=False)
+    assert (code, stdout) == (None, b"")
+    assert stderr == (b"slurm-k8s-bridge: could not reach the bridge to cancel: tls: failed to verify "
+                      b"certificate: x509: certificate signed by unknown authority\n")
+    assert not (tmp_path / "checked").exists()
 
 
 async def test_plain_http_is_not_answered_by_the_tls_port(
-    tls_api: int, monkeypatch: pytest.MonkeyPatch
+    tls_api: int, waiter: list[str], tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(munge, "munge_credential", lambda payload: payload)
-
-    def plain() -> None:
-        body = {"script": "", "environment": {}, "work_dir": "/", "uid": 1000, "gid": 100}
-        http_client.post(("http", "127.0.0.1", tls_api), "/v1/jobs/42/attach", 42, body, 10).close()
-
-    with pytest.raises(OSError):
-        await asyncio.to_thread(plain)
+    code, stdout, stderr = await run_waiter(waiter, tmp_path, f"http://127.0.0.1:{tls_api}", ends=False)
+    assert (code, stdout) == (None, b"")
+    assert stderr == (b"slurm-k8s-bridge: could not reach the bridge to cancel: "
+                      b"bad HTTP answer from the bridge: []\n")
+    assert not (tmp_path / "checked").exists()

@@ -1,7 +1,9 @@
 """Issue 8, cause 4 and the waiter's half of cause 5: what can pass (munged, slurmrestd or the
 daemon's token down) answers 503 and the waiter retries it with jittered backoff; 4xx only for
 what can never succeed. Attach streams carry heartbeats; the waiter reads with a timeout, so a
-half-open connection is dropped and re-attached instead of waited on forever."""
+half-open connection is dropped and re-attached instead of waited on forever. The waiter here is
+the compiled one (agent/cmd/waiter), run as a slurmd starts it with a stand-in munge bound over
+/opt (waiter_runs.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +28,13 @@ from bridge.core.waiter_protocol import request_digest
 from bridge.manager import api as api_module
 from bridge.manager import auth as auth_module
 from bridge.manager.api import Api
-from bridge.waiter import attach as waiter
-from bridge.waiter import http_client, munge
 
 from .builders import allocation, config
+from .waiter_runs import MARKER, fakes, go_test, go_waiter, namespaced, namespaces_work
+
+# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
+if not namespaces_work():
+    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
 
 BODY = b'{"script": "#!/bin/sh\\n", "environment": {}, "work_dir": "/", "uid": 1000, "gid": 100}'
 PATH = "/v1/jobs/42/attach"
@@ -117,44 +123,57 @@ class Server:
                 conn.close()
 
 
-def _waiter_against(server: Server, monkeypatch: pytest.MonkeyPatch) -> waiter.Waiter:
-    monkeypatch.setattr(munge, "munge_credential", lambda payload: "MUNGE:x")
-    monkeypatch.setattr(http_client, "RECONNECT_BASE_S", 0.01)
-    monkeypatch.setattr(waiter, "STREAM_READ_TIMEOUT_S", 0.5)
-    return waiter.Waiter(f"http://127.0.0.1:{server.port}", 42, "#!/bin/sh\n", {}, "/")
+@pytest.fixture(scope="module")
+def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return go_waiter(tmp_path_factory.mktemp("waiter"))
 
 
-def _served(answers: list[Any], monkeypatch: pytest.MonkeyPatch) -> tuple[int, Server]:
-    server = Server(answers)
+def run_against(
+    waiter: list[str], server: Server, tmp_path: Path, munge: str | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """The waiter's job attached to `server` until it ends (`munge`: another stand-in's script)."""
+    script = tmp_path / "slurm_script"
+    script.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n#!/bin/sh\n")
+    opt = fakes(tmp_path)
+    if munge is not None:
+        (opt / "munge/bin/munge").write_text(munge)
     try:
-        return _waiter_against(server, monkeypatch).run(), server
+        api = f"http://127.0.0.1:{server.port}"
+        return subprocess.run(namespaced(opt, [*waiter, "--api", api, str(script)]), cwd=tmp_path,
+                              env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin"}, capture_output=True,
+                              timeout=120)
     finally:
         server.close()
 
 
-def test_the_waiter_retries_503_until_the_job_can_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    code, server = _served([503, 503, 502, b'{"type": "exit", "code": 4, "signal": null}'], monkeypatch)
-    assert (code, server.requests) == (4, 4)
+def test_the_waiter_retries_503_until_the_job_can_start(waiter: list[str], tmp_path: Path) -> None:
+    server = Server([503, 503, 502, b'{"type": "exit", "code": 4, "signal": null}'])
+    ran = run_against(waiter, server, tmp_path)
+    assert (ran.returncode, ran.stdout, ran.stderr, server.requests) == (4, b"", b"", 4)
 
 
-def test_the_waiter_gives_up_only_on_4xx(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, server = _served([503, 403], monkeypatch)
-    assert (code, server.requests) == (1, 2)
-    assert "busy 403" in capsys.readouterr().err
+def test_the_waiter_gives_up_only_on_4xx(waiter: list[str], tmp_path: Path) -> None:
+    server = Server([503, 403])
+    ran = run_against(waiter, server, tmp_path)
+    assert (ran.returncode, ran.stdout, server.requests) == (1, b"", 2)
+    assert ran.stderr == b"slurm-k8s-bridge: busy 403\n"
 
 
-def test_a_silent_connection_is_dropped_and_re_attached(monkeypatch: pytest.MonkeyPatch) -> None:
-    code, server = _served(["hang", b'{"type": "exit", "code": 0, "signal": null}'], monkeypatch)
-    assert (code, server.requests) == (0, 2)
+def test_a_silent_connection_is_dropped_and_re_attached(waiter: list[str], tmp_path: Path) -> None:
+    """The daemon sends a heartbeat every 10 s: after 45 s of silence the waiter takes the
+    connection for dead and attaches again."""
+    server = Server(["hang", b'{"type": "exit", "code": 0, "signal": null}'])
+    started = time.monotonic()
+    ran = run_against(waiter, server, tmp_path)
+    assert (ran.returncode, ran.stdout, ran.stderr, server.requests) == (0, b"", b"", 2)
+    assert 45 <= time.monotonic() - started < 90
 
 
 def test_backoff_is_jittered_and_capped() -> None:
-    delays = {http_client.reconnect_delay(3) for _ in range(50)}
-    assert len(delays) > 10, "thousands of waiters must not retry in step"
-    assert all(0.4 <= d <= 1.2 for d in delays)
-    assert max(http_client.reconnect_delay(30) for _ in range(50)) <= http_client.RECONNECT_CAP_S * 1.5
+    """From 100 ms, doubling, capped at 5 s, each within half of it either way, and spread:
+    thousands of waiters must not retry in step (agent/internal/waiter)."""
+    go_test("TestBackoffIsJitteredAndCapped")
+    go_test("TestBackoffDelaysAreSpread")
 
 
 async def test_a_quiet_attach_stream_carries_heartbeats(
@@ -217,26 +236,37 @@ async def test_a_burst_of_credential_checks_waits_for_a_slot_instead_of_failing(
     assert statuses == [403, 403, 403], "each was checked (and refused: no digest), none turned away"
 
 
-def test_a_munge_that_times_out_is_an_outage_the_waiter_waits_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_munge_that_times_out_is_an_outage_the_waiter_waits_out(
+    waiter: list[str], tmp_path: Path,
+) -> None:
     """bench-scale on 1,000 nodes (load 146): munge took over 10 s once, the uncaught
     TimeoutExpired ended the waiter and its job FAILED 1:0 without a word. Now it asks again."""
-    real_munge_credential = munge.munge_credential
+    calls = tmp_path / "munge-calls"
+    # The first call hangs as one process (exec: as munge itself would, no child left holding
+    # its output when it is killed).
+    slow_then_fine = (f"#!/bin/sh\necho call >> {calls}\n"
+                      f"if [ \"$(wc -l < {calls})\" = 1 ]; then exec sleep 30; fi\n"
+                      "printf 'MUNGE:'\nexec cat\n")
     server = Server([b'{"type": "exit", "code": 4, "signal": null}'])
-    calls: list[int] = []
+    started = time.monotonic()
+    ran = run_against(waiter, server, tmp_path, munge=slow_then_fine)
+    assert (ran.returncode, ran.stdout, ran.stderr, server.requests) == (4, b"", b"", 1)
+    assert calls.read_text() == "call\ncall\n"
+    assert 10 <= time.monotonic() - started < 30, "given up on after 10 s"
 
-    def slow_then_fine(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-        calls.append(1)
-        if len(calls) == 1:
-            raise subprocess.TimeoutExpired(argv, 10)
-        return subprocess.CompletedProcess(argv, 0, b"MUNGE:x\n", b"")
 
-    try:
-        waiting = _waiter_against(server, monkeypatch)
-        monkeypatch.setattr(munge, "munge_credential", real_munge_credential)
-        monkeypatch.setattr(munge, "munge_binary", lambda: "/usr/bin/munge")
-        monkeypatch.setattr(munge.subprocess, "run", slow_then_fine)
-        code = waiting.run()
-    finally:
-        server.close()
-    assert (code, len(calls), server.requests) == (4, 2, 1)
-
+def test_a_hung_munge_is_given_up_on_even_if_a_child_holds_its_output(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    """Killed at 10 s, a munge whose child still holds its output: the waiter does not wait for
+    that child (it once waited the child's 30 s), it asks munge again."""
+    calls = tmp_path / "munge-calls"
+    forking_then_fine = (f"#!/bin/sh\necho call >> {calls}\n"
+                         f"if [ \"$(wc -l < {calls})\" = 1 ]; then sleep 30; exit 0; fi\n"
+                         "printf 'MUNGE:'\nexec cat\n")
+    server = Server([b'{"type": "exit", "code": 4, "signal": null}'])
+    started = time.monotonic()
+    ran = run_against(waiter, server, tmp_path, munge=forking_then_fine)
+    assert (ran.returncode, ran.stdout, ran.stderr, server.requests) == (4, b"", b"", 1)
+    assert calls.read_text() == "call\ncall\n"
+    assert 10 <= time.monotonic() - started < 20, "waited for munge's child"

@@ -1,62 +1,46 @@
-"""The waiter's tiny HTTP/1.0 client and script extraction, against a local socket server."""
+"""The compiled waiter's tiny HTTP/1.0 client and script extraction, against a local socket server:
+the waiter runs as a slurmd starts it, with a stand-in munge bound over /opt (waiter_runs.py)."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from bridge.core import wellknown
 from bridge.core.waiter_protocol import request_digest
-from bridge.waiter import attach as waiter
-from bridge.waiter import http_client, munge
+
+from .waiter_runs import fakes, go_test, go_waiter, namespaced, namespaces_work
+
+# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
+if not namespaces_work():
+    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
 
 
-def test_original_script_is_what_follows_the_marker() -> None:
-    rewritten = f"#!/bin/sh\nexec attach \"$0\"\n{wellknown.ATTACH_MARKER}\n#!/bin/bash\necho hi\n"
-    assert waiter.original_script(rewritten) == "#!/bin/bash\necho hi\n"
+@pytest.fixture(scope="module")
+def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return go_waiter(tmp_path_factory.mktemp("waiter"))
 
 
-def test_a_script_without_marker_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"job_submit\.lua"):
-        waiter.original_script("#!/bin/sh\necho hi\n")
+class OneShotServer:
+    """Answers one request with a streamed NDJSON body, as aiohttp does for HTTP/1.0; keeps the
+    request's head and body."""
 
+    def __init__(self, family: socket.AddressFamily = socket.AF_INET) -> None:
+        self.listener = socket.create_server(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0),
+                                             family=family)
+        self.port = self.listener.getsockname()[1]
+        self.head = self.body = b""
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
 
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("http://127.0.0.1:8470", ("http", "127.0.0.1", 8470)),
-        ("http://bridge.example:9000/", ("http", "bridge.example", 9000)),
-        ("http://[::1]:8470", ("http", "::1", 8470)),
-        ("http://host", ("http", "host", 80)),
-        ("https://bridge.example", ("https", "bridge.example", 443)),
-        ("HTTPS://bridge.example:8443/", ("https", "bridge.example", 8443)),
-        # IPv6 literals, which the config accepts as api_url: with and without a port.
-        ("https://[fd00::1]", ("https", "fd00::1", 443)),
-        ("http://[fd00::1]/", ("http", "fd00::1", 80)),
-        ("https://[fd00::1]:8443", ("https", "fd00::1", 8443)),
-    ],
-)
-def test_split_url(url: str, expected: tuple[str, int]) -> None:
-    assert http_client.split_url(url) == expected
-
-
-def test_the_host_header_writes_an_ipv6_address_in_brackets() -> None:
-    assert http_client.host_header("fd00::1", 8470) == "[fd00::1]:8470"
-    assert http_client.host_header("bridge.example", 443) == "bridge.example:443"
-
-
-@pytest.fixture
-def one_shot_server() -> Iterator[tuple[int, dict[str, bytes]]]:
-    """Answers one request with a streamed NDJSON body, like aiohttp does for HTTP/1.0."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    seen: dict[str, bytes] = {}
-
-    def serve() -> None:
-        conn, _ = listener.accept()
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
         with conn:
             data = b""
             while b"\r\n\r\n" not in data:
@@ -66,37 +50,83 @@ def one_shot_server() -> Iterator[tuple[int, dict[str, bytes]]]:
                               if line.lower().startswith(b"content-length")))
             while len(body) < length:
                 body += conn.recv(65536)
-            seen["head"], seen["body"] = head, body
+            self.head, self.body = head, body
             conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/x-ndjson\r\n\r\n")
             for event in ({"type": "log", "pod": 0, "ts": "t1", "line": "a"},
                           {"type": "exit", "code": 3, "signal": None}):
                 conn.sendall(json.dumps(event).encode() + b"\n")
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1], seen
-    thread.join(timeout=5)
-    listener.close()
+    def close(self) -> None:
+        self.thread.join(timeout=5)
+        self.listener.close()
+
+
+@pytest.fixture
+def server() -> Iterator[OneShotServer]:
+    one = OneShotServer()
+    yield one
+    one.close()
+
+
+def run(waiter: list[str], tmp_path: Path, api: str, script: str) -> subprocess.CompletedProcess[bytes]:
+    path = tmp_path / "slurm_script"
+    path.write_text(script)
+    return subprocess.run(namespaced(fakes(tmp_path), [*waiter, "--api", api, str(path)]), cwd=tmp_path,
+                          env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=60)
+
+
+REWRITTEN = f"#!/bin/sh\nexec attach \"$0\"\n{wellknown.ATTACH_MARKER}\n#!/bin/bash\necho hi\n"
+
+
+def test_original_script_is_what_follows_the_marker(
+    waiter: list[str], tmp_path: Path, server: OneShotServer,
+) -> None:
+    ran = run(waiter, tmp_path, f"http://127.0.0.1:{server.port}", REWRITTEN)
+    assert ran.returncode == 3, ran.stderr
+    assert json.loads(server.body)["script"] == "#!/bin/bash\necho hi\n"
+    go_test("TestTheScriptIsWhatFollowsTheFirstMarker")
+
+
+def test_a_script_without_marker_is_refused(waiter: list[str], tmp_path: Path) -> None:
+    ran = run(waiter, tmp_path, "http://127.0.0.1:9", "#!/bin/sh\necho hi\n")
+    assert (ran.returncode, ran.stdout) == (1, b"")
+    assert ran.stderr == b"ValueError: this batch script was not rewritten by the bridge's job_submit.lua\n"
+
+
+def test_split_url() -> None:
+    """http and https, IPv6 literals with and without a port (the config accepts them as api_url),
+    a trailing slash, an upper-case scheme, default ports (agent/internal/waiter/waiter_test.go)."""
+    go_test("TestSplitURL")
+
+
+@pytest.mark.parametrize("api", ["http://127.0.0.1:{port}", "http://127.0.0.1:{port}/",
+                                 "HTTP://127.0.0.1:{port}/"])
+def test_the_api_url_is_where_it_connects(
+    waiter: list[str], tmp_path: Path, server: OneShotServer, api: str,
+) -> None:
+    ran = run(waiter, tmp_path, api.format(port=server.port), REWRITTEN)
+    assert (ran.returncode, ran.stdout) == (3, b"a\n"), ran.stderr
+    assert f"\r\nHost: 127.0.0.1:{server.port}\r\n".encode() in server.head
+
+
+def test_the_host_header_writes_an_ipv6_address_in_brackets(waiter: list[str], tmp_path: Path) -> None:
+    server = OneShotServer(socket.AF_INET6)
+    try:
+        ran = run(waiter, tmp_path, f"http://[::1]:{server.port}", REWRITTEN)
+    finally:
+        server.close()
+    assert (ran.returncode, ran.stdout) == (3, b"a\n"), ran.stderr
+    assert f"\r\nHost: [::1]:{server.port}\r\n".encode() in server.head
 
 
 def test_post_streams_the_answer_line_by_line(
-    one_shot_server: tuple[int, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+    waiter: list[str], tmp_path: Path, server: OneShotServer,
 ) -> None:
-    port, seen = one_shot_server
-    payloads: list[str] = []
-
-    def fake_munge(payload: str) -> str:
-        payloads.append(payload)
-        return "MUNGE:cred"
-
-    monkeypatch.setattr(munge, "munge_credential", fake_munge)
-
-    with http_client.post(("http", "127.0.0.1", port), "/v1/jobs/7/attach", 7, {"x": 1}, timeout=5) as stream:
-        lines = [json.loads(line) for line in stream]
-
-    assert [e["type"] for e in lines] == ["log", "exit"]
-    assert seen["head"].startswith(b"POST /v1/jobs/7/attach HTTP/1.0\r\n")
-    assert b"X-Munge-Credential: MUNGE:cred" in seen["head"]
-    assert json.loads(seen["body"]) == {"x": 1}
-    # The credential carries the digest of exactly the request that was sent.
-    assert payloads == [request_digest("POST", "/v1/jobs/7/attach", 7, seen["body"])]
+    ran = run(waiter, tmp_path, f"http://127.0.0.1:{server.port}", REWRITTEN)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (3, b"a\n", b"")
+    assert server.head.startswith(b"POST /v1/jobs/7/attach HTTP/1.0\r\n")
+    # The credential carries the digest of exactly the request that was sent (the stand-in munge
+    # writes MUNGE: and what it was asked to carry).
+    credential = request_digest("POST", "/v1/jobs/7/attach", 7, server.body)
+    assert f"\r\nX-Munge-Credential: MUNGE:{credential}\r\n".encode() in server.head + b"\r\n"
+    assert json.loads(server.body)["work_dir"] == str(tmp_path)

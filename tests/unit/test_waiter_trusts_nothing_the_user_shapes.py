@@ -1,23 +1,68 @@
 """The waiter runs on the slurmd host as the user: it binds its credential to the request, runs
-nothing from the user's PATH or cwd, imports nothing but the standard library, and gives the pods
-back the variables the SPANK guard held out of its way."""
+nothing from the user's PATH or cwd, loads nothing the user's environment names (it is one static
+program), and gives the pods back the variables the SPANK guard held out of its way. Checked of the
+compiled waiter (agent/cmd/waiter), run as a slurmd starts it (waiter_runs.py)."""
 
 from __future__ import annotations
 
-import ast
+import json
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bridge.core import wellknown
 from bridge.core.waiter_protocol import request_digest
-from bridge.waiter import attach as waiter
-from bridge.waiter import build, environment, munge
 
-WAITER = Path(waiter.__file__)
-ROOT = WAITER.parents[2]
+from .waiter_runs import (
+    MARKER,
+    ROOT,
+    FakeDaemon,
+    Run,
+    fakes,
+    go_test,
+    go_waiter,
+    namespaces_work,
+    run_waiter,
+    streaming,
+)
+
+# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
+if not namespaces_work():
+    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+
+SAFE_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+"""What the waiter's own helpers (munge, Slurm's binaries) run with: nothing of the user's."""
+
+
+@pytest.fixture(scope="module")
+def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return go_waiter(tmp_path_factory.mktemp("waiter"))
+
+
+def attached(waiter: list[str], tmp_path: Path, env: dict[str, str], script: str = "#!/bin/sh\necho hi\n",
+             opt: Path | None = None) -> Run:
+    """The job (`script` after the marker) run to its end (exit 0) against a fake daemon."""
+    daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
+    path = tmp_path / "slurm_script"
+    path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n{script}")
+    try:
+        return run_waiter(waiter, daemon, args=[str(path)], env=env, cwd=tmp_path,
+                          opt=fakes(tmp_path) if opt is None else opt)
+    finally:
+        daemon.close()
+
+
+def sent(run: Run) -> dict[str, object]:
+    (path, body), = run.requests
+    assert path == "/v1/jobs/42/attach"
+    decoded = json.loads(body)
+    assert isinstance(decoded, dict)
+    return decoded
 
 
 def test_the_digest_binds_method_path_job_and_body() -> None:
@@ -30,63 +75,135 @@ def test_the_digest_binds_method_path_job_and_body() -> None:
         request_digest("POST", "/v1/jobs/7/cancel", 7, b"{ }"),
     }
     assert base not in others and len(others) == 4
+    go_test("TestRequestDigestIsPythons")  # the waiter's digest is the daemon's, byte for byte
 
 
-def test_held_variables_get_their_names_back_for_the_pods() -> None:
-    environ = {"SLURM_K8S_BRIDGE_HELD_LD_PRELOAD": "/x.so", "SLURM_K8S_BRIDGE_HELD_PYTHONPATH": "/p",
-               "HOME": "/home/alice", "SLURM_K8S_BRIDGE_HELD_": "nameless"}
-    expected = {"LD_PRELOAD": "/x.so", "PYTHONPATH": "/p", "HOME": "/home/alice"}
-    assert environment.job_environment(environ) == expected
+def test_held_variables_get_their_names_back_for_the_pods(waiter: list[str], tmp_path: Path) -> None:
+    env = {"SLURM_JOB_ID": "42", "SLURM_K8S_BRIDGE_HELD_LD_PRELOAD": "/x.so",
+           "SLURM_K8S_BRIDGE_HELD_PYTHONPATH": "/p", "HOME": "/home/alice",
+           "SLURM_K8S_BRIDGE_HELD_": "nameless"}
+    ran = attached(waiter, tmp_path, env)
+    assert ran.returncode == 0, ran.stderr
+    assert sent(ran)["environment"] == {"SLURM_JOB_ID": "42", "LD_PRELOAD": "/x.so", "PYTHONPATH": "/p",
+                                        "HOME": "/home/alice", "PWD": str(tmp_path)}
+    go_test("TestHeldVariablesGetTheirNamesBack")
 
 
-def test_where_the_guard_held_the_environment_only_held_and_slurm_variables_count() -> None:
-    environ = {"SLURM_K8S_BRIDGE_ENV_HELD": "1", "LC_CTYPE": "C.UTF-8", "SLURM_JOB_ID": "7",
-               "SLURM_K8S_BRIDGE_HELD_HOME": "/home/alice", "SLURM_K8S_BRIDGE_HELD_OPENSSL_CONF": "/x"}
-    expected = {"SLURM_JOB_ID": "7", "HOME": "/home/alice", "OPENSSL_CONF": "/x"}
-    assert environment.job_environment(environ) == expected
+def test_where_the_guard_held_the_environment_only_held_and_slurm_variables_count(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    env = {"SLURM_K8S_BRIDGE_ENV_HELD": "1", "LC_CTYPE": "C.UTF-8", "SLURM_JOB_ID": "42",
+           "SLURM_K8S_BRIDGE_HELD_HOME": "/home/alice", "SLURM_K8S_BRIDGE_HELD_OPENSSL_CONF": "/x"}
+    ran = attached(waiter, tmp_path, env)
+    assert ran.returncode == 0, ran.stderr
+    assert sent(ran)["environment"] == {"SLURM_JOB_ID": "42", "HOME": "/home/alice", "OPENSSL_CONF": "/x"}
 
 
-def test_munge_is_never_looked_up_on_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    fake = tmp_path / "munge"
-    fake.write_text("#!/bin/sh\necho planted\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(munge, "MUNGE_PATHS", ("/nonexistent/munge",))
-    with pytest.raises(OSError, match="munge is not installed"):
-        munge.munge_binary()
+def planted_executables(directory: Path, log: Path) -> None:
+    """munge, srun, sh, cat... in `directory`, each noting in `log` that it ran."""
+    for name in ("munge", "srun", "sh", "cat", "env", "unmunge"):
+        path = directory / name
+        path.write_text(f"#!/bin/sh\necho {name} >> {log}\nexit 0\n")
+        path.chmod(0o755)
 
 
-def test_munge_runs_with_a_fixed_environment_in_the_root_directory(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[str, object] = {}
+def test_munge_is_never_looked_up_on_the_path_or_in_the_cwd(waiter: list[str], tmp_path: Path) -> None:
+    """No munge where the waiter looks (/usr/bin, /usr/local/bin, /opt/munge/bin): it waits as in
+    an outage; a cancel cannot be sent either and it says why. The PATH's and the cwd's never run."""
+    planted, log = tmp_path / "bin", tmp_path / "ran"
+    planted.mkdir()
+    planted_executables(planted, log)
+    planted_executables(tmp_path, log)
+    empty_opt = tmp_path / "opt"
+    empty_opt.mkdir()
+    daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
+    path = tmp_path / "slurm_script"
+    path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\necho hi\n")
 
-    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
-        seen.update(kwargs, argv=argv)
-        return subprocess.CompletedProcess(argv, 0, b"MUNGE:x\n", b"")
+    def cancel_later(proc: subprocess.Popen[bytes]) -> None:
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(3)
+        proc.kill()
 
-    monkeypatch.setattr(munge, "munge_binary", lambda: "/usr/bin/munge")
-    monkeypatch.setattr(munge.subprocess, "run", fake_run)
-    monkeypatch.setenv("LD_PRELOAD", "/home/alice/evil.so")
-    assert munge.munge_credential("digest") == "MUNGE:x"
-    assert seen["argv"] == ["/usr/bin/munge"]
-    assert seen["env"] == environment.SAFE_ENVIRONMENT and seen["cwd"] == "/"
-    assert seen["input"] == b"digest"
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=empty_opt, during=cancel_later,
+                         env={"SLURM_JOB_ID": "42", "PATH": f"{planted}:.", "HOME": str(tmp_path)})
+    finally:
+        daemon.close()
+    assert ran.returncode == -signal.SIGKILL and ran.requests == []
+    assert ran.stderr == (b"slurm-k8s-bridge: could not reach the bridge to cancel: munge is not installed "
+                          b"on this host (looked for /usr/bin/munge, /usr/local/bin/munge, "
+                          b"/opt/munge/bin/munge)\n")
+    assert not log.exists(), log.read_text()
 
 
-@pytest.mark.parametrize("module", build.modules())
-def test_the_waiter_imports_only_the_standard_library(module: str) -> None:
-    """Each module the waiter's archive holds imports the standard library and modules the archive
-    holds, nothing else."""
-    tree = ast.parse((ROOT / module).read_text())
-    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    names |= {node.module for node in ast.walk(tree)
-              if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
-    archived = {path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-                for path in build.modules()}
-    # Python's own SHA-256 is `_sha2` from 3.12 on, `_sha256` before: each is stdlib on its own Python.
-    stdlib = set(sys.stdlib_module_names) | {"_sha2", "_sha256"}
-    foreign = {name for name in names if name.split(".")[0] not in stdlib
-               and name not in archived and name not in ("bridge", "bridge.core")}
-    assert foreign == set()
+RECORDING_MUNGE = """#!/bin/sh
+# Notes what it was given: its environment, its cwd, its arguments, its input; then answers.
+tr '\\000' '\\n' < /proc/$$/environ > {record}.env
+readlink /proc/$$/cwd > {record}.cwd
+echo "$#" > {record}.argc
+payload=$(cat)
+printf '%s' "$payload" > {record}.stdin
+printf 'MUNGE:%s' "$payload"
+"""
+
+
+def test_munge_runs_with_a_fixed_environment_in_the_root_directory(waiter: list[str], tmp_path: Path) -> None:
+    opt, record = fakes(tmp_path), tmp_path / "munge"
+    (opt / "munge/bin/munge").write_text(RECORDING_MUNGE.format(record=record))
+    env = {"SLURM_JOB_ID": "42", "LD_PRELOAD": "/home/alice/evil.so", "PATH": f"{tmp_path}:/usr/bin:/bin",
+           "LD_LIBRARY_PATH": str(tmp_path), "HOME": "/home/alice"}
+    ran = attached(waiter, tmp_path, env, opt=opt)
+    assert ran.returncode == 0, ran.stderr
+    given = dict(line.split("=", 1) for line in Path(f"{record}.env").read_text().splitlines())
+    assert given == SAFE_ENVIRONMENT
+    assert Path(f"{record}.cwd").read_text() == "/\n" and Path(f"{record}.argc").read_text() == "0\n"
+    (_, body), = ran.requests
+    assert Path(f"{record}.stdin").read_text() == request_digest("POST", "/v1/jobs/42/attach", 42, body)
+
+
+PLANTED_LIBRARY = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted(void) {
+    char exe[4096];
+    ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    FILE *log = fopen(LOG, "a");
+    if (length > 0 && log != NULL) {
+        exe[length] = 0;
+        fprintf(log, "%s\n", exe);
+    }
+    if (log != NULL) fclose(log);
+}
+"""
+
+
+def test_nothing_the_environment_names_is_loaded(waiter: list[str], tmp_path: Path) -> None:
+    """LD_PRELOAD, LD_LIBRARY_PATH, PYTHON*, GCONV_PATH...: the waiter is one static program
+    and loads none of it (the programs that start it here, unshare and sh, do: the plant works)."""
+    gcc = shutil.which("gcc")
+    assert gcc is not None, "gcc is not installed: the planted library cannot be built"
+    log = tmp_path / "loaded"
+    library = tmp_path / "libplanted.so"
+    subprocess.run([gcc, "-shared", "-fPIC", f'-DLOG="{log}"', "-o", str(library), "-x", "c", "-"],
+                   input=PLANTED_LIBRARY.encode(), check=True, timeout=60)
+    # What `python3 -I -S` kept the Python waiter from importing: the cwd's and PYTHONPATH's.
+    for name in ("sitecustomize.py", "json.py", "bridge/__init__.py", "bridge/waiter/main.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("raise SystemExit('planted module imported')\n")
+    env = {"SLURM_JOB_ID": "42", "LD_PRELOAD": str(library), "LD_LIBRARY_PATH": str(tmp_path),
+           "PYTHONPATH": str(tmp_path), "PYTHONSTARTUP": str(tmp_path / "sitecustomize.py"),
+           "PYTHONHOME": str(tmp_path), "GCONV_PATH": str(tmp_path), "GODEBUG": "x509ignoreCN=1",
+           "PATH": "/usr/bin:/bin"}
+    ran = attached(waiter, tmp_path, env)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
+    loaded = log.read_text().splitlines()
+    assert loaded, "the planted library was never loaded by anything: this test checks nothing"
+    assert waiter[0] not in loaded
+    # No dynamic loader, no dynamic section: nothing to preload into, no library to look up.
+    program_headers = subprocess.run(["readelf", "-lW", waiter[0]], capture_output=True, check=True).stdout
+    assert b"INTERP" not in program_headers and b"DYNAMIC" not in program_headers
 
 
 def test_the_digest_loads_no_openssl_where_pythons_own_sha256_is_named_sha2() -> None:
@@ -117,23 +234,18 @@ def test_the_digest_loads_no_openssl_on_this_python() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_the_marker_is_the_one_job_submit_writes() -> None:
-    assert waiter.MARKER == wellknown.ATTACH_MARKER
-    lua = (WAITER.parents[2] / "deploy" / "slurm" / "job_submit.lua").read_text()
-    assert f'local MARKER = "{waiter.MARKER}"' in lua
+def test_the_marker_is_the_one_job_submit_writes(waiter: list[str], tmp_path: Path) -> None:
+    lua = (ROOT / "deploy" / "slurm" / "job_submit.lua").read_text()
+    assert f'local MARKER = "{wellknown.ATTACH_MARKER}"' in lua
+    assert MARKER == wellknown.ATTACH_MARKER
+    ran = attached(waiter, tmp_path, {"SLURM_JOB_ID": "42"}, script="#!/bin/sh\necho user\n")
+    assert ran.returncode == 0, ran.stderr
+    assert sent(ran)["script"] == "#!/bin/sh\necho user\n"
 
 
-def test_the_first_marker_wins() -> None:
-    planted = f"#!/bin/sh\necho user\n{waiter.MARKER}\necho planted\n"
-    rewritten = f"#!/bin/sh\nexec waiter \"$0\"\n{waiter.MARKER}\n{planted}"
-    assert waiter.original_script(rewritten) == planted
+def test_the_first_marker_wins(waiter: list[str], tmp_path: Path) -> None:
+    planted = f"#!/bin/sh\necho user\n{MARKER}\necho planted\n"
+    ran = attached(waiter, tmp_path, {"SLURM_JOB_ID": "42"}, script=planted)
+    assert ran.returncode == 0, ran.stderr
+    assert sent(ran)["script"] == planted
 
-
-def test_isolated_mode_keeps_the_cwd_and_pythonpath_off_sys_path(tmp_path: Path) -> None:
-    """What `python3 -I -S /abs/waiter.py` gives: a planted ./bridge or PYTHONPATH is never imported."""
-    (tmp_path / "json.py").write_text("raise SystemExit('planted json imported')\n")
-    result = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", "import json, sys; print(sys.path[0])"],
-        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, check=True,
-    )
-    assert str(tmp_path) not in result.stdout

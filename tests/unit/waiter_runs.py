@@ -1,10 +1,11 @@
-"""A fake daemon that speaks the waiter's side of bridge/manager/api.py, and the runs of a waiter,
-Python's zipapp or the Go binary, as a slurmd would start it, against it. Shared by the
-differential tests (test_the_go_waiter_answers_as_the_python_waiter.py) and bench/waiter_cost.py.
+"""A fake daemon that speaks the waiter's side of bridge/manager/api.py, and the runs of the
+compiled waiter (agent/cmd/waiter) as a slurmd would start it, against it. Shared by the waiter's
+protocol tests (test_the_waiter_answers_the_daemon_as_the_protocol_says.py and its neighbours)
+and bench/waiter_cost.py.
 
-The waiters run munge (and Slurm's srun) by absolute path only, as they must: each run is
+The waiter runs munge (and Slurm's srun) by absolute path only, as it must: each run is
 started in a mount namespace of its own where a directory of fakes is bound over /opt, so
-/opt/munge/bin/munge (the last place both look) is a stand-in that writes `MUNGE:` and its
+/opt/munge/bin/munge (the last place it looks) is a stand-in that writes `MUNGE:` and its
 payload. The daemon checks that payload is the digest of the very request it came with, as
 bridge/manager/auth.py does with unmunge's answer."""
 
@@ -16,7 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.core.waiter_protocol import request_digest, sign_output_frame
-from bridge.waiter import build
 
 JOB_ID = 42
 FAKE_MUNGE = "#!/bin/sh\nprintf 'MUNGE:'\nexec cat\n"
@@ -191,27 +191,44 @@ class Run:
     ended_at: float
 
 
-def python_waiter(directory: Path) -> list[str]:
-    """The zipapp bridge/waiter/build.py makes, as the default attach_command runs it."""
-    archive = directory / "waiter.py"
-    if not archive.exists():
-        build.build(archive, sys.executable)
-    return [sys.executable, "-I", "-S", str(archive)]
+_built: dict[str, Path] = {}
 
 
-def go_waiter(directory: Path) -> list[str]:
-    """The Go waiter, built here as it ships (static, stripped; cmd/waiter/main.go says how)."""
-    binary = directory / "waiter"
-    if not binary.exists():
+def built_go_waiter() -> Path:
+    """The Go waiter, built once per test session as it ships (static, stripped; cmd/waiter/main.go
+    says how)."""
+    if "waiter" not in _built:
         go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
         if go is None:
             raise RuntimeError("Go is not installed (looked on PATH and in /usr/local/go/bin): "
                                "the Go waiter cannot be built")
+        binary = Path(tempfile.mkdtemp(prefix="go-waiter-")) / "waiter"
         # cgo for internal/earlysignals' C constructor; static, with Go's own resolver (no NSS).
         static = "-ldflags=-s -w -linkmode external -extldflags -static"
         subprocess.run([go, "build", "-trimpath", "-tags", "netgo,osusergo", static, "-o", str(binary),
                         "./cmd/waiter"],
                        cwd=ROOT / "agent", env={**os.environ, "CGO_ENABLED": "1"}, check=True, timeout=600)
+        _built["waiter"] = binary
+    return _built["waiter"]
+
+
+def go_test(name: str, env: dict[str, str] | None = None) -> None:
+    """Runs the Go test `name` of agent/internal/waiter (a failure fails the calling test)."""
+    go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
+    assert go is not None, "Go is not installed (looked on PATH and in /usr/local/go/bin)"
+    result = subprocess.run([go, "test", "-count=1", "-run", f"^{name}$", "./internal/waiter/"],
+                            cwd=ROOT / "agent", env={**os.environ, **(env or {})}, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok  \t" in result.stdout and "no tests to run" not in result.stdout, result.stdout
+
+
+def go_waiter(directory: Path) -> list[str]:
+    """The command that runs the Go waiter, copied into `directory` (its own file, which a test
+    may replace or rename; the session's build stays whole)."""
+    binary = directory / "waiter"
+    if not binary.exists():
+        shutil.copy2(built_go_waiter(), binary)
     return [str(binary)]
 
 
@@ -233,8 +250,37 @@ def fakes(directory: Path, srun: str | None = None, slurm: dict[str, str] | None
 def namespaced(opt: Path, command: list[str]) -> list[str]:
     """`command` in a mount namespace of its own where `opt` is /opt; it ends up exec'd, so its
     pid is the waiter's."""
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /opt && exec "$@"',
-            str(opt), *command]
+    # By absolute path: the run's PATH may be one a test planted.
+    unshare, mount = (shutil.which(name) or name for name in ("unshare", "mount"))
+    return [unshare, "-m", "--propagation", "private", "/bin/sh", "-c",
+            f'{mount} --bind "$0" /opt && exec "$@"', str(opt), *command]
+
+
+def attach_body(
+    script: str, environment: dict[str, str], work_dir: Path | str, *, output_merged: bool = False,
+    last_log: dict[str, str] | None = None, cancel: bool = False, signals: list[list[int]] | None = None,
+) -> dict[str, object]:
+    """The attach request's fields, in the order the protocol sends them."""
+    return {"script": script, "environment": environment, "work_dir": str(work_dir), "uid": os.getuid(),
+            "gid": os.getgid(), "output_merged": output_merged, "last_log": last_log or {}, "cancel": cancel,
+            "signals": signals or []}
+
+
+def assert_request(body: bytes, expected: dict[str, object]) -> None:
+    """`body` is `expected` as the daemon's json module writes it: the same fields in the same
+    order, the same spacing and escapes (the credential's digest is over these bytes)."""
+    decoded = json.loads(body)
+    assert decoded == expected
+    assert list(decoded) == list(expected)
+    assert body == json.dumps(decoded).encode(), "not json.dumps' bytes"
+
+
+def environ_order(opt: Path, env: dict[str, str], cwd: Path) -> list[str]:
+    """The names of the environment the waiter is given (sh's order, PWD included), as it starts
+    there: the order its attach request keeps."""
+    listed = subprocess.run(namespaced(opt, ["/usr/bin/env", "-0"]), env=env, cwd=cwd, capture_output=True,
+                            check=True, timeout=30).stdout
+    return [entry.partition(b"=")[0].decode() for entry in listed.split(b"\0") if entry]
 
 
 def namespaces_work() -> bool:

@@ -45,6 +45,9 @@ func MungeCredential(payload string) (string, error) {
 	cmd.Stdin = strings.NewReader(payload)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// Killed at the timeout, munge may leave a child holding its output open: Wait must not wait
+	// for that child (Python's subprocess.run(timeout=) does not either).
+	cmd.WaitDelay = time.Second
 	err := runUnblocked(cmd)
 	if ctx.Err() != nil {
 		// A host so loaded that munge takes over 10 s: an outage like any other, retried.

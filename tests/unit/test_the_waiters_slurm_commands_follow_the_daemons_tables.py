@@ -1,8 +1,9 @@
-"""Slurm's commands from the pod (the attach stream's "command" events) are checked and run alike
-by the Go waiter and the Python one: the same tables (bridge/core/slurm_commands.py and
-agent/internal/waiter/slurm_command_tables.go), the same argv, script and export file for each
-request, and, run against one fake daemon with fake Slurm binaries in /opt/slurm/bin, the same
-output relayed or written, the same environment for the binary, the same step-done."""
+"""Slurm's commands from the pod (the attach stream's "command" events) are checked by the compiled
+waiter with the daemon's own tables (bridge/core/slurm_commands.py, which
+agent/internal/waiter/slurm_command_tables.go copies): the same argv, script and export file for
+each request as the daemon's code gives; and, run against a fake daemon with fake Slurm binaries
+in /opt/slurm/bin, the output relayed or written, the binary's environment and the step-done are
+as the protocol says (as the retired Python waiter did)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 import bridge.core.slurm_commands as slurm_commands
-import bridge.waiter.commands as waiter_commands
 from bridge.core.slurm_commands import Refused
 
 from .waiter_runs import (
@@ -31,7 +31,6 @@ from .waiter_runs import (
     fakes,
     go_waiter,
     namespaces_work,
-    python_waiter,
     relayed_frames,
     run_waiter,
 )
@@ -61,13 +60,17 @@ def jsonable(value: object) -> object:
     return value
 
 
-def test_the_tables_are_the_python_ones(tmp_path: Path) -> None:
+# The waiter's own limits on the commands it runs (the retired Python waiter's): at most 32 at
+# once, 64 MiB of output each, an hour each.
+WAITER_LIMITS = {"MAX_CONCURRENT_COMMANDS": 32, "OUTPUT_LIMIT": 64 * 1024 * 1024, "TIME_LIMIT_S": 3600.0}
+
+
+def test_the_tables_are_the_daemons_and_the_limits_the_waiters(tmp_path: Path) -> None:
     out = tmp_path / "tables.json"
     go_test("TestSlurmCommandTablesDump", {"WAITER_SLURM_TABLES_OUT": str(out)})
     go_tables = json.loads(out.read_text())
-    waiter_side = ("MAX_CONCURRENT_COMMANDS", "OUTPUT_LIMIT", "TIME_LIMIT_S")
-    python_tables = {name: jsonable(getattr(waiter_commands if name in waiter_side else slurm_commands, name))
-                     for name in go_tables}
+    assert {name: go_tables.pop(name) for name in WAITER_LIMITS} == WAITER_LIMITS
+    python_tables = {name: jsonable(getattr(slurm_commands, name)) for name in go_tables}
     python_tables["_INFO_ONLY"] = {c: sorted(v) for c, v in slurm_commands._INFO_ONLY.items()}
     python_tables["_PLUGIN_NAME"] = "".join(sorted(slurm_commands._PLUGIN_NAME))
     go_tables["_PLUGIN_NAME"] = "".join(sorted(go_tables["_PLUGIN_NAME"]))
@@ -172,49 +175,53 @@ def commanding(event: dict[str, object], step_output: Callable[[FakeDaemon], Han
     return scenario
 
 
-def both(waiters: dict[str, list[str]], tmp_path: Path, scenario: Callable[[], FakeDaemon]) -> Run:
-    runs = {}
+def run(waiter: list[str], tmp_path: Path, scenario: Callable[[], FakeDaemon], *requests: str) -> Run:
+    """The waiter's run of `scenario`: its job ends with 0, with nothing of its own in the job's
+    files, after the attach and the command's `requests` (in any order: a command runs beside the
+    attach stream)."""
     directory = tmp_path / "submit"
     directory.mkdir()
-    for name, command in waiters.items():
-        daemon = scenario()
-        try:
-            runs[name] = run_waiter(command, daemon, args=[str(batch_script(directory, b"sbatch job.sh\n"))],
-                                    env=ENV, cwd=directory, opt=fakes(directory, slurm=FAKES))
-        finally:
-            daemon.close()
-    python, go = runs["python"], runs["go"]
-    assert (go.returncode, go.stdout, go.stderr) == (python.returncode, python.stdout, python.stderr)
-    assert sorted(go.requests) == sorted(python.requests)
-    return python
+    daemon = scenario()
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"sbatch job.sh\n"))],
+                         env=ENV, cwd=directory, opt=fakes(directory, slurm=FAKES))
+    finally:
+        daemon.close()
+    assert ran.returncode == 0
+    (attach_path, attach), *commands = ran.requests
+    environment = json.loads(attach)["environment"]
+    assert (attach_path, environment) == ("/v1/jobs/42/attach", {**ENV, "PWD": str(directory)})
+    assert sorted(commands) == sorted((f"/v1/jobs/42/{name}", body.encode()) for name, body in
+                                      (request.split(" ", 1) for request in requests))
+    return ran
 
 
 @pytest.fixture(scope="module")
-def waiters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    directory = tmp_path_factory.mktemp("waiters")
-    return {"python": python_waiter(directory), "go": go_waiter(directory)}
+def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return go_waiter(tmp_path_factory.mktemp("waiter"))
 
 
 def test_sbatchs_output_script_and_exports_go_back_through_the_relay(
-    waiters: dict[str, list[str]], tmp_path: Path,
+    waiter: list[str], tmp_path: Path,
 ) -> None:
-    frames: dict[str, list[tuple[int, bytes]]] = {"python": [], "go": []}
-    order = iter(frames)
+    frames: list[tuple[int, bytes]] = []
 
     def relay(daemon: FakeDaemon) -> Handler:
-        return relayed_frames(frames[next(order)], daemon.event("relayed").set)
+        return relayed_frames(frames, daemon.event("relayed").set)
 
     data = encoded("sbatch", ("--export=A,C", "-J", "named", "job.sh", "arg"))
-    run = both(waiters, tmp_path, commanding({"key": 5, "data": data}, relay, "relayed"))
-    assert "step-done" not in " ".join(path for path, _ in run.requests)
-    joined = {name: (b"".join(d for fd, d in got if fd == 1), b"".join(d for fd, d in got if fd == 2),
-                     [d for fd, d in got if fd == 0]) for name, got in frames.items()}
-    assert joined["go"] == joined["python"]
-    out, err, end = joined["go"]
-    head = "export file: A=1;C=caf\u00e9;\narg --chdir=/home/alice/run\narg --job-name=job.sh\n"
-    assert out.startswith((head + "arg --export=A,C\narg -Jnamed\narg /dev/stdin\narg arg\n").encode())
-    assert b"LC_ALL=C\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\n" in out and b"SQUEUE_FORMAT" not in out
-    assert out.endswith(b"stdin: #!/bin/sh\necho hi\n") and err == b"sbatch: warning\n" and end == [b"4"]
+    ran = run(waiter, tmp_path, commanding({"key": 5, "data": data}, relay, "relayed"),
+              'step-output {"key": "5"}\n')
+    assert (ran.stdout, ran.stderr) == (b"", b"")
+    out, err = (b"".join(data for fd, data in frames if fd == wanted) for wanted in (1, 2))
+    # sbatch runs with the exports in a file of its own, the script on its stdin, a fixed
+    # environment (not the job's SQUEUE_FORMAT, SLURM_CONF, ...).
+    assert out == ("export file: A=1;C=caf\u00e9;\narg --chdir=/home/alice/run\narg --job-name=job.sh\n"
+                   "arg --export=A,C\narg -Jnamed\narg /dev/stdin\narg arg\n"
+                   "LC_ALL=C\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\nPWD=/\n"
+                   "stdin: #!/bin/sh\necho hi\n").encode()
+    assert err == b"sbatch: warning\n"
+    assert [data for fd, data in frames if fd == 0] == [b"4"] and frames[-1] == (0, b"4")
 
 
 @pytest.mark.parametrize(("event", "stdout", "stderr", "code"), [
@@ -231,11 +238,11 @@ def test_sbatchs_output_script_and_exports_go_back_through_the_relay(
      b"/opt/slurm/bin)\n", 1),
 ])
 def test_without_a_relay_the_output_goes_to_the_jobs_files(
-    waiters: dict[str, list[str]], tmp_path: Path, event: dict[str, object], stdout: bytes, stderr: bytes,
-    code: int,
+    waiter: list[str], tmp_path: Path, event: dict[str, object], stdout: bytes, stderr: bytes, code: int,
 ) -> None:
+    """The daemon takes no output (404): it goes to the job's files, the code in a step-done."""
     refused = answering(404, "no open step 5")
-    run = both(waiters, tmp_path, commanding(event, lambda _: refused, "step-done"))
-    assert (run.stdout, run.stderr) == (stdout, stderr)
-    assert (run.requests[-1][0], json.loads(run.requests[-1][1])) == ("/v1/jobs/42/step-done",
-                                                                      {"key": "5", "code": code})
+    ran = run(waiter, tmp_path, commanding(event, lambda _: refused, "step-done"),
+              'step-output {"key": "5"}\n', f'step-done {{"key": "5", "code": {code}}}')
+    assert (ran.stdout, ran.stderr) == (stdout, stderr)
+    assert ran.requests[-1] == ("/v1/jobs/42/step-done", f'{{"key": "5", "code": {code}}}'.encode())

@@ -1,8 +1,8 @@
 """A user step's task with a terminal (srun --pty: `waiter step -- ARGV` on a pseudo-terminal) runs
-alike from the Go waiter and the Python one: the same request (with the window's size), the
-terminal in the same raw mode while the task runs and as it was after, what is typed (Ctrl-C
-included) and the new window size on SIGWINCH sent in the same signed frames, the task's output
-written to the terminal, the same exit code."""
+from the compiled waiter as the protocol says (as the retired Python waiter did): its request
+(with the window's size), the terminal in raw mode (as Python's tty.setraw makes it) while the
+task runs and as it was after, what is typed (Ctrl-C included) and the new window size on
+SIGWINCH sent in signed frames, the task's output written to the terminal, its exit code."""
 
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ from .waiter_runs import (
     FakeDaemon,
     Handler,
     answering,
+    assert_request,
     chunk,
     fakes,
     go_waiter,
     namespaced,
     namespaces_work,
-    python_waiter,
 )
 
 # Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
@@ -48,9 +48,8 @@ TYPED = b"typed\r\x03"
 
 
 @pytest.fixture(scope="module")
-def waiters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    directory = tmp_path_factory.mktemp("waiters")
-    return {"python": python_waiter(directory), "go": go_waiter(directory)}
+def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return go_waiter(tmp_path_factory.mktemp("waiter"))
 
 
 @dataclass
@@ -154,38 +153,50 @@ def drain(master: int) -> bytes:
     return shown
 
 
-def both(waiters: dict[str, list[str]], tmp_path: Path, handler: Handler, interact: bool = False,
-         ) -> dict[str, TerminalRun]:
+def run(waiter: list[str], tmp_path: Path, handler: Handler, interact: bool = False) -> TerminalRun:
+    """The terminal task's run in tmp_path/submit; its one request is checked to be its task's."""
     directory = tmp_path / "submit"
     directory.mkdir()
-    return {name: run_on_a_terminal(command, directory, handler, interact)
-            for name, command in waiters.items()}
+    ran = run_on_a_terminal(waiter, directory, handler, interact)
+    (path, body), = ran.requests
+    assert path == "/v1/jobs/42/user-task-tty" and body.endswith(b"\n"), "the stream's first line"
+    assert_request(body[:-1], {
+        "step": "3", "node": "node-1", "argv": ["bash", "-l"], "cwd": str(directory),
+        "env": {**ENV, "PWD": str(directory)},
+        "tty": True, "rows": 24, "cols": 80})
+    return ran
 
 
-def test_a_terminal_task_types_resizes_and_ends_alike(waiters: dict[str, list[str]], tmp_path: Path) -> None:
-    runs = both(waiters, tmp_path, answering(500, "unused"), interact=True)
-    python, go = runs["python"], runs["go"]
-    assert (go.returncode, go.shown, go.requests) == (python.returncode, python.shown, python.requests)
-    assert (go.frames, go.raw_mode, go.after) == (python.frames, python.raw_mode, python.after)
-    header = json.loads(go.requests[0][1])
-    assert (go.requests[0][0], header["tty"], header["rows"], header["cols"], header["argv"]) == (
-        "/v1/jobs/42/user-task-tty", True, 24, 80, ["bash", "-l"])
-    assert go.raw_mode is not None and not go.raw_mode[3] & termios.ECHO
-    assert go.returncode == 3 and go.shown == b"hello\r\nbye\r\n" and go.after == go.before
-    assert b"".join(data for kind, data in go.frames if kind == 0) == TYPED
-    assert (3, b'{"rows": 33, "cols": 101}') in go.frames
+def raw(mode: list[object]) -> list[object]:
+    """`mode` made raw as Python's tty.setraw makes it (what the Python waiter did)."""
+    iflag, oflag, cflag, lflag, ispeed, ospeed, cc = mode
+    assert isinstance(iflag, int) and isinstance(oflag, int) and isinstance(cflag, int)
+    assert isinstance(lflag, int) and isinstance(cc, list)
+    cc = list(cc)
+    cc[termios.VMIN], cc[termios.VTIME] = 1, 0
+    return [iflag & ~(termios.BRKINT | termios.ICRNL | termios.INPCK | termios.ISTRIP | termios.IXON),
+            oflag & ~termios.OPOST, cflag & ~(termios.CSIZE | termios.PARENB) | termios.CS8,
+            lflag & ~(termios.ECHO | termios.ICANON | termios.IEXTEN | termios.ISIG), ispeed, ospeed, cc]
 
 
-@pytest.mark.parametrize("handler", [
-    answering(404, "job 42 has no step 3 on node node-1"),
-    answering(403, ""),
-    lambda exchange: exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                           + chunk(b'{"fd": 1, "data": "aGFsZgo="}\n') + b"0\r\n\r\n"),
+def test_a_terminal_task_types_resizes_and_ends(waiter: list[str], tmp_path: Path) -> None:
+    ran = run(waiter, tmp_path, answering(500, "unused"), interact=True)
+    assert ran.before is not None
+    assert ran.raw_mode == raw(ran.before) and ran.after == ran.before
+    assert ran.returncode == 3 and ran.shown == b"hello\r\nbye\r\n"
+    assert ran.frames == [(0, TYPED), (3, b'{"rows": 33, "cols": 101}')]
+
+
+@pytest.mark.parametrize(("handler", "shown"), [
+    (answering(404, "job 42 has no step 3 on node node-1"), b"slurm-k8s-bridge: the bridge answered 404\r\n"),
+    (answering(403, ""), b"slurm-k8s-bridge: the bridge answered 403\r\n"),
+    (lambda exchange: exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                            + chunk(b'{"fd": 1, "data": "aGFsZgo="}\n') + b"0\r\n\r\n"),
+     b"half\nslurm-k8s-bridge: the bridge stopped streaming this task before it ended\n"),
 ])
-def test_a_refused_or_cut_off_terminal_task_fails_alike(
-    waiters: dict[str, list[str]], tmp_path: Path, handler: Callable[[Exchange], None],
+def test_a_refused_or_cut_off_terminal_task_fails(
+    waiter: list[str], tmp_path: Path, handler: Callable[[Exchange], None], shown: bytes,
 ) -> None:
-    runs = both(waiters, tmp_path, handler)
-    python, go = runs["python"], runs["go"]
-    assert (go.returncode, go.shown, go.requests) == (python.returncode, python.shown, python.requests)
-    assert go.returncode == 1 and go.after == go.before
+    ran = run(waiter, tmp_path, handler)
+    assert (ran.returncode, ran.shown, ran.frames) == (1, shown, [])
+    assert ran.after == ran.before

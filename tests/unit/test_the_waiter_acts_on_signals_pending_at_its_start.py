@@ -1,0 +1,102 @@
+"""A signal that is already pending when the waiter starts (the SPANK step guard blocks the
+forwarded ones when it execs the waiter, so one Slurm sent meanwhile waits, pending, across the
+exec) is acted on by the compiled waiter as the protocol says (as the retired Python waiter did):
+TERM and INT cancel the job, HUP, QUIT, USR1 (and the others) are forwarded to the script in the
+pods, in the order they are numbered, and carried by the attach too. The Go runtime unblocks
+HUP, INT, TERM and QUIT before any Go code runs, so the Go waiter takes those pending at its
+start before the runtime does (agent/internal/earlysignals)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from .waiter_runs import (
+    Exchange,
+    FakeDaemon,
+    batch_script,
+    fakes,
+    go_waiter,
+    namespaces_work,
+    run_waiter,
+)
+
+# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
+if not namespaces_work():
+    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+
+ENV = {"SLURM_JOB_ID": "42", "HOME": "/home/alice", "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+# Blocks the signals given, sends them to itself (they stay pending), then execs the waiter: as
+# the guard's mask and a signal Slurm sent while slurmstepd started the task.
+HOLD_THEN_EXEC = ("import os, signal, sys\n"
+                  "signums = [int(s) for s in sys.argv[1].split(',')]\n"
+                  "signal.pthread_sigmask(signal.SIG_BLOCK, signums)\n"
+                  "for signum in signums:\n"
+                  "    os.kill(os.getpid(), signum)\n"
+                  "os.execv(sys.argv[2], sys.argv[2:])\n")
+CANCELLING = {signal.SIGTERM, signal.SIGINT}
+
+
+@pytest.fixture(scope="module")
+def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return go_waiter(tmp_path_factory.mktemp("waiter"))
+
+
+def daemon_for(signums: list[signal.Signals]) -> Callable[[], FakeDaemon]:
+    def scenario() -> FakeDaemon:
+        daemon: FakeDaemon
+
+        def attach(exchange: Exchange) -> None:
+            exchange.stream()
+            kept = exchange.json.get("signals") or []
+            assert isinstance(kept, list)
+            for seq, signum in kept:
+                exchange.send({"type": "signal-done", "signal": signum, "seq": seq})
+            if CANCELLING & set(signums):
+                assert daemon.event("cancel").wait(20)
+                exchange.send({"type": "exit", "code": 0, "signal": 15, "reason": None})
+            else:
+                exchange.send({"type": "exit", "code": 0, "signal": None})
+
+        daemon = FakeDaemon([attach])
+        return daemon
+    return scenario
+
+
+@pytest.mark.parametrize(("signums", "forwarded", "cancelled"), [
+    ([signal.SIGHUP], [1], False),
+    ([signal.SIGINT], [], True),
+    ([signal.SIGTERM], [], True),
+    ([signal.SIGQUIT], [3], False),
+    ([signal.SIGUSR1], [10], False),
+    ([signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2, signal.SIGALRM], [1, 3, 12, 14], False),
+    ([signal.SIGUSR1, signal.SIGTERM], [10], True),
+], ids=lambda value: "+".join(s.name for s in value) if isinstance(value, list) and value
+   and isinstance(value[0], signal.Signals) else None)
+def test_a_signal_pending_at_the_start_is_acted_on(
+    waiter: list[str], tmp_path: Path, signums: list[signal.Signals], forwarded: list[int], cancelled: bool,
+) -> None:
+    """Each forwarded one is sent (and refused: no attach yet), then the job is cancelled if asked,
+    then the attach carries the forwarded ones and the cancel; a cancelled job ends as by TERM."""
+    directory = tmp_path / "submit"
+    directory.mkdir()
+    daemon = daemon_for(signums)()
+    held = [sys.executable, "-I", "-c", HOLD_THEN_EXEC, ",".join(str(int(s)) for s in signums), *waiter]
+    try:
+        ran = run_waiter(held, daemon, args=[str(batch_script(directory, b"true\n"))], env=ENV, cwd=directory,
+                         opt=fakes(directory))
+    finally:
+        daemon.close()
+    assert (ran.returncode, ran.stdout, ran.stderr) == (-signal.SIGTERM if cancelled else 0, b"", b"")
+    carried = [[seq, signum] for seq, signum in enumerate(forwarded, 1)]
+    expected = [*(("/v1/jobs/42/signal", json.dumps({"signal": signum, "seq": seq}).encode())
+                  for seq, signum in carried), *([("/v1/jobs/42/cancel", b"{}")] if cancelled else [])]
+    assert ran.requests[:-1] == expected
+    path, body = ran.requests[-1]
+    attach = json.loads(body)
+    assert (path, attach["cancel"], attach["signals"]) == ("/v1/jobs/42/attach", cancelled, carried)
