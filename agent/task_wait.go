@@ -5,7 +5,7 @@ package main
 // process of the task, and the task leaving it changes nothing, as before), waits for it, ends as
 // it ended, and reports what it used (its wait4 rusage, what slurmstepd's accounting takes
 // natively) in a line on stderr that the daemon takes off the stream and hands to the task's
-// proxy (bridge/core/agent_protocol.py UsageTrailer, bridge/waiter/usage.py).
+// proxy (bridge/core/agent_protocol.py UsageTrailer).
 
 import (
 	"fmt"

@@ -120,7 +120,7 @@ def test_job_submit_conf_passes_the_ca_file_to_the_waiter(
     assert cli.main(["job-submit-conf", "-c", str(path)]) == 0
 
     assert (
-        "attach_command=/usr/bin/python3 -I -S /usr/libexec/slurm-k8s-bridge/waiter.py "
+        "attach_command=/usr/libexec/slurm-k8s-bridge/waiter "
         "--api https://bridge.example:8470 --ca /etc/b/ca.pem"
     ) in capsys.readouterr().out.splitlines()
 

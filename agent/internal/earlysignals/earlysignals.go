@@ -1,5 +1,5 @@
 // Package earlysignals takes the signals that are pending when the waiter starts before the Go
-// runtime can act on them (bridge/waiter/early_signals.py is the Python side).
+// runtime can act on them.
 //
 // The SPANK step guard execs the waiter with the signals Slurm sends a batch script blocked
 // (deploy/slurm/spank/slurm_k8s_bridge_guard.c, slurm_spank_task_init): one sent meanwhile stays

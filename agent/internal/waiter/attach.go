@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The batch waiter (bridge/waiter/attach.py): attaches to the daemon, prints the pods' output,
+// The batch waiter: attaches to the daemon, prints the pods' output,
 // runs the script's srun steps and Slurm commands, passes signals on, and ends as the pods did.
 
 // Marker is the line job_submit.lua writes before the user's script.

@@ -8,7 +8,7 @@ import (
 	"syscall"
 )
 
-// The waiter's entry point (bridge/waiter/main.py): `waiter [--api URL] [--ca CA_FILE]
+// The waiter's entry point: `waiter [--api URL] [--ca CA_FILE]
 // BATCH_SCRIPT [ARG...] | task KEY | step -- ARGV...`, as the slurmds run it.
 
 // Usage is what a bad invocation prints.

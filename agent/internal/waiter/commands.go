@@ -11,7 +11,7 @@ import (
 	"unsafe"
 )
 
-// Slurm's own commands for the batch script in the pod (bridge/waiter/commands.py): the pod's
+// Slurm's own commands for the batch script in the pod: the pod's
 // command asks through the daemon's attach stream; the daemon checked it (or says why it refused
 // it); this checks it again (slurm_commands.go) and runs Slurm's real binary here, as the job's
 // user: by absolute path, no shell, a fixed environment, the arguments as checked, sbatch's script

@@ -2,7 +2,7 @@ package waiter
 
 // Slurm's commands for the script, on the waiter's side (commands.go), checked from tests/unit/
 // test_slurm_commands_in_the_pod_run_only_what_is_allowed.py with `go test -run`: what it checked
-// of bridge/waiter/commands.py, now of this port.
+// of the retired Python waiter's commands, now of this one.
 
 import (
 	"bufio"

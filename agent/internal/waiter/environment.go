@@ -5,8 +5,7 @@ import (
 	"syscall"
 )
 
-// The job's environment as the waiter takes it, and the fixed one its own helpers get
-// (bridge/waiter/environment.py).
+// The job's environment as the waiter takes it, and the fixed one its own helpers get.
 
 const (
 	// HeldPrefix is where the SPANK step guard moves every variable but SLURM_*.

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// The waiter's HTTP client to the daemon (bridge/waiter/http_client.py): a POST over HTTP/1.0
+// The waiter's HTTP client to the daemon: a POST over HTTP/1.0
 // (or HTTPS) that carries a munge credential bound to the request, and the jittered backoff
 // every part of the waiter retries with.
 

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The waiter's munge credentials (bridge/waiter/munge.py): munge runs by absolute path with a
+// The waiter's munge credentials: munge runs by absolute path with a
 // fixed environment, never from the job's PATH, which is the user's to shape.
 
 // MungePaths are where munge is looked for, in order.

@@ -5,7 +5,7 @@ import (
 	"syscall"
 )
 
-// The job's own output files (bridge/waiter/output.py): what slurmstepd opened for -o and -e on
+// The job's own output files: what slurmstepd opened for -o and -e on
 // fds 1 and 2, and the waiter's few words of its own there.
 
 // WriteAll writes every byte of data to fd 1 or 2 (any other fd is not the job's: ignored).

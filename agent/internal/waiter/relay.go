@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The step-output relay (bridge/waiter/relay.py): what Slurm's srun for a step of the script
+// The step-output relay: what Slurm's srun for a step of the script
 // writes goes, in frames signed under a key its munge credential carries, to the daemon, which
 // hands it to the script's srun in the pod. Should the daemon not take it, srun's output goes to
 // the job's -o/-e files, and its exit code by step-done.

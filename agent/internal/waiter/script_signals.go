@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The signals Slurm sends the batch script (bridge/waiter/script_signals.py), on their way to the
+// The signals Slurm sends the batch script, on their way to the
 // script in the pods: each is kept until the daemon took it, and then until it reports it
 // delivered, so that none is lost to a waiter not attached yet, a 503, or a daemon restart.
 

@@ -1,8 +1,8 @@
 package waiter
 
 // The batch script's signals on the waiter's side, against a fake daemon in this process
-// (tests/unit/test_a_batch_signal_*.py drive these with `go test -run`): what the Python
-// waiter's own tests checked of bridge/waiter/attach.py, now checked of this port.
+// (tests/unit/test_a_batch_signal_*.py drive these with `go test -run`): what the retired
+// Python waiter's tests checked of it, now checked of this one.
 
 import (
 	"encoding/json"
@@ -274,7 +274,7 @@ func TestWhatAWaiterKeepsStaysOneSignalPerKindUnderAFlood(t *testing.T) {
 	expectEqual(t, "the attaches' signals", daemon.attachSignals(), [][][2]int{{{1000, usr1}}})
 }
 
-// The constants the Python tests read of bridge/waiter, for them to check against the daemon's
+// The waiter's constants, for the Python tests to check against the daemon's
 // side and the step guard's: written as JSON to WAITER_SIGNAL_CONSTANTS_OUT.
 func TestSignalConstantsDump(t *testing.T) {
 	out := os.Getenv("WAITER_SIGNAL_CONSTANTS_OUT")

@@ -10,7 +10,7 @@ import (
 	"unsafe"
 )
 
-// Signals that come while the waiter starts (bridge/waiter/early_signals.py), and the signal
+// Signals that come while the waiter starts, and the signal
 // mask of what it starts. The SPANK step guard blocks the forwarded signals when it execs the
 // waiter; the Go runtime keeps USR1, USR2 and ALRM blocked until Notify asks for them, so they
 // wait, pending, as they do for the Python waiter.

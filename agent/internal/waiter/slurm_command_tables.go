@@ -3,8 +3,9 @@ package waiter
 // The tables of bridge/core/slurm_commands.py: which Slurm commands the pod may ask for, every
 // option each binary knows (as its getopt string and long-option table have them), and those
 // refused with the reason the user reads. TestSlurmCommandTablesDump writes them for
-// tests/unit/test_the_go_slurm_commands_answer_as_the_python_ones.py, which checks that they
-// equal the Python ones: the daemon checks with those, the Go waiter again with these.
+// tests/unit/test_the_waiters_slurm_commands_follow_the_daemons_tables.py, which checks that they
+// equal the daemon's (bridge/core/slurm_commands.py): the daemon checks with those, the waiter
+// again with these.
 
 // arity is how an option takes a value, as getopt_long's has_arg says.
 type arity int

@@ -9,8 +9,8 @@ import (
 	"testing"
 )
 
-// The Python side of these dumps, and the comparison, are in
-// tests/unit/test_the_go_slurm_commands_answer_as_the_python_ones.py: it runs the two tests below
+// The daemon's side of these dumps, and the comparison, are in
+// tests/unit/test_the_waiters_slurm_commands_follow_the_daemons_tables.py: it runs the two tests below
 // with the environment variables set. Without them they are skipped.
 
 // TestSlurmCommandTablesDump writes the tables as JSON to $WAITER_SLURM_TABLES_OUT.

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The srun steps of a batch script (bridge/waiter/steps.py): the script's srun in the pod asks,
+// The srun steps of a batch script: the script's srun in the pod asks,
 // through the attach stream, for a step; this runs Slurm's srun for it on the slurmd host, a real
 // step whose tasks are the bridge's task proxies. Its output goes back through the step-output
 // relay, its end by step-done. srun gets the job's layout and nothing else of its environment.

@@ -2,7 +2,7 @@ package waiter
 
 // The script's srun steps on the waiter's side (steps.go) and a task proxy's end (task.go),
 // checked from tests/unit/test_srun_steps_cannot_put_user_code_on_the_slurmd_host.py: what it
-// checked of bridge/waiter/steps.py and task.py, now of this port. Some are drivers the Python
+// checked of the retired Python waiter's steps and tasks, now of this one. Some are drivers the Python
 // test runs as a program, with what to do in the environment.
 
 import (

@@ -12,7 +12,7 @@ import (
 	"unsafe"
 )
 
-// The task proxy (`waiter task KEY`, bridge/waiter/task.py): started by Slurm's srun as one task
+// The task proxy (`waiter task KEY`): started by Slurm's srun as one task
 // of a step of the script, it has the daemon run that task in the pod of this node, streams its
 // output back for srun to gather, passes on the signals slurmstepd sends the task, and ends as
 // the task ended.

@@ -15,8 +15,8 @@ import (
 	"unsafe"
 )
 
-// The user-step proxy's terminal (srun --pty, salloc's interactive shell; bridge/waiter/
-// terminal.py): slurmstepd gives the task a pseudo-terminal; this passes it through to a terminal
+// The user-step proxy's terminal (srun --pty, salloc's interactive shell): slurmstepd gives the
+// task a pseudo-terminal; this passes it through to a terminal
 // of the task in the pod. One HTTP/1.1 request carries both ways: its chunked body the terminal's
 // input and window sizes (frames signed under the key the request's munge credential carries),
 // its answer the task's output and then its exit code. This end's terminal is put in raw mode,

@@ -10,7 +10,7 @@ import (
 	"syscall"
 )
 
-// The pods' usage, handed to Slurm's accounting (bridge/waiter/usage.py): each sample of the
+// The pods' usage, handed to Slurm's accounting: each sample of the
 // in-pod agent is written over the last into the usage file the step guard made for this task.
 
 const (

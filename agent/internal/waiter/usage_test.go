@@ -2,7 +2,7 @@ package waiter
 
 // The usage file the waiter writes for Slurm's accounting (jobacct_gather/linux_k8s_bridge reads
 // it), checked from tests/unit/test_pods_usage_reaches_slurms_accounting.py with `go test -run`:
-// what that test checked of bridge/waiter/usage.py, now of this port.
+// what that test checked of the retired Python waiter, now of this one.
 
 import (
 	"encoding/json"

@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// The user-step proxy (`waiter step -- ARGV...`, bridge/waiter/user_step.py): what a task of a
+// The user-step proxy (`waiter step -- ARGV...`): what a task of a
 // step the user started in a bridged job becomes. It has the daemon run ARGV in the job's pod on
 // this node, as the user, in the step's directory and with the step's environment. The user's
 // program never runs here: only its argv travels, as data.
