@@ -35,7 +35,7 @@ from bridge.core.waiter_protocol import FORWARDED, request_digest
 from bridge.manager.api import Api
 
 from .builders import SecretStore, allocation, config, payload
-from .go_waiter_client import (
+from .waiter_runs import (
     Exchange,
     FakeDaemon,
     batch_script,
@@ -44,6 +44,7 @@ from .go_waiter_client import (
     go_test,
     go_waiter,
     namespaces_work,
+    post_as_the_waiter,
     run_waiter,
 )
 
@@ -213,9 +214,9 @@ async def test_after_a_requeue_the_signal_goes_to_the_new_run_not_the_old_runs_l
     reconciler.jobs.record(replace(allocation(), run=1, read_at=time.monotonic()))
 
     async with _api(tmp_path, reconciler) as client:
-        before = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
+        before = await post_as_the_waiter(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
         new_run = reconciler.sessions.open(42, 1)  # the new run's waiter attached
-        after = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
+        after = await post_as_the_waiter(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
 
     assert before[0] == 409, "kept by the waiter until its own run's session exists"
     assert after[0] == 200
@@ -267,13 +268,6 @@ async def test_a_signal_sent_again_before_the_first_was_delivered_is_kept_once()
 # -- the API: before the attach, and with it ---------------------------------------------------
 
 
-async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
-    raw = json.dumps(body).encode()
-    credential = request_digest("POST", path, 42, raw)
-    response = await client.post(path, data=raw, headers={"X-Munge-Credential": credential})
-    return response.status, await response.text()
-
-
 def _api(tmp_path: Path, reconciler: Reconciler) -> TestClient:
     script = tmp_path / "unmunge.py"
     script.write_text(UNMUNGE_OK)
@@ -284,7 +278,7 @@ def _api(tmp_path: Path, reconciler: Reconciler) -> TestClient:
 async def test_a_signal_before_the_attach_is_refused_so_the_waiter_keeps_it(tmp_path: Path) -> None:
     reconciler, _kube, _ = _world(failures=0)
     async with _api(tmp_path, reconciler) as client:
-        status, text = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
+        status, text = await post_as_the_waiter(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 1})
 
     assert status == 409, text
     assert "not attached" in text
@@ -300,7 +294,7 @@ async def test_the_attach_hands_over_the_signals_the_waiter_kept(tmp_path: Path)
         response = await client.post("/v1/jobs/42/attach", data=raw,
                                       headers={"X-Munge-Credential": credential})
         assert response.status == 200, await response.text()
-        again = await _post(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 2})
+        again = await post_as_the_waiter(client, "/v1/jobs/42/signal", {"signal": USR1, "seq": 2})
         response.close()
 
     assert again[0] == 200, again
@@ -313,7 +307,7 @@ async def test_an_attach_with_crafted_signals_is_refused(tmp_path: Path, signals
     body = {"script": "#!/bin/sh\ntrue\n", "environment": {"SLURM_JOB_ID": "42"}, "work_dir": "/tmp",
             "uid": 1000, "gid": 100, "signals": signals}
     async with _api(tmp_path, reconciler) as client, asyncio.timeout(10):  # an accepted attach streams
-        status, _text = await _post(client, "/v1/jobs/42/attach", body)
+        status, _text = await post_as_the_waiter(client, "/v1/jobs/42/attach", body)
 
     assert status == 400
     assert reconciler.sessions.of_job(42) == []
@@ -368,7 +362,7 @@ def test_a_signal_that_comes_while_the_waiter_starts_is_passed_on_not_its_death(
         exchange.stream({"type": "signal-done", "signal": USR1, "seq": 1},
                         {"type": "exit", "code": 0, "signal": None})
 
-    daemon = FakeDaemon({"attach": attach, "signal": signal_endpoint})
+    daemon = FakeDaemon([attach], {"signal": signal_endpoint})
     try:
         script = batch_script(tmp_path, b"echo hello\n")
         opt = fakes(tmp_path, munge=MUNGE_NOTING_ITS_MASK)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from .go_waiter_client import go_test
 from .test_a_batch_signal_is_kept_until_the_script_got_it import _attached, _world
+from .waiter_runs import go_test
 
 USR1, USR2 = int(signal.SIGUSR1), int(signal.SIGUSR2)
 

@@ -27,7 +27,7 @@ from bridge.core.waiter_protocol import request_digest
 from bridge.manager.api import Api
 
 from .builders import allocation, config
-from .go_waiter_client import go_constants
+from .waiter_runs import go_constants
 
 UNMUNGE_OK = (
     "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"

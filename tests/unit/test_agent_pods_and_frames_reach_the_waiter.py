@@ -25,7 +25,7 @@ from bridge.core.outcome import FailedBeforeStart, Finished, Running, job_outcom
 from bridge.core.translate import desired_pods
 
 from .builders import allocation, config, payload
-from .go_waiter_client import go_test_binary
+from .waiter_runs import go_test_binary
 
 AGENT = "/slurm-k8s-bridge-bin/slurm-k8s-bridge-agent"
 PIDFILE = "/slurm-k8s-bridge-bin/script.pid"

@@ -15,8 +15,8 @@ import pytest
 
 from bridge.controller.log_relay import output_event
 
-from .go_waiter_client import ROOT, go_constants, go_test
 from .test_agent_keeps_output_byte_exact_and_passes_signals_on import agent, frame_lines  # noqa: F401
+from .waiter_runs import ROOT, go_constants, go_test
 
 FIGURES = "1500000 20000 67108864 70000000 100000000 120000000 4096 8192 3"
 

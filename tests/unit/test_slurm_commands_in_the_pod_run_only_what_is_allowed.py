@@ -22,8 +22,8 @@ from bridge.controller.sessions import JobSession
 from bridge.core import slurm_commands
 from bridge.core.slurm_commands import Refused, export_file_bytes, parse_request, prepare
 
-from .go_waiter_client import go_test
 from .test_agent_keeps_output_byte_exact_and_passes_signals_on import agent, installed_agent, output_frame
+from .waiter_runs import go_test
 
 __all__ = ["agent"]  # the module fixture, used below
 

@@ -30,7 +30,7 @@ from bridge.core.waiter_protocol import MAX_OUTPUT_FRAME, request_digest, sign_o
 from bridge.manager.api import Api
 
 from .builders import allocation, config
-from .go_waiter_client import go_test_binary
+from .waiter_runs import go_test_binary
 
 UNMUNGE_OK = (
     "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"

@@ -39,7 +39,7 @@ from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
 from bridge.core.srun_options import split_srun_args
 
 from .builders import allocation, config
-from .go_waiter_client import go_constants, go_test, go_test_binary
+from .waiter_runs import go_constants, go_test, go_test_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_SOURCE = ROOT / "deploy/slurm/spank/slurm_k8s_bridge_guard.c"

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,8 +19,6 @@ import bridge.core.slurm_commands as slurm_commands
 from bridge.core.slurm_commands import Refused
 
 from .waiter_runs import (
-    GO_CANDIDATES,
-    ROOT,
     Exchange,
     FakeDaemon,
     Handler,
@@ -29,24 +26,17 @@ from .waiter_runs import (
     answering,
     batch_script,
     fakes,
+    go_constants,
+    go_test,
     go_waiter,
     namespaces_work,
     relayed_frames,
     run_waiter,
 )
 
-GO = next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
 # Not skips: CI has Go and runs as root; a machine without them must not pass these quietly.
-if GO is None:
-    pytest.fail("Go is not installed: the compiled waiter cannot be tested", pytrace=False)
 if not namespaces_work():
     pytest.fail("needs mount namespaces (root) for the fake munge and Slurm", pytrace=False)
-
-
-def go_test(name: str, env: dict[str, str]) -> None:
-    assert GO is not None
-    subprocess.run([GO, "test", "-count=1", "-run", f"^{name}$", "./internal/waiter/"], cwd=ROOT / "agent",
-                   env={**os.environ, **env}, check=True, capture_output=True, timeout=600)
 
 
 def jsonable(value: object) -> object:
@@ -66,9 +56,8 @@ WAITER_LIMITS = {"MAX_CONCURRENT_COMMANDS": 32, "OUTPUT_LIMIT": 64 * 1024 * 1024
 
 
 def test_the_tables_are_the_daemons_and_the_limits_the_waiters(tmp_path: Path) -> None:
-    out = tmp_path / "tables.json"
-    go_test("TestSlurmCommandTablesDump", {"WAITER_SLURM_TABLES_OUT": str(out)})
-    go_tables = json.loads(out.read_text())
+    go_tables: dict[str, Any] = go_constants(tmp_path, "TestSlurmCommandTablesDump",
+                                             "WAITER_SLURM_TABLES_OUT")
     assert {name: go_tables.pop(name) for name in WAITER_LIMITS} == WAITER_LIMITS
     python_tables = {name: jsonable(getattr(slurm_commands, name)) for name in go_tables}
     python_tables["_INFO_ONLY"] = {c: sorted(v) for c, v in slurm_commands._INFO_ONLY.items()}

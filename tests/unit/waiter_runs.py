@@ -1,7 +1,10 @@
-"""A fake daemon that speaks the waiter's side of bridge/manager/api.py, and the runs of the
-compiled waiter (agent/cmd/waiter) as a slurmd would start it, against it. Shared by the waiter's
-protocol tests (test_the_waiter_answers_the_daemon_as_the_protocol_says.py and its neighbours)
-and bench/waiter_cost.py.
+"""Checking the compiled waiter (agent/cmd/waiter, agent/internal/waiter) from pytest: its Go tests
+run by name (for what a test checks of one of its functions, against fakes in the Go test
+process); a fake daemon that speaks the waiter's side of bridge/manager/api.py, and the runs of
+the built waiter as a slurmd would start it, against it; and a request helper that speaks to the
+daemon's API as the waiter does. Shared by the waiter's protocol tests
+(test_the_waiter_answers_the_daemon_as_the_protocol_says.py and its neighbours) and
+bench/waiter_cost.py.
 
 The waiter runs munge (and Slurm's srun) by absolute path only, as it must: each run is
 started in a mount namespace of its own where a directory of fakes is bound over /opt, so
@@ -23,6 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aiohttp.test_utils import TestClient
 
 from bridge.core.waiter_protocol import request_digest, sign_output_frame
 
@@ -60,9 +65,11 @@ class Exchange:
         self.conn.sendall(f"HTTP/1.1 {status} {reason.get(status, 'X')}\r\nContent-Type: text/plain\r\n"
                           f"Connection: close\r\n\r\n{text}".encode())
 
-    def stream(self) -> None:
+    def stream(self, *events: dict[str, object]) -> None:
+        """The attach stream's head, and `events` if given."""
         self.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-                          b"Connection: close\r\n\r\n")
+                          b"Connection: close\r\n\r\n"
+                          + b"".join(json.dumps(event).encode() + b"\n" for event in events))
 
     def send(self, event: dict[str, object]) -> None:
         self.conn.sendall(json.dumps(event).encode() + b"\n")
@@ -191,6 +198,15 @@ class Run:
     ended_at: float
 
 
+def go_binary() -> str:
+    """Go, which these tests need: its absence fails them (CI has it), never skips them."""
+    go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
+    if go is None:
+        raise AssertionError("Go is not installed (looked on PATH and in /usr/local/go/bin): "
+                             "the Go waiter and its tests cannot be built")
+    return go
+
+
 _built: dict[str, Path] = {}
 
 
@@ -198,29 +214,55 @@ def built_go_waiter() -> Path:
     """The Go waiter, built once per test session as it ships (static, stripped; cmd/waiter/main.go
     says how)."""
     if "waiter" not in _built:
-        go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
-        if go is None:
-            raise RuntimeError("Go is not installed (looked on PATH and in /usr/local/go/bin): "
-                               "the Go waiter cannot be built")
         binary = Path(tempfile.mkdtemp(prefix="go-waiter-")) / "waiter"
         # cgo for internal/earlysignals' C constructor; static, with Go's own resolver (no NSS).
         static = "-ldflags=-s -w -linkmode external -extldflags -static"
-        subprocess.run([go, "build", "-trimpath", "-tags", "netgo,osusergo", static, "-o", str(binary),
-                        "./cmd/waiter"],
+        subprocess.run([go_binary(), "build", "-trimpath", "-tags", "netgo,osusergo", static,
+                        "-o", str(binary), "./cmd/waiter"],
                        cwd=ROOT / "agent", env={**os.environ, "CGO_ENABLED": "1"}, check=True, timeout=600)
         _built["waiter"] = binary
     return _built["waiter"]
 
 
-def go_test(name: str, env: dict[str, str] | None = None) -> None:
-    """Runs the Go test `name` of agent/internal/waiter (a failure fails the calling test)."""
-    go = shutil.which("go") or next((c for c in GO_CANDIDATES if os.access(c, os.X_OK)), None)
-    assert go is not None, "Go is not installed (looked on PATH and in /usr/local/go/bin)"
-    result = subprocess.run([go, "test", "-count=1", "-run", f"^{name}$", "./internal/waiter/"],
+def go_test(name: str, env: dict[str, str] | None = None, package: str = "./internal/waiter/") -> str:
+    """Runs the one Go test `name` of `package` (under agent/); fails with its output if it fails
+    or did not run at all. Its verbose output."""
+    result = subprocess.run([go_binary(), "test", "-count=1", "-v", "-run", f"^{name}$", package],
                             cwd=ROOT / "agent", env={**os.environ, **(env or {})}, capture_output=True,
-                            text=True, timeout=600)
+                            text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "ok  \t" in result.stdout and "no tests to run" not in result.stdout, result.stdout
+    assert f"--- PASS: {name} " in result.stdout, f"{name} did not run:\n{result.stdout}"
+    return result.stdout
+
+
+def go_test_binary(directory: Path, package: str = "./internal/waiter/") -> Path:
+    """`package`'s Go tests compiled into one program, for a test to run with the fds, the
+    environment or the namespace a case needs (`-test.run ^NAME$` picks the test)."""
+    binary = directory / "waiter.test"
+    if not binary.exists():
+        subprocess.run([go_binary(), "test", "-c", "-o", str(binary), package], cwd=ROOT / "agent",
+                       check=True, capture_output=True, timeout=600)
+    return binary
+
+
+def go_constants(tmp_path: Path, test: str, variable: str) -> dict[str, object]:
+    """What the Go test `test` wrote as JSON to the file named by the environment `variable`."""
+    out = tmp_path / f"{test}.json"
+    go_test(test, {variable: str(out)})
+    constants = json.loads(out.read_text())
+    assert isinstance(constants, dict)
+    return constants
+
+
+async def post_as_the_waiter(
+    client: TestClient, path: str, body: dict[str, object], job_id: int = JOB_ID
+) -> tuple[int, str]:
+    """POST `body` as the waiter of `job_id` does; with the fake unmunge the tests give the
+    daemon, the credential is the request's digest itself. Status and text of the answer."""
+    raw = json.dumps(body).encode()
+    credential = request_digest("POST", path, job_id, raw)
+    response = await client.post(path, data=raw, headers={"X-Munge-Credential": credential})
+    return response.status, await response.text()
 
 
 def go_waiter(directory: Path) -> list[str]:
@@ -232,11 +274,14 @@ def go_waiter(directory: Path) -> list[str]:
     return [str(binary)]
 
 
-def fakes(directory: Path, srun: str | None = None, slurm: dict[str, str] | None = None) -> Path:
-    """The directory bound over /opt for a run: a fake munge, and a fake srun and other Slurm
-    binaries (`slurm`: name -> script) if given."""
+def fakes(
+    directory: Path, srun: str | None = None, slurm: dict[str, str] | None = None, *, munge: str = FAKE_MUNGE
+) -> Path:
+    """The directory bound over /opt for a run: `munge` as munge (default: the fake that writes
+    `MUNGE:` and its payload), and a fake srun and other Slurm binaries (`slurm`: name -> script)
+    if given."""
     opt = directory / "opt"
-    binaries = [("munge/bin/munge", FAKE_MUNGE), ("slurm/bin/srun", srun),
+    binaries = [("munge/bin/munge", munge), ("slurm/bin/srun", srun),
                 *((f"slurm/bin/{name}", text) for name, text in (slurm or {}).items())]
     for name, text in binaries:
         if text is not None:
@@ -331,7 +376,6 @@ def signal_when(event: threading.Event, signum: int) -> Callable[[subprocess.Pop
 def lines_after(last: str | None, lines: list[tuple[str, str]]) -> Iterator[tuple[str, str]]:
     """The (ts, line) pairs a daemon sends again after a reconnect: those after `last`."""
     return iter([(ts, line) for ts, line in lines if last is None or ts > last])
-
 
 
 def relayed_frames(frames: list[tuple[int, bytes]], ended: Callable[[], object]) -> Handler:

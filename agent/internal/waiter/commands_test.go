@@ -143,9 +143,7 @@ func withFakeSbatch(t *testing.T) string {
 		"tr '\\0' '\\n' </proc/$$/environ >\"$d/env\"\n" +
 		"cat >\"$d/stdin\"\n" +
 		"cat <&3 >\"$d/export\"\n"
-	if err := os.WriteFile(filepath.Join(directory, "sbatch"), []byte(sbatch), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, filepath.Join(directory, "sbatch"), sbatch)
 	saved := slurmBinaryDirs
 	slurmBinaryDirs = []string{directory}
 	t.Cleanup(func() { slurmBinaryDirs = saved })
@@ -211,9 +209,7 @@ func TestSlurmsBinariesAreFoundByAbsolutePathOnly(t *testing.T) {
 	expectEqual(t, "where they are looked for", slurmBinaryDirs, []string{"/usr/bin", "/usr/local/bin", "/opt/slurm/bin"})
 	evil, first, last := t.TempDir(), t.TempDir(), t.TempDir()
 	for _, path := range []string{filepath.Join(evil, "squeue"), filepath.Join(evil, "sinfo"), filepath.Join(last, "squeue")} {
-		if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		writeExecutable(t, path, "#!/bin/sh\n")
 	}
 	t.Setenv("PATH", evil)
 	saved := slurmBinaryDirs

@@ -36,9 +36,7 @@ func TestRelayedRunAgainstTheDaemon(t *testing.T) {
 	munge := os.Getenv("WAITER_RELAY_MUNGE")
 	if munge == "" {
 		munge = filepath.Join(t.TempDir(), "munge")
-		if err := os.WriteFile(munge, []byte("#!/bin/sh\nexec cat\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		writeExecutable(t, munge, "#!/bin/sh\nexec cat\n")
 	}
 	savedMunge, savedAttempts, savedDelay, savedTimeout := MungePaths, streamOpenAttempts, streamOpenDelay, mungeTimeout
 	t.Cleanup(func() {

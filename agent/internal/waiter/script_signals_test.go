@@ -11,16 +11,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
-
-const testJobID = 42
 
 var exitLine = `{"type": "exit", "code": 0, "signal": null}` + "\n"
 
@@ -113,17 +109,6 @@ func (d *signalDaemon) attachSignals() [][][2]int {
 	return all
 }
 
-// withFakeMunge has the waiter's munge write `MUNGE:` and its payload, as waiter_runs.py's does.
-func withFakeMunge(t *testing.T) {
-	munge := filepath.Join(t.TempDir(), "munge")
-	if err := os.WriteFile(munge, []byte("#!/bin/sh\nprintf 'MUNGE:'\nexec cat\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	saved := MungePaths
-	MungePaths = []string{munge}
-	t.Cleanup(func() { MungePaths = saved })
-}
-
 func waiterFor(t *testing.T, daemon *signalDaemon) *Waiter {
 	withFakeMunge(t)
 	daemon.t = t
@@ -139,13 +124,6 @@ func waiterFor(t *testing.T, daemon *signalDaemon) *Waiter {
 
 func signalDone(sig syscall.Signal, seq int) string {
 	return fmt.Sprintf(`{"type": "signal-done", "signal": %d, "seq": %d}`+"\n", int(sig), seq)
-}
-
-func expectEqual(t *testing.T, what string, got, want any) {
-	t.Helper()
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("%s: %v, want %v", what, got, want)
-	}
 }
 
 var usr1, usr2 = int(syscall.SIGUSR1), int(syscall.SIGUSR2)
@@ -277,10 +255,7 @@ func TestWhatAWaiterKeepsStaysOneSignalPerKindUnderAFlood(t *testing.T) {
 // The waiter's constants, for the Python tests to check against the daemon's
 // side and the step guard's: written as JSON to WAITER_SIGNAL_CONSTANTS_OUT.
 func TestSignalConstantsDump(t *testing.T) {
-	out := os.Getenv("WAITER_SIGNAL_CONSTANTS_OUT")
-	if out == "" {
-		out = filepath.Join(t.TempDir(), "constants.json")
-	}
+	out := outputOr(t, "WAITER_SIGNAL_CONSTANTS_OUT", "constants.json")
 	numbers := func(signals []syscall.Signal) []int {
 		var all []int
 		for _, sig := range signals {
@@ -288,15 +263,9 @@ func TestSignalConstantsDump(t *testing.T) {
 		}
 		return all
 	}
-	data, err := json.Marshal(map[string]any{
+	writeJSON(t, out, map[string]any{
 		"forwarded":             numbers(Forwarded),
 		"early_kept":            numbers(EarlyKept),
 		"task_signal_timeout_s": taskSignalTimeout.Seconds(),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(out, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }

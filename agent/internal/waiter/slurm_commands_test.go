@@ -29,13 +29,7 @@ func TestSlurmCommandTablesDump(t *testing.T) {
 		"MAX_CONCURRENT_COMMANDS": maxConcurrentCommands, "OUTPUT_LIMIT": commandOutputLimit,
 		"TIME_LIMIT_S": commandTimeLimit.Seconds(),
 	}
-	data, err := json.Marshal(tables)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(out, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeJSON(t, out, tables)
 }
 
 // preparedAsJSON is what prepareCommand made of one request, in the Python test's terms.
@@ -81,13 +75,7 @@ func TestSlurmCommandCasesFromFile(t *testing.T) {
 	for i, data := range cases {
 		answers[i] = preparedAsJSON(data)
 	}
-	data, err := json.Marshal(answers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(out, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeJSON(t, out, answers)
 }
 
 func request(command string, argv ...string) string {

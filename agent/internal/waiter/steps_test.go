@@ -47,19 +47,13 @@ func TestSrunEnvironmentOf(t *testing.T) {
 			"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
 		return
 	}
-	data, _ := json.Marshal(env)
-	if err := os.WriteFile(out, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeJSON(t, out, env)
 }
 
 // The steps' tables, for the Python test to check against the daemon's and the Python waiter's:
 // JSON in WAITER_STEP_CONSTANTS_OUT.
 func TestStepConstantsDump(t *testing.T) {
-	out := os.Getenv("WAITER_STEP_CONSTANTS_OUT")
-	if out == "" {
-		out = filepath.Join(t.TempDir(), "steps.json")
-	}
+	out := outputOr(t, "WAITER_STEP_CONSTANTS_OUT", "steps.json")
 	var layout []string
 	for name := range srunLayoutVariables {
 		layout = append(layout, name)
@@ -75,11 +69,8 @@ func TestStepConstantsDump(t *testing.T) {
 		name, value, _ := strings.Cut(entry, "=")
 		safe[name] = value
 	}
-	data, _ := json.Marshal(map[string]any{"layout": layout, "step_signals": signals, "safe_environment": safe,
+	writeJSON(t, out, map[string]any{"layout": layout, "step_signals": signals, "safe_environment": safe,
 		"srun_paths": SrunPaths})
-	if err := os.WriteFile(out, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // stepsUnderTest are a waiter's steps with a fake Slurm srun that notes its argv, environment and
@@ -106,9 +97,7 @@ func newStepsUnderTest(t *testing.T) *stepsUnderTest {
 		"printf '%s\\n' \"$0\" \"$@\" >\"$d/argv\"\n" +
 		"tr '\\0' '\\n' </proc/$$/environ >\"$d/env\"\n" +
 		"readlink /proc/$$/cwd >\"$d/cwd\"\n"
-	if err := os.WriteFile(filepath.Join(directory, "srun"), []byte(srun), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, filepath.Join(directory, "srun"), srun)
 	savedPaths, savedAttempts, savedDelay := SrunPaths, streamOpenAttempts, streamOpenDelay
 	t.Cleanup(func() { SrunPaths, streamOpenAttempts, streamOpenDelay = savedPaths, savedAttempts, savedDelay })
 	SrunPaths = []string{filepath.Join(directory, "srun")}

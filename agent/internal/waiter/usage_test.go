@@ -5,7 +5,6 @@ package waiter
 // what that test checked of the retired Python waiter, now of this one.
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -168,16 +167,6 @@ func TestTheWaiterFindsItsFileUnderItsSlurmstepd(t *testing.T) {
 // The usage file's constants, for tests/unit to check against the accounting plugin's: written
 // as JSON to WAITER_USAGE_CONSTANTS_OUT.
 func TestUsageConstantsDump(t *testing.T) {
-	out := os.Getenv("WAITER_USAGE_CONSTANTS_OUT")
-	if out == "" {
-		out = filepath.Join(t.TempDir(), "usage.json")
-	}
-	data, err := json.Marshal(map[string]any{"usage_dir": usageDir, "usage_magic": usageMagic,
-		"record_size": recordSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(out, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeJSON(t, outputOr(t, "WAITER_USAGE_CONSTANTS_OUT", "usage.json"), map[string]any{
+		"usage_dir": usageDir, "usage_magic": usageMagic, "record_size": recordSize})
 }
