@@ -25,7 +25,7 @@ from bridge.core.outcome import FailedBeforeStart, Finished, Running, job_outcom
 from bridge.core.translate import desired_pods
 
 from .builders import allocation, config, payload
-from .waiter_runs import go_test_binary
+from .waiter_runs import shared_go_test_binary
 
 AGENT = "/slurm-k8s-bridge-bin/slurm-k8s-bridge-agent"
 PIDFILE = "/slurm-k8s-bridge-bin/script.pid"
@@ -307,8 +307,8 @@ def test_a_failed_init_container_is_blamed_on_the_agent(
 
 
 @pytest.fixture(scope="module")
-def output_program(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    return [str(go_test_binary(tmp_path_factory.mktemp("go"))), "-test.run", "^TestOutputAsTheJobSeesIt$"]
+def output_program() -> list[str]:
+    return [str(shared_go_test_binary()), "-test.run", "^TestOutputAsTheJobSeesIt$"]
 
 
 def waiter_output(program: list[str], case: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:

@@ -30,7 +30,7 @@ from bridge.core.waiter_protocol import MAX_OUTPUT_FRAME, request_digest, sign_o
 from bridge.manager.api import Api
 
 from .builders import allocation, config
-from .waiter_runs import go_test_binary
+from .waiter_runs import shared_go_test_binary
 
 UNMUNGE_OK = (
     "import sys\nsys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n"
@@ -102,8 +102,8 @@ class Reconciler:
 
 
 @pytest.fixture(scope="module")
-def relay_program(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    program = go_test_binary(tmp_path_factory.mktemp("go"))
+def relay_program() -> list[str]:
+    program = shared_go_test_binary()
     return [str(program), "-test.run", "^TestRelayedRunAgainstTheDaemon$"]
 
 

@@ -6,7 +6,6 @@ which the SPANK guard recomputes in C), and only the first pod's agent may ask f
 from __future__ import annotations
 
 import asyncio
-import atexit
 import base64
 import hashlib
 import hmac
@@ -39,7 +38,7 @@ from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
 from bridge.core.srun_options import split_srun_args
 
 from .builders import allocation, config
-from .waiter_runs import go_constants, go_test, go_test_binary
+from .waiter_runs import go_constants, go_test, shared_go_test_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_SOURCE = ROOT / "deploy/slurm/spank/slurm_k8s_bridge_guard.c"
@@ -149,16 +148,11 @@ SRUN_LAYOUT_VARIABLES = frozenset({
     "SLURM_CPUS_PER_GPU",
 })
 SAFE_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
-_PROGRAM: list[Path] = []
 
 
 def _steps_program() -> Path:
-    """The waiter package's test program, built once for this module."""
-    if not _PROGRAM:
-        directory = tempfile.mkdtemp(prefix="waiter-steps-")
-        atexit.register(shutil.rmtree, directory, True)
-        _PROGRAM.append(go_test_binary(Path(directory)))
-    return _PROGRAM[0]
+    """The waiter package's test program, built once for the session."""
+    return shared_go_test_binary()
 
 
 def srun_environment(environ: dict[str, str]) -> dict[str, str]:

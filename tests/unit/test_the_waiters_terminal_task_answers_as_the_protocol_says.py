@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import fcntl
-import hmac
 import json
 import os
 import select
@@ -22,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from bridge.core.waiter_protocol import sign_output_frame
 
 from .waiter_runs import (
     Exchange,
@@ -73,14 +70,10 @@ def terminal_task(frames: list[tuple[int, bytes]], typed: threading.Event) -> Ha
     resize, then ends the task with 3."""
     def answer(exchange: Exchange) -> None:
         hello = json.dumps({"fd": 1, "data": base64.b64encode(b"hello\r\n").decode()}).encode() + b"\n"
-        exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-                              b"Transfer-Encoding: chunked\r\n\r\n" + chunk(hello))
+        exchange.stream_chunked(hello)
         seq, got = 0, b""
         while True:
-            frame = exchange.read_chunk()
-            kind, size = frame[0], int.from_bytes(frame[1:5], "big")
-            data, mac = frame[5:5 + size], frame[5 + size:]
-            assert hmac.compare_digest(sign_output_frame(exchange.stream_key, seq, kind, data)[-32:], mac)
+            kind, data = exchange.read_frame(seq)
             frames.append((kind, data))
             seq += 1
             got += data if kind == 0 else b""

@@ -14,6 +14,7 @@ bridge/manager/auth.py does with unmunge's answer."""
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import json
 import os
@@ -52,6 +53,20 @@ class Exchange:
         """The next chunk of a chunked request."""
         data, self.rest = take_chunk(self.conn, self.rest)
         return data
+
+    def read_frame(self, seq: int) -> tuple[int, bytes]:
+        """The next frame of a signed stream (step-output, user-task-tty), the `seq`th: its kind
+        (the fd) and data, once its signature is checked."""
+        frame = self.read_chunk()
+        kind, size = frame[0], int.from_bytes(frame[1:5], "big")
+        data, mac = frame[5:5 + size], frame[5 + size:]
+        assert hmac.compare_digest(sign_output_frame(self.stream_key, seq, kind, data)[-32:], mac)
+        return kind, data
+
+    def stream_chunked(self, first: bytes) -> None:
+        """The head of a chunked NDJSON answer (a signed stream's), and its first chunk."""
+        self.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n" + chunk(first))
 
     @property
     def json(self) -> dict[str, object]:
@@ -225,19 +240,31 @@ def built_go_waiter() -> Path:
 
 
 def go_test(name: str, env: dict[str, str] | None = None, package: str = "./internal/waiter/") -> str:
-    """Runs the one Go test `name` of `package` (under agent/); fails with its output if it fails
-    or did not run at all. Its verbose output."""
-    result = subprocess.run([go_binary(), "test", "-count=1", "-v", "-run", f"^{name}$", package],
-                            cwd=ROOT / "agent", env={**os.environ, **(env or {})}, capture_output=True,
-                            text=True, timeout=600, check=False)
+    """Runs the one Go test `name` of `package` (under agent/), as `go test -run` would (in the
+    package's directory; its tests compiled once per session, see shared_go_test_binary); fails
+    with its output if it fails or did not run at all. Its verbose output."""
+    result = subprocess.run([str(shared_go_test_binary(package)), "-test.count=1", "-test.v",
+                             "-test.timeout=10m", "-test.run", f"^{name}$"],
+                            cwd=ROOT / "agent" / package, env={**os.environ, **(env or {})},
+                            capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"--- PASS: {name} " in result.stdout, f"{name} did not run:\n{result.stdout}"
     return result.stdout
 
 
+def shared_go_test_binary(package: str = "./internal/waiter/") -> Path:
+    """`package`'s Go tests compiled once per test session (linking them for each `go test -run`
+    took about a second a test): for go_test, and for a test to run with the fds, the environment
+    or the namespace a case needs (`-test.run ^NAME$` picks the test)."""
+    if package not in _built:
+        directory = tempfile.mkdtemp(prefix="go-tests-")
+        atexit.register(shutil.rmtree, directory, True)
+        _built[package] = go_test_binary(Path(directory), package)
+    return _built[package]
+
+
 def go_test_binary(directory: Path, package: str = "./internal/waiter/") -> Path:
-    """`package`'s Go tests compiled into one program, for a test to run with the fds, the
-    environment or the namespace a case needs (`-test.run ^NAME$` picks the test)."""
+    """`package`'s Go tests compiled into one program in `directory`."""
     binary = directory / "waiter.test"
     if not binary.exists():
         subprocess.run([go_binary(), "test", "-c", "-o", str(binary), package], cwd=ROOT / "agent",
@@ -381,14 +408,10 @@ def lines_after(last: str | None, lines: list[tuple[str, str]]) -> Iterator[tupl
 def relayed_frames(frames: list[tuple[int, bytes]], ended: Callable[[], object]) -> Handler:
     """The daemon's step-output endpoint: takes the stream, checks every frame's signature."""
     def step_output(exchange: Exchange) -> None:
-        exchange.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-                              b"Transfer-Encoding: chunked\r\n\r\n" + chunk(b'{"accepted": true}\n'))
+        exchange.stream_chunked(b'{"accepted": true}\n')
         seq = 0
         while True:
-            frame = exchange.read_chunk()
-            fd, size = frame[0], int.from_bytes(frame[1:5], "big")
-            data, mac = frame[5:5 + size], frame[5 + size:]
-            assert hmac.compare_digest(sign_output_frame(exchange.stream_key, seq, fd, data)[-32:], mac)
+            fd, data = exchange.read_frame(seq)
             frames.append((fd, data))
             seq += 1
             if fd == 0:

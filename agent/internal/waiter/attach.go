@@ -18,10 +18,11 @@ import (
 // Marker is the line job_submit.lua writes before the user's script.
 const Marker = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
 
-const (
-	outageNotice  = 60.0
-	streamTimeout = 45 * time.Second // the daemon sends a heartbeat every 10 s
-)
+const outageNotice = 60.0
+
+// How long the attach stream may be silent before the connection is taken for dead: the daemon
+// sends a heartbeat every 10 s. A var only so that tests can stand in a shorter one.
+var streamTimeout = 45 * time.Second
 
 // ErrNotRewritten: the batch script has no marker.
 var ErrNotRewritten = errors.New("this batch script was not rewritten by the bridge's job_submit.lua")

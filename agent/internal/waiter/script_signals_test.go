@@ -20,6 +20,9 @@ import (
 
 var exitLine = `{"type": "exit", "code": 0, "signal": null}` + "\n"
 
+// silence, as a stream's line: the headers of a 200, then nothing (a half-open connection).
+const silence = "silence"
+
 // signalDaemon answers the waiter as the Python tests' Daemon did: /signal with the next of
 // signalAnswers (200 once they run out), each attach with the next of streams (its lines; a
 // stream without an exit is a daemon that went away), the last again. Every call is recorded.
@@ -68,6 +71,14 @@ func (d *signalDaemon) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, line := range lines {
+		if line == silence {
+			w.(http.Flusher).Flush()
+			select { // until the waiter drops the connection (a waiter that never does: 20 s)
+			case <-r.Context().Done():
+			case <-time.After(20 * time.Second):
+			}
+			return
+		}
 		_, _ = io.WriteString(w, line)
 	}
 }

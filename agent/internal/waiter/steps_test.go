@@ -162,6 +162,7 @@ func stderrOf(t *testing.T, f func()) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	syscall.CloseOnExec(saved) // what f starts must not hold the test's own stderr open
 	if err := syscall.Dup2(int(file.Fd()), 2); err != nil {
 		t.Fatal(err)
 	}
