@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Create the missing simulated (kwok) Node objects, straight over the API.
 
-Usage: simnodes.py PKI_DIR APISERVER_PORT NAME...
+Usage: simnodes.py [--delete] PKI_DIR APISERVER_PORT NAME...
 
 kubectl posts one object per request after a discovery round trip and costs
 ~10 s for 1,000 nodes here; four keep-alive connections do it in ~2 s.
@@ -10,6 +10,7 @@ slurm-k8s-bridge/bridged=true:NoSchedule, 64 cpu / 256Gi / 1000 pods, its own
 fake pod CIDR from 10.128.0.0/9, and an InternalIP only: without a Hostname
 address the apiserver (--kubelet-preferred-address-types=Hostname) fails
 `kubectl logs` on a simulated pod at once instead of dialling a fake IP.
+With --delete, deletes those nodes the same way (kubectl deletes 1,000 one by one in ~100 s).
 """
 import http.client
 import json
@@ -19,7 +20,9 @@ import sys
 import threading
 import time
 
-pki, port, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+delete = sys.argv[1:2] == ["--delete"]
+args = sys.argv[2:] if delete else sys.argv[1:]
+pki, port, names = args[0], int(args[1]), args[2:]
 
 
 def connect():
@@ -95,8 +98,21 @@ def worker(batch):
             errors.append("%s: HTTP %d %s" % (name, r.status, body[:200]))
 
 
-missing = [n for n in names if n not in existing()]
-threads = [threading.Thread(target=worker, args=(missing[k::4],)) for k in range(4)]
+def deleter(batch):
+    c = connect()
+    for name in batch:
+        c.request("DELETE", "/api/v1/nodes/" + name)
+        r = c.getresponse()
+        body = r.read()
+        if r.status not in (200, 404):  # 404: gone already, fine
+            errors.append("%s: HTTP %d %s" % (name, r.status, body[:200]))
+
+
+if delete:
+    missing = [n for n in names if n in existing()]
+else:
+    missing = [n for n in names if n not in existing()]
+threads = [threading.Thread(target=deleter if delete else worker, args=(missing[k::4],)) for k in range(4)]
 for t in threads:
     t.start()
 for t in threads:
