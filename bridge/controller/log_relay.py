@@ -11,12 +11,6 @@ Owns the relay tasks, the pods whose log is fully relayed, and the position (tim
 line relayed) per pod index: LogBook, held by each JobSession and written only here (the position
 comes from the waiter at attach, through `restart`). Started and read by the reconciler; a relay
 that ends wakes its job through `wake` (it is an event source, like the pod watch).
-
-A relay starts as soon as its pod is placed on a node, not when the pod watch shows its container
-started: the kubelet reports a start at its next relist of the runtime (each second), and a short
-script's whole log, with its end, is readable by then. Until the container has started the log
-endpoint refuses (400, or 404 from a kubelet that has not seen the pod yet); the relay asks again
-every EARLY_LOG_RETRY_S, at most EARLY_LOG_ATTEMPTS times, and then leaves it to the watch.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ import structlog
 
 from bridge.clients.kube.actions import KubeActions
 from bridge.clients.kube.cache import PodCache
-from bridge.clients.kube.errors import KubeNotFound, LogsNotReady
+from bridge.clients.kube.errors import KubeNotFound
 from bridge.controller.commands import Commands
 from bridge.controller.metrics import Metrics
 from bridge.controller.steps import Steps, check_step_signal
@@ -50,10 +44,6 @@ LOG_ATTEMPTS_AFTER_END = 3
 """Failed reads tolerated once the container has ended, before its remaining lines are given up."""
 LOG_NOT_FOUND_ATTEMPTS = 10
 """404s for the log of a pod the watch has, asked again before the relay gives up on it."""
-EARLY_LOG_RETRY_S = 0.2
-"""A placed pod whose container has not started: its log is asked for again this much later."""
-EARLY_LOG_ATTEMPTS = 15
-"""... this many times at most (3 s); then its relay starts when the watch shows the start."""
 
 
 class LogBook:
@@ -64,8 +54,6 @@ class LogBook:
         """Timestamp of the last log line the waiter printed, by pod index."""
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.done: set[str] = set()
-        self.await_start: set[str] = set()
-        """Pods whose early reads ran out: their relay starts when the watch shows their start."""
         self.ending: tuple[str, str, ScriptEnding] | None = None
         """The batch script's end as its agent told it (pod, log timestamp, how), once relayed."""
 
@@ -78,7 +66,6 @@ class LogBook:
         """The waiter went: stop the relays; the next waiter's are started afresh."""
         self.stop()
         self.done.clear()
-        self.await_start.clear()
         self.ending = None
 
     def stop(self) -> None:
@@ -100,14 +87,12 @@ class LogRelay:
         self._wake = wake
 
     def ensure(self, session: JobSession, pods: Iterable[PodView]) -> None:
-        """A relay for each placed pod that carries output, while a waiter is attached."""
+        """A relay for each started pod that carries output, while a waiter is attached."""
         if not session.attached:
             return
         book = session.logs
         for pod in pods:
-            if pod.name in book.tasks or pod.name in book.done or not pod.carries_output:
-                continue
-            if not pod.started and (not pod.node_name or pod.name in book.await_start):
+            if pod.name in book.tasks or pod.name in book.done or not pod.carries_output or not pod.started:
                 continue
             book.tasks[pod.name] = asyncio.create_task(
                 self._relay(session, pod.name, pod.index), name=f"logs:{pod.name}")
@@ -129,7 +114,7 @@ class LogRelay:
         """
         bound = log.bind(job_id=session.job_id, pod=pod_name)
         book = session.logs
-        pauses = failures_after_end = not_found = early = 0
+        pauses = failures_after_end = not_found = 0
         while True:
             raw = self._cache.get(pod_name)
             if raw is None:
@@ -164,33 +149,22 @@ class LogRelay:
                         pauses = 0
             except asyncio.CancelledError:
                 raise
+            except PermanentError as error:  # the pod is gone, or its log can never be read
+                # ... unless it is a 404 for a pod the watch still has: a fresh pod the API
+                # server's cache does not show yet. Asked again, a few times.
+                if not (isinstance(error, KubeNotFound) and self._cache.get(pod_name) is not None
+                        and not_found < LOG_NOT_FOUND_ATTEMPTS):
+                    bound.warning("logs.unavailable", error=repr(error))
+                    break
+                not_found += 1
+                bound.info("logs.not_found_yet", error=repr(error), attempt=not_found)
             except Exception as error:
-                if not pod.started and isinstance(error, (LogsNotReady, KubeNotFound)):
-                    # Not started when this read began: the container is still being made.
-                    early += 1
-                    if early > EARLY_LOG_ATTEMPTS:
-                        book.await_start.add(pod_name)
-                        book.tasks.pop(pod_name, None)
-                        bound.info("logs.await_start", attempts=early - 1)
-                        return
-                    await asyncio.sleep(EARLY_LOG_RETRY_S)
-                    continue
-                if isinstance(error, PermanentError):  # the pod is gone, or its log can never be read
-                    # ... unless it is a 404 for a pod the watch still has: a fresh pod the API
-                    # server's cache does not show yet. Asked again, a few times.
-                    if not (isinstance(error, KubeNotFound) and self._cache.get(pod_name) is not None
-                            and not_found < LOG_NOT_FOUND_ATTEMPTS):
-                        bound.warning("logs.unavailable", error=repr(error))
+                if ended:
+                    failures_after_end += 1
+                    if failures_after_end >= LOG_ATTEMPTS_AFTER_END:
+                        bound.warning("logs.unavailable", error=repr(error), attempts=failures_after_end)
                         break
-                    not_found += 1
-                    bound.info("logs.not_found_yet", error=repr(error), attempt=not_found)
-                else:
-                    if ended:
-                        failures_after_end += 1
-                        if failures_after_end >= LOG_ATTEMPTS_AFTER_END:
-                            bound.warning("logs.unavailable", error=repr(error), attempts=failures_after_end)
-                            break
-                    bound.info("logs.resuming", error=repr(error), container_ended=ended)
+                bound.info("logs.resuming", error=repr(error), container_ended=ended)
             else:
                 if ended or told:
                     break
