@@ -283,3 +283,27 @@ def test_a_bad_invocation_ends_with_a_word_and_asks_nothing(
         daemon.close()
     assert (ran.returncode, ran.stdout, ran.stderr) == (code, b"", said + b"\n")
     assert ran.requests == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
+                                    signal.SIGTRAP, signal.SIGFPE, signal.SIGSYS, signal.SIGXCPU])
+def test_a_signal_whose_default_is_death_ends_the_waiter_by_it_and_prints_nothing(
+    waiter: list[str], tmp_path: Path, signum: signal.Signals,
+) -> None:
+    """`scancel -s SEGV --batch` (the job's owner may send any signal) ends the waiter by that
+    signal, as any process dies of it and as the Python waiter did: Slurm records it (0:11), and
+    the job's stderr gets no dump of the Go runtime's state."""
+    def scenario() -> tuple[FakeDaemon, Callable[..., None]]:
+        daemon: FakeDaemon
+
+        def attach(exchange: Exchange) -> None:
+            exchange.stream()
+            exchange.send({"type": "log", "pod": 0, "ts": "t1", "line": "running"})
+            daemon.event("streaming").set()
+            time.sleep(5)
+
+        daemon = FakeDaemon([attach])
+        return daemon, signal_when(daemon.event("streaming"), signum)
+
+    ran = run(waiter, tmp_path, scenario)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (-signum, b"running\n", b"")

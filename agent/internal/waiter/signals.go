@@ -32,7 +32,28 @@ func HoldEarlySignals(pendingAtStart []syscall.Signal) chan os.Signal {
 		signal.Notify(early, sig)
 	}
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	deadly := make(chan os.Signal, 1)
+	for _, sig := range DeadlySignals {
+		signal.Notify(deadly, sig)
+	}
+	go func() { dieWithoutCore((<-deadly).(syscall.Signal)) }()
 	return early
+}
+
+// DeadlySignals end the waiter by themselves, as their default action ends any process (a
+// `scancel -s SEGV --batch`, say, as the job's owner may send): the Go runtime would instead print
+// its state into the job's stderr and exit 2. Faults of the waiter's own code still panic: Notify
+// takes only signals sent from outside.
+var DeadlySignals = []syscall.Signal{syscall.SIGILL, syscall.SIGTRAP, syscall.SIGABRT, syscall.SIGBUS,
+	syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSYS, syscall.SIGXCPU}
+
+// dieWithoutCore ends the process by sig, leaving no core of it on the host: whoever sends the
+// signal (the job's user) must not get the waiter's memory written anywhere.
+func dieWithoutCore(sig syscall.Signal) {
+	_ = syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{})
+	_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, 4 /* PR_SET_DUMPABLE */, 0, 0, 0, 0, 0)
+	dieBySignal(sig)
+	os.Exit(128 + int(sig))
 }
 
 // sigset is a kernel signal set (the 64 standard and real-time signals).

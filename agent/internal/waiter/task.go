@@ -66,9 +66,7 @@ func endAsTheTask(code int64) int {
 	sig := syscall.Signal(code - 128)
 	if code > 128 && code < 128+64 && endingSignals&setOf(sig) != 0 {
 		// The user picks the code: a SEGV or ABRT must leave no core of this process on the host.
-		_ = syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{})
-		_, _, _ = syscall.RawSyscall6(syscall.SYS_PRCTL, 4 /* PR_SET_DUMPABLE */, 0, 0, 0, 0, 0)
-		dieBySignal(sig)
+		dieWithoutCore(sig)
 	}
 	return int(code)
 }
