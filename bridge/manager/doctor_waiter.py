@@ -8,6 +8,8 @@ is the compiled, static one (agent/cmd/waiter) that deploy/slurm/install-waiter.
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from pathlib import Path
 
@@ -23,18 +25,49 @@ def waiter_install_problems(command: str, trusted_uids: frozenset[int] = frozens
     hosts."""
     problems = []
     for path in map(Path, attach_command_files(command)):
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             continue
-        for item in (path, path.parent):
-            info = item.stat()
-            if info.st_uid not in trusted_uids:
-                problems.append(f"{item} is owned by uid {info.st_uid}, not root")
-            if info.st_mode & 0o022:
-                problems.append(f"{item} is writable by group or others (mode {info.st_mode & 0o777:o})")
+        if path.is_symlink():
+            # Whoever may write any directory on the link's target's way could swap the program.
+            problems.append(f"{path} is a symbolic link: name the installed program itself")
+            continue
+        info = path.lstat()
+        problems += _owner_problems(path, info, trusted_uids)
+        if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            problems.append(f"{path} is set-user-ID or set-group-ID: it would run the job's "
+                            "environment with another's rights")
+        if _has_file_capabilities(path):
+            problems.append(f"{path} has file capabilities: it would run the job's environment "
+                            "with more than the user's rights")
+        # Every directory up to /: anyone who may write one could rename what is below it away
+        # and put their own in its place. A sticky one (/tmp) lets others rename only their own.
+        for directory in path.parents:
+            info = directory.lstat()
+            sticky_above = directory != path.parent and info.st_mode & stat.S_ISVTX
+            problems += _owner_problems(directory, info, trusted_uids, sticky_above)
         linking = static_elf_problem(path)
         if linking:
             problems.append(linking)
     return problems
+
+
+def _owner_problems(
+    item: Path, info: os.stat_result, trusted_uids: frozenset[int], sticky: bool | int = False
+) -> list[str]:
+    problems = []
+    if info.st_uid not in trusted_uids:
+        problems.append(f"{item} is owned by uid {info.st_uid}, not root")
+    if info.st_mode & 0o022 and not sticky:
+        problems.append(f"{item} is writable by group or others (mode {info.st_mode & 0o777:o})")
+    return problems
+
+
+def _has_file_capabilities(path: Path) -> bool:
+    try:
+        os.getxattr(path, "security.capability", follow_symlinks=False)
+    except OSError:
+        return False  # none (ENODATA), or a file system without extended attributes
+    return True
 
 
 def static_elf_problem(path: Path) -> str | None:

@@ -10,6 +10,7 @@
 # which the host's or the job's settings would steer), no program interpreter (ld.so) that the
 # job's environment could steer either.
 set -euo pipefail
+umask 022  # the directories it makes: root's to write alone
 
 die() { echo "install-waiter.sh: $*" >&2; exit 1; }
 
@@ -25,14 +26,27 @@ dir=$(dirname "$dest")
 if [ ! -d "$dir" ]; then
   install -d -m 755 -o root -g root "$dir"
 fi
-# Whoever may write the directory may put another program in the waiter's place.
-owner=$(stat -c %u "$dir")
-[ "$owner" = 0 ] || die "$dir is owned by uid $owner, not root: anyone it belongs to could replace the waiter"
-mode=$(stat -c %a "$dir")
-(( (8#$mode & 8#022) == 0 )) || die "$dir is writable by group or others (mode $mode): anyone could replace the waiter"
+# Whoever may write the directory may put another program in the waiter's place; whoever may
+# write one above it may rename the directory away and put their own there (a sticky one, as
+# /tmp, lets them rename only their own entries).
+above=$dir
+while :; do
+  owner=$(stat -c %u "$above")
+  [ "$owner" = 0 ] || die "$above is owned by uid $owner, not root: anyone it belongs to could replace the waiter"
+  mode=$(stat -c %a "$above")
+  if [ "$above" = "$dir" ] || (( (8#$mode & 8#1000) == 0 )); then
+    (( (8#$mode & 8#022) == 0 )) || die "$above is writable by group or others (mode $mode): anyone could replace the waiter"
+  fi
+  [ "$above" = / ] && break
+  above=$(dirname "$above")
+done
 
 agent=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../agent" && pwd) || die "no agent/ beside deploy/: run it from a checkout"
 export PATH="$PATH:/usr/local/go/bin"  # the PATH's Go first, else Go's own install place
+# Built as root: nothing of the caller's environment chooses the compiler, its flags or a
+# toolchain to download.
+unset CC CXX CGO_CFLAGS CGO_CPPFLAGS CGO_CXXFLAGS CGO_LDFLAGS GOFLAGS GOENV GOROOT
+export GOTOOLCHAIN=local
 command -v go >/dev/null || die "no Go toolchain (looked on the PATH and in /usr/local/go/bin)"
 command -v gcc >/dev/null || die "no gcc: the waiter's early-signal constructor is C (cgo)"
 

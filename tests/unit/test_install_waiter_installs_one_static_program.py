@@ -96,3 +96,19 @@ def test_a_build_that_is_not_static_is_refused(tmp_path: Path) -> None:
     assert (result.returncode, result.stderr) == (
         1, "install-waiter.sh: the build is not static (it asks for a program interpreter)\n")
     assert list(libexec.iterdir()) == [], "nothing installed, no build file left"
+
+
+def test_a_directory_others_may_write_above_the_destination_is_refused(tmp_path: Path) -> None:
+    # Whoever may write it can rename libexec/ away and put their own in its place.
+    above = tmp_path / "usr"
+    libexec = above / "libexec"
+    libexec.mkdir(parents=True, mode=0o755)
+    above.chmod(0o777)
+    result = _install(libexec / "waiter")
+    assert result.returncode == 1
+    assert result.stderr == (f"install-waiter.sh: {above} is writable by group or others (mode 777): "
+                             "anyone could replace the waiter\n")
+    assert list(libexec.iterdir()) == []
+    above.chmod(0o1777)  # sticky, as /tmp: others may rename only their own entries
+    result = _install(libexec / "waiter")
+    assert result.returncode == 0, result.stderr

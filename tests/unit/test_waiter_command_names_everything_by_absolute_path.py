@@ -202,3 +202,29 @@ def test_doctor_refuses_a_waiter_that_is_no_whole_elf_program(
     # The static program's headers, its program header table cut off.
     program.write_bytes(program.read_bytes()[:80] if content == "truncated" else content)
     assert waiter_install_problems(command, frozenset({0, program.stat().st_uid})) == [f"{program} {problem}"]
+
+
+def test_doctor_refuses_a_waiter_below_a_directory_others_may_write(installed: tuple[str, Path]) -> None:
+    # Whoever may write the grandparent can rename libexec/ away and put their own in its place.
+    command, program = installed
+    owner = frozenset({0, program.stat().st_uid})
+    grandparent = program.parent.parent
+    grandparent.chmod(0o777)
+    assert waiter_install_problems(command, owner) == [
+        f"{grandparent} is writable by group or others (mode 777)"]
+    grandparent.chmod(0o1777)  # sticky, as /tmp: others may rename only their own entries
+    assert waiter_install_problems(command, owner) == []
+
+
+def test_doctor_refuses_a_symlinked_or_set_id_waiter(installed: tuple[str, Path]) -> None:
+    command, program = installed
+    owner = frozenset({0, program.stat().st_uid})
+    program.chmod(0o4755)
+    assert waiter_install_problems(command, owner) == [
+        f"{program} is set-user-ID or set-group-ID: it would run the job's environment with another's rights"]
+    program.chmod(0o755)
+    real = program.with_name("waiter-real")
+    program.rename(real)
+    program.symlink_to(real)
+    assert waiter_install_problems(command, owner) == [
+        f"{program} is a symbolic link: name the installed program itself"]

@@ -3,7 +3,7 @@
 //
 // The SPANK step guard execs the waiter with the signals Slurm sends a batch script blocked
 // (deploy/slurm/spank/slurm_k8s_bridge_guard.c, slurm_spank_task_init): one sent meanwhile stays
-// pending across the exec, and the Python waiter acts on it once its handlers are set. The Go
+// pending across the exec, for the waiter to act on once its handlers are set. The Go
 // runtime unblocks HUP, INT, TERM and QUIT on its first thread before any Go code runs (they
 // are not blockable in a Go executable), so such a signal would end the Go waiter by its
 // default action (or, for QUIT, dump its goroutines into the job's error file). A C constructor,

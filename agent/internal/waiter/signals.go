@@ -13,7 +13,7 @@ import (
 // Signals that come while the waiter starts, and the signal
 // mask of what it starts. The SPANK step guard blocks the forwarded signals when it execs the
 // waiter; the Go runtime keeps USR1, USR2 and ALRM blocked until Notify asks for them, so they
-// wait, pending, as they do for the Python waiter.
+// wait, pending.
 
 // EarlyKept are the signals the waiter takes from its first moment: the forwarded ones and the
 // two that stop the job.
@@ -22,7 +22,7 @@ var EarlyKept = append(append([]syscall.Signal{}, Forwarded...), syscall.SIGTERM
 // HoldEarlySignals keeps every EarlyKept signal, in order, on the returned channel, for the
 // handlers that main sets later: first those pending when the process started (taken by
 // internal/earlysignals before the Go runtime could act on them), then those that come. Writes
-// to a closed pipe then fail with EPIPE, as they do in Python, instead of ending the waiter.
+// to a closed pipe then fail with EPIPE, instead of ending the waiter.
 func HoldEarlySignals(pendingAtStart []syscall.Signal) chan os.Signal {
 	early := make(chan os.Signal, 64)
 	for _, sig := range pendingAtStart {
@@ -74,7 +74,7 @@ func threadSigmask(how int, set sigset) {
 
 // startUnblocked starts cmd with no signal blocked. A child gets the mask of the thread that
 // forks it, and Go's threads keep the mask the waiter was started with (the guard's): srun and
-// munge must start with none blocked, as they do from the Python waiter.
+// munge must start with none blocked.
 func startUnblocked(cmd *exec.Cmd) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

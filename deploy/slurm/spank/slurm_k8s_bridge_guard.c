@@ -26,8 +26,8 @@
  *     plugstack.conf) may run as steps: the bridge's own step launcher, if any. srun (local
  *     context) checks the same first, only to print the reason early and clearly;
  *   - starts the waiter (batch step or task proxy) with the signals Slurm sends a batch script
- *     or a task blocked: one that comes while Python starts (scancel -s USR1 --batch the moment
- *     the job runs) stays pending until the waiter has its handlers and unblocks them, where it
+ *     or a task blocked: one that comes while the waiter starts (scancel -s USR1 --batch the
+ *     moment the job runs) stays pending until the waiter has its handlers and unblocks them, where it
  *     would otherwise end the waiter by its default action;
  *   - for the waiter's batch step, moves every variable but SLURM_* out of the way, under
  *     SLURM_K8S_BRIDGE_HELD_<name>: nothing the user exported (LD_PRELOAD, OPENSSL_CONF, LOCPATH,
@@ -68,8 +68,8 @@ SPANK_PLUGIN(slurm_k8s_bridge_guard, 1);
 #define MAX_ALLOWED 8
 #define NAME_LEN 256
 #define HELD_PREFIX "SLURM_K8S_BRIDGE_HELD_"
-/* Set when the guard held the environment: the waiter then knows any other variable is Python's
- * own (its C locale coercion sets LC_CTYPE) and not the user's. */
+/* Set when the guard held the environment: the waiter then knows that any other variable is not
+ * the user's. */
 #define HELD_MARKER "SLURM_K8S_BRIDGE_ENV_HELD"
 /* What job_submit.lua writes before the user's script (keep both in step; a test compares). */
 #define WRAPPER_LINE1 "#!/bin/sh\n"
