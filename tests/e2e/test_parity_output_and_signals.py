@@ -36,7 +36,7 @@ class Case:
     """Submit with -e (a file of its own) besides -o."""
     action: str = ""
     """"usr1": scancel -s USR1 -b once "started" is out; "usr1-step": scancel -s USR1 of step .0
-    then; "cancel": scancel then."""
+    then; "segv": scancel -s SEGV -b then; "cancel": scancel then."""
     array: int = 0
     raw: bool = False
     """The body is a whole script, with its own shebang and directives."""
@@ -56,6 +56,10 @@ CASES = [
     Case("usr1_by_scancel",
          "trap 'echo got-usr1; exit 0' USR1\necho started\ni=0; while [ $i -lt 60 ]; do sleep 1; "
          "i=$((i+1)); done\necho never\n", action="usr1"),
+    # A signal whose default is death, at the batch step (the waiter, bridged): the step dies of it.
+    Case("segv_by_scancel",
+         "echo started\ni=0; while [ $i -lt 60 ]; do sleep 1; i=$((i+1)); done\necho never\n",
+         action="segv"),
     # slurmctld sends it at its first time-limit check (every 30 s) within @T+30 s of the end:
     # here 30 to 60 s in, in both partitions (not at once, when natively it may beat the batch
     # step's start or its trap), leaving the bridged pod a minute to start before the limit
@@ -208,6 +212,8 @@ def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...],
             wait_until(f"{case.name} started in {part}", lambda o=out: _started(o), timeout=90)
             if case.action == "usr1":
                 sandbox.slurm("scancel", "-s", "USR1", "-b", str(job))
+            elif case.action == "segv":
+                sandbox.slurm("scancel", "-s", "11", "-b", str(job))  # scancel names no SEGV
             elif case.action == "usr1-step":
                 sandbox.slurm("scancel", "-s", "USR1", f"{job}.0")
             else:
