@@ -27,11 +27,9 @@ from bridge.manager.config_file import config_from_text
 from bridge.manager.daemon import server_ssl_context
 
 from .builders import allocation, config
-from .waiter_runs import MARKER, fakes, go_waiter, namespaced, namespaces_work
+from .waiter_runs import MARKER, fakes, go_waiter, namespaced, require_namespaces
 
-# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
-if not namespaces_work():
-    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+require_namespaces()
 
 MINIMAL = 'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n[partitions.k8s]\n'
 

@@ -22,13 +22,11 @@ from .waiter_runs import (
     batch_script,
     fakes,
     go_waiter,
-    namespaces_work,
+    require_namespaces,
     run_waiter,
 )
 
-# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
-if not namespaces_work():
-    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+require_namespaces()
 
 ENV = {"SLURM_JOB_ID": "42", "HOME": "/home/alice", "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
 # Blocks the signals given, sends them to itself (they stay pending), then execs the waiter: as

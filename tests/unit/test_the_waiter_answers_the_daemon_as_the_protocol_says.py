@@ -26,15 +26,13 @@ from .waiter_runs import (
     fakes,
     go_waiter,
     lines_after,
-    namespaces_work,
+    require_namespaces,
     run_waiter,
     signal_when,
     streaming,
 )
 
-# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
-if not namespaces_work():
-    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+require_namespaces()
 
 ENV = {"SLURM_JOB_ID": "42", "HOME": "/home/alice", "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
 USER_SCRIPT = b"#!/bin/bash\r\necho caf\xc3\xa9 \xff\n"

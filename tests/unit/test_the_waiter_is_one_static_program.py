@@ -21,14 +21,12 @@ from .waiter_runs import (
     built_go_waiter,
     fakes,
     go_waiter,
-    namespaces_work,
+    require_namespaces,
     run_waiter,
     streaming,
 )
 
-# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
-if not namespaces_work():
-    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+require_namespaces()
 
 USAGE = "usage: waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT [ARG...] | task KEY | step -- ARGV..."
 

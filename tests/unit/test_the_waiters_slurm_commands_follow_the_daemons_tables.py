@@ -29,14 +29,13 @@ from .waiter_runs import (
     go_constants,
     go_test,
     go_waiter,
-    namespaces_work,
     relayed_frames,
+    require_namespaces,
     run_waiter,
 )
 
 # Not skips: CI has Go and runs as root; a machine without them must not pass these quietly.
-if not namespaces_work():
-    pytest.fail("needs mount namespaces (root) for the fake munge and Slurm", pytrace=False)
+require_namespaces()
 
 
 def jsonable(value: object) -> object:

@@ -26,14 +26,12 @@ from .waiter_runs import (
     fakes,
     go_test,
     go_waiter,
-    namespaces_work,
+    require_namespaces,
     run_waiter,
     streaming,
 )
 
-# Not a skip: CI runs as root, and a machine that cannot must not pass these quietly.
-if not namespaces_work():
-    pytest.fail("needs mount namespaces (root) for the fake munge", pytrace=False)
+require_namespaces()
 
 SAFE_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 """What the waiter's own helpers (munge, Slurm's binaries) run with: nothing of the user's."""

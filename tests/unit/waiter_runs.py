@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from bridge.core.waiter_protocol import request_digest, sign_output_frame
@@ -360,6 +361,14 @@ def namespaces_work() -> bool:
         return subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def require_namespaces() -> None:
+    """Fails the calling test module when mount namespaces (root) are missing: the fakes of munge,
+    srun and Slurm's commands are bound over /opt in one. Not a skip: CI runs as root, and a
+    machine that cannot must not pass these quietly."""
+    if not namespaces_work():
+        pytest.fail("needs mount namespaces (root) for the fake munge, srun and Slurm", pytrace=False)
 
 
 def batch_script(directory: Path, user_script: bytes) -> Path:
