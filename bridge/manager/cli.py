@@ -86,11 +86,11 @@ def _job_submit_conf(path: str) -> int:
 def _run(path: str, log_format: str) -> int:
     import asyncio
 
-    from bridge.manager import daemon, logs
+    from bridge.manager import daemon, logs, process_health
 
     cfg = _load(path)
     logs.configure(cfg.log_level, json=log_format == "json")
-    daemon.watch_children_without_threads()
+    process_health.watch_children_without_threads()
     return asyncio.run(daemon.run(cfg))
 
 

@@ -10,13 +10,9 @@ by the Reconciler itself; the leader elector gets its own API client.
 from __future__ import annotations
 
 import asyncio
-import os
-import resource
 import signal
 import socket
 import ssl
-import sys
-import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +44,7 @@ from bridge.core.config import ApiConfig, BridgeConfig, ConfigError
 from bridge.core.errors import BridgeError
 from bridge.manager.api import Api
 from bridge.manager.leader import LeaderElector, LeaseSettings
+from bridge.manager.process_health import raise_open_files_limit, watch_loop_lag
 
 log = structlog.get_logger(__name__)
 
@@ -58,8 +55,6 @@ LEADER_CONNECTIONS = 2
 CONTROL_CONNECTIONS = 64
 """The main client's pool: the pod and node watches, creates, deletes, patches and short reads.
 Followed logs have a client of their own (no cap); the Lease has its own too."""
-OPEN_FILES_WANTED = 1_048_576
-"""The soft limit of open files asked for when the hard one is unlimited."""
 SECRET_SWEEP_S = 300.0
 """How often the leader looks for payload Secrets that no run needs."""
 SECRET_SWEEP_FIRST_S = 60.0
@@ -142,21 +137,6 @@ async def sweep_now_and_then(sweep: Callable[[], Awaitable[int]], what: str,
             if removed:
                 log.info(f"{what}.sweep_done", removed=removed)
         await asyncio.sleep(interval_s)
-
-
-def raise_open_files_limit() -> tuple[int, int]:
-    """Lift the soft limit of open files to the hard one (systemd's LimitNOFILE, the container
-    runtime's): every attached waiter, task proxy and followed log holds a socket, and the usual
-    soft 1024 is reached near 1,000 jobs. Returns (soft, hard) as they are now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_WANTED)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as error:
-            log.warning("daemon.open_files_limit", soft=soft, hard=hard, error=str(error))
-    return soft, hard
 
 
 async def run(cfg: BridgeConfig) -> int:
@@ -363,42 +343,6 @@ async def run(cfg: BridgeConfig) -> int:
             await elector.close()
         log.info("daemon.stopped")
     return exit_code
-
-
-def watch_children_without_threads() -> bool:
-    """Have asyncio learn of its subprocesses' ends (unmunge, one per waiter request) through
-    pidfds on the loop, not a thread blocked in waitpid per child (Python 3.11's default). Under a
-    burst of attaches on a starved host, dozens of such threads passed the GIL around while the
-    loop waited: 8 s late, and the Lease lost. Python 3.12 and later do this on their own."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return False
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # a kernel before 5.3, or a seccomp filter: keep the default
-        return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
-    return True
-
-
-LOOP_LAG_PROBE_S = 0.5
-LOOP_LAG_WARN_S = 1.0
-"""A Lease renewal has renew_deadline_s (10 s): a loop running timers this late is on the way to
-losing it, and the log should say so before it happens."""
-
-
-async def watch_loop_lag(metrics: Metrics, probe_s: float = LOOP_LAG_PROBE_S) -> None:
-    """Record how late the loop wakes from a short sleep; warn when it is over LOOP_LAG_WARN_S
-    (a blocking call on the loop, or a host whose CPUs are starved)."""
-    loop = asyncio.get_running_loop()
-    while True:
-        asked = loop.time()
-        await asyncio.sleep(probe_s)
-        lag = max(0.0, loop.time() - asked - probe_s)
-        metrics.observe("event_loop_lag_seconds", lag)
-        if lag >= LOOP_LAG_WARN_S:
-            log.warning("daemon.loop_lagged", lag_s=round(lag, 2), load_1m=round(os.getloadavg()[0], 1))
 
 
 BACKGROUND_FINISH_S = 10.0

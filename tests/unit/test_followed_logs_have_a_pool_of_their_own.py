@@ -55,7 +55,7 @@ async def test_a_client_of_zero_connections_has_no_pool_cap(tmp_path: Path) -> N
 def test_the_daemon_lifts_its_soft_open_files_limit_to_the_hard_one() -> None:
     code = (
         "import resource\n"
-        "from bridge.manager.daemon import raise_open_files_limit\n"
+        "from bridge.manager.process_health import raise_open_files_limit\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
         "print(*raise_open_files_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
     )

@@ -15,7 +15,7 @@ def test_the_daemon_spawns_its_subprocesses_without_a_thread_each() -> None:
     # A fresh interpreter: the child watcher is process-wide state.
     program = textwrap.dedent("""
         import asyncio, threading
-        from bridge.manager.daemon import watch_children_without_threads
+        from bridge.manager.process_health import watch_children_without_threads
 
         async def main():
             most = threading.active_count()

@@ -10,13 +10,13 @@ import time
 import structlog
 
 from bridge.controller.metrics import Metrics
-from bridge.manager import daemon
+from bridge.manager import process_health
 
 
 async def test_a_blocked_loop_is_measured_and_logged() -> None:
     metrics = Metrics()
     with structlog.testing.capture_logs() as logs:
-        probe = asyncio.create_task(daemon.watch_loop_lag(metrics, probe_s=0.05))
+        probe = asyncio.create_task(process_health.watch_loop_lag(metrics, probe_s=0.05))
         await asyncio.sleep(0.1)
         time.sleep(1.3)  # a blocking call on the loop
         await asyncio.sleep(0.2)
@@ -35,7 +35,7 @@ async def test_a_blocked_loop_is_measured_and_logged() -> None:
 async def test_an_idle_loop_warns_of_nothing() -> None:
     metrics = Metrics()
     with structlog.testing.capture_logs() as logs:
-        probe = asyncio.create_task(daemon.watch_loop_lag(metrics, probe_s=0.02))
+        probe = asyncio.create_task(process_health.watch_loop_lag(metrics, probe_s=0.02))
         await asyncio.sleep(0.3)
         probe.cancel()
 
