@@ -5,7 +5,12 @@ package waiter
 // through TestTimeoutConstantsDump).
 
 import (
+	"bufio"
+	"errors"
+	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -81,4 +86,84 @@ func TestAHungMungeIsGivenUpOnEvenIfAChildHoldsItsOutput(t *testing.T) {
 func TestTimeoutConstantsDump(t *testing.T) {
 	writeJSON(t, outputOr(t, "WAITER_TIMEOUT_CONSTANTS_OUT", "timeouts.json"), map[string]any{
 		"stream_timeout_s": streamTimeout.Seconds(), "munge_timeout_s": mungeTimeout.Seconds()})
+}
+
+// A munge that counts its calls in the returned file, then answers as withFakeMunge's does.
+func withCountingMunge(t *testing.T) string {
+	directory := t.TempDir()
+	calls := filepath.Join(directory, "calls")
+	munge := filepath.Join(directory, "munge")
+	writeExecutable(t, munge, "#!/bin/sh\necho call >> "+calls+"\nprintf 'MUNGE:'\nexec cat\n")
+	saved := MungePaths
+	MungePaths = []string{munge}
+	t.Cleanup(func() { MungePaths = saved })
+	return calls
+}
+
+// A port nothing listens on: one that was just listened on and closed.
+func closedPort(t *testing.T) int {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := listener.Addr().(*net.TCPAddr).Port
+	listener.Close()
+	return port
+}
+
+// While the daemon is down, a retry costs no munge process: 1,000 waiters on one host retrying
+// every few seconds once ran munge 200 times a second and starved it (bench/hold.py, 2026-12-06).
+func TestARequestToADaemonThatIsDownRunsNoMunge(t *testing.T) {
+	calls := withCountingMunge(t)
+	client := &Client{URL: URL{"http", "127.0.0.1", closedPort(t)}, JobID: testJobID}
+
+	_, err := client.Post("/v1/jobs/42/end", []byte("{}"), time.Second)
+	if err == nil {
+		t.Fatal("a post to a closed port succeeded")
+	}
+	relay := &stepOutputRelay{client: client}
+	expectEqual(t, "the stream's status", relay.tryOpen("/v1/jobs/42/steps/0/output", []byte("{}\n")), 0)
+
+	if _, err := os.Stat(calls); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("munge ran for a daemon that is down: %q", fileText(t, calls))
+	}
+}
+
+// Once the daemon answers, the request carries the credential as before.
+func TestARequestToADaemonThatIsUpStillCarriesItsCredential(t *testing.T) {
+	calls := withCountingMunge(t)
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	got := make(chan string, 1)
+	go func() {
+		conn, err := listener.Accept()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer conn.Close()
+		reader, head := bufio.NewReader(conn), ""
+		for {
+			line, err := reader.ReadString('\n')
+			if err != nil || line == "\r\n" {
+				break
+			}
+			head += line
+		}
+		_, _ = conn.Write([]byte("HTTP/1.0 200 OK\r\n\r\n"))
+		got <- head
+	}()
+	client := &Client{URL: URL{"http", "127.0.0.1", listener.Addr().(*net.TCPAddr).Port}, JobID: testJobID}
+
+	if err := client.PostClose("/v1/jobs/42/end", []byte("{}"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	head := <-got
+	if !strings.HasPrefix(head, "POST /v1/jobs/42/end HTTP/1.0\r\n") || !strings.Contains(head, "\r\nX-Munge-Credential: MUNGE:") {
+		t.Fatalf("the request's head: %q", head)
+	}
+	expectEqual(t, "munge's calls", fileText(t, calls), "call\n")
 }

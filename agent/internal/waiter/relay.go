@@ -134,12 +134,14 @@ func (r *stepOutputRelay) open() {
 func (r *stepOutputRelay) tryOpen(path string, header []byte) int {
 	r.streamKey = make([]byte, 32)
 	_, _ = rand.Read(r.streamKey)
-	credential, err := MungeCredential(RequestDigest("POST", path, r.client.JobID, header) + " " + hex.EncodeToString(r.streamKey))
+	// Connected first, as Client.Post is: a retry against a daemon that is down costs no munge.
+	conn, err := Connect(r.client.URL, streamAnswerTimeout, r.client.CAFile)
 	if err != nil {
 		return 0
 	}
-	conn, err := Connect(r.client.URL, streamAnswerTimeout, r.client.CAFile)
+	credential, err := MungeCredential(RequestDigest("POST", path, r.client.JobID, header) + " " + hex.EncodeToString(r.streamKey))
 	if err != nil {
+		conn.Close()
 		return 0
 	}
 	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n"+
