@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bridge.clients.slurm import rest
+from bridge.clients.slurm import job_listing, rest
 from bridge.clients.slurm.rest import RestSlurmClient
 from bridge.core.errors import SlurmAuthError
 
@@ -319,13 +319,13 @@ async def test_a_big_listing_is_parsed_off_the_event_loop(
     fake, url = restd
     fake.jobs = [{**fake.jobs[0], "job_id": 5000 + i} for i in range(400)]
     on_loop: list[bool] = []
-    parse = rest.allocation_from_rest
+    parse = job_listing.allocation_from_rest
 
     def recording_parse(raw: Any, read_at: float) -> Any:
         on_loop.append(threading.current_thread() is threading.main_thread())
         return parse(raw, read_at)
 
-    monkeypatch.setattr(rest, "allocation_from_rest", recording_parse)
+    monkeypatch.setattr(job_listing, "allocation_from_rest", recording_parse)
     client, _ = _client(url, tmp_path)
     listing = await client.changed_jobs()
     await client.close()

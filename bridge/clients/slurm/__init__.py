@@ -45,7 +45,7 @@ class SlurmClient(Protocol):
     async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
         """All jobs (of `partitions` only, if given) if any job changed since the previous call,
         else None (cheap when idle). A change of state (with the nodes that come with RUNNING)
-        shows at the next call; the REST backend may show other changes later (rest.FULL_RESYNC_S)."""
+        shows at the next call; the REST backend may show other changes later (job_listing.FULL_RESYNC_S)."""
 
     async def job(self, job_id: int) -> JobAllocation | None:
         """One job's current view, or None when slurmctld no longer knows it."""

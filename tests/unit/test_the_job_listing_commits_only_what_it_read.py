@@ -1,0 +1,396 @@
+"""The incremental job listing (bridge/clients/slurm/job_listing.py) against an in-memory slurmrestd:
+what each poll asks for, and what it remembers for the next one.
+
+A poll reads the job states and then only the jobs whose state changed; the states it remembers
+advance only for jobs whose read succeeded, a read that fails for good commits nothing, and the
+full listing (at the first poll and every FULL_RESYNC_S) replaces everything remembered.
+(The client over HTTP: test_slurm_rest_client_polls_and_retries.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from bridge.clients.slurm import job_listing
+from bridge.clients.slurm.job_listing import IncrementalJobListing
+from bridge.core.errors import PermanentError, SlurmAuthError, SlurmUnavailable
+from bridge.core.model import JobAllocation, ModelError, allocation_from_rest
+
+RUNNING = json.loads((Path(__file__).parent / "data" / "rest_job_running.json").read_text())  # 4242, in sim
+
+
+def record(job_id: int, state: str = "RUNNING", printed: str | None = None, **fields: Any) -> dict[str, Any]:
+    """A slurmrestd job record; `printed` is its id in /jobs/state/ (default: the job id)."""
+    return {**RUNNING, "job_id": job_id, "job_state": [state], "_printed": printed or str(job_id), **fields}
+
+
+class FakeRest:
+    """The REST client as the listing sees it: `get` of the two listings and `job`."""
+
+    def __init__(self, *records: dict[str, Any]) -> None:
+        self.records = list(records)
+        self.extra_states: list[Any] = []
+        self.asked: list[str] = []
+        self.asked_at: dict[str, float] = {}
+        self.listing_errors: list[dict[str, Any]] = []
+        self.listing_only: list[dict[str, Any]] = []
+        """Records the full listing has and the states had not (a job submitted between the two)."""
+        self.job_errors: dict[int, BaseException] = {}
+        self.unknown: set[int] = set()
+        """Jobs still in the states whose own read no longer finds them."""
+        self.in_flight = self.most_in_flight = 0
+
+    def set_state(self, job_id: int, state: str) -> None:
+        self.records = [{**r, "job_state": [state]} if r["job_id"] == job_id else r for r in self.records]
+
+    async def get(self, path: str) -> dict[str, Any]:
+        self.asked.append(path)
+        self.asked_at[path] = time.monotonic()
+        if path == "/jobs/state/":
+            states = [{"job_id": r["_printed"], "state": r["job_state"]} for r in self.records]
+            return {"jobs": [*states, *self.extra_states]}
+        assert path == "/jobs/"
+        if self.listing_errors:
+            return {"jobs": [], "errors": self.listing_errors}
+        return {"jobs": [*self.records, *self.listing_only]}
+
+    async def job(self, job_id: int) -> JobAllocation | None:
+        self.asked.append(f"/job/{job_id}")
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            if job_id in self.job_errors:
+                raise self.job_errors[job_id]
+            found = [r for r in self.records if r["job_id"] == job_id and job_id not in self.unknown]
+            return allocation_from_rest(found[0], time.monotonic()) if found else None
+        finally:
+            self.in_flight -= 1
+
+    def take_asked(self) -> list[str]:
+        asked, self.asked = self.asked, []
+        return asked
+
+
+def states_of(listing: Any) -> dict[int, str]:
+    assert listing is not None
+    return {job.job_id: job.state for job in listing.jobs}
+
+
+async def test_the_first_poll_reads_states_then_everything_and_an_idle_one_only_states() -> None:
+    rest = FakeRest(record(4242), record(77))
+    listing = IncrementalJobListing(rest)
+
+    first = await listing.changed_jobs({"sim"})
+    asked_first = rest.take_asked()
+    idle = await listing.changed_jobs({"sim"})
+
+    assert asked_first == ["/jobs/state/", "/jobs/"]
+    assert states_of(first) == {4242: "RUNNING", 77: "RUNNING"}
+    assert idle is None and rest.asked == ["/jobs/state/"]
+
+
+async def test_each_listing_is_versioned_so_a_change_between_two_reads_is_never_missed() -> None:
+    """The full listing is versioned after its states were read (a change in between is newer in
+    the listing, read again next poll); a poll's listing before its states were asked for."""
+    rest = FakeRest(record(4242))
+    listing = IncrementalJobListing(rest)
+
+    full = await listing.changed_jobs({"sim"})
+    assert full is not None
+    assert rest.asked_at["/jobs/state/"] <= full.read_at <= rest.asked_at["/jobs/"]
+    rest.set_state(4242, "COMPLETED")
+    before = time.monotonic()
+    polled = await listing.changed_jobs({"sim"})
+
+    assert polled is not None and before <= polled.read_at <= rest.asked_at["/jobs/state/"]
+    assert polled.jobs[0].read_at >= rest.asked_at["/jobs/state/"], "the job's own read is newer"
+
+
+async def test_a_read_that_fails_for_now_is_listed_without_a_view_and_read_again_next_poll() -> None:
+    rest = FakeRest(record(4242))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.set_state(4242, "COMPLETED")
+    rest.records.append(record(600, "PENDING"))
+    rest.job_errors = {4242: SlurmUnavailable("timeout"), 600: SlurmUnavailable("timeout")}
+    rest.take_asked()
+
+    failed = await listing.changed_jobs({"sim"})
+    rest.job_errors = {}
+    rest.take_asked()
+    again = await listing.changed_jobs({"sim"})
+    asked_again = rest.take_asked()
+    settled = await listing.changed_jobs({"sim"})
+
+    assert failed is not None and failed.jobs == () and failed.unreadable == {4242, 600}
+    assert sorted(asked_again) == ["/job/4242", "/job/600", "/jobs/state/"], "both read again"
+    assert again is not None and again.unreadable == frozenset()
+    assert states_of(again) == {4242: "COMPLETED", 600: "PENDING"}
+    assert settled is None, "once read, the new states are remembered"
+
+
+@pytest.mark.parametrize("error", [SlurmAuthError("token refused"), PermanentError("for good"),
+                                   ModelError("a record allocation_from_rest refuses")])
+async def test_a_read_that_fails_for_good_commits_nothing_and_the_next_poll_reads_everything(
+    error: Exception,
+) -> None:
+    rest = FakeRest(record(4242), record(77))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.set_state(4242, "COMPLETED")
+    rest.set_state(77, "COMPLETED")
+    rest.job_errors = {77: error}
+
+    with pytest.raises(type(error)):
+        await listing.changed_jobs({"sim"})
+    rest.job_errors = {}
+    rest.take_asked()
+    after = await listing.changed_jobs({"sim"})
+
+    assert rest.asked == ["/jobs/state/", "/jobs/"]
+    assert states_of(after) == {4242: "COMPLETED", 77: "COMPLETED"}
+
+
+async def test_the_periodic_full_listing_replaces_everything_remembered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between two full listings only states decide: a change of another field (here the name)
+    shows at the next full listing, which also replaces the views and the unreadable marks."""
+    rest = FakeRest(record(4242), record(77))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.set_state(77, "COMPLETED")
+    rest.job_errors = {77: SlurmUnavailable("timeout")}
+    unread = await listing.changed_jobs({"sim"})
+    rest.job_errors = {}
+    rest.records = [{**r, "name": "renamed"} if r["job_id"] == 4242 else r for r in rest.records]
+    rest.set_state(77, "RUNNING")  # as remembered: no change, so 77 is not read again
+    unnoticed = await listing.changed_jobs({"sim"})
+    monkeypatch.setattr(job_listing, "FULL_RESYNC_S", 0.0)
+    rest.take_asked()
+    full = await listing.changed_jobs({"sim"})
+
+    assert unread is not None and unread.unreadable == {77}
+    assert unnoticed is None, "a change of the name alone is no change of state"
+    assert rest.asked == ["/jobs/state/", "/jobs/"]
+    assert full is not None and full.unreadable == frozenset()
+    assert {job.job_id: job.name for job in full.jobs} == {4242: "renamed", 77: "train"}
+    monkeypatch.setattr(job_listing, "FULL_RESYNC_S", 300.0)
+    rest.records.append(record(600, "PENDING"))
+    after = await listing.changed_jobs({"sim"})
+    assert after is not None and after.unreadable == frozenset(), "the old marks are gone for good"
+    assert {job.job_id: job.name for job in after.jobs} == {4242: "renamed", 77: "train", 600: "train"}
+
+
+async def test_a_pending_job_moved_to_another_partition_leaves_at_the_full_listing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`scontrol update Partition=` leaves the state as it was: only the full listing sees it."""
+    rest = FakeRest(record(4242), record(300, "PENDING"))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.records = [{**r, "partition": "cpu"} if r["job_id"] == 300 else r for r in rest.records]
+    unnoticed = await listing.changed_jobs({"sim"})
+    monkeypatch.setattr(job_listing, "FULL_RESYNC_S", 0.0)
+    full = await listing.changed_jobs({"sim"})
+    monkeypatch.setattr(job_listing, "FULL_RESYNC_S", 300.0)
+    rest.set_state(4242, "COMPLETED")
+    after = await listing.changed_jobs({"sim"})
+
+    assert unnoticed is None
+    assert states_of(full) == {4242: "RUNNING"}
+    assert states_of(after) == {4242: "COMPLETED"}, "its old view does not come back"
+
+
+class Clock:
+    """job_listing's `time`: a monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def test_a_failed_full_listing_falls_back_to_states_and_is_tried_again_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every FULL_RESYNC_S; after a failed one, the states alone for FULL_RESYNC_RETRY_S."""
+    clock = Clock()
+    monkeypatch.setattr(job_listing, "time", clock)
+    rest = FakeRest(record(4242))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    clock.now += job_listing.FULL_RESYNC_S - 1
+    rest.take_asked()
+    not_due = await listing.changed_jobs({"sim"})
+    asked_not_due = rest.take_asked()
+    clock.now += 1
+    rest.listing_errors = [{"error": "busy"}]
+    rest.set_state(4242, "COMPLETED")
+
+    with capture_logs() as logs:
+        fallback = await listing.changed_jobs({"sim"})
+    asked_fallback = rest.take_asked()
+    clock.now += job_listing.FULL_RESYNC_RETRY_S - 1
+    not_yet = await listing.changed_jobs({"sim"})
+    asked_not_yet = rest.take_asked()
+    rest.listing_errors = []
+    clock.now += 1
+    await listing.changed_jobs({"sim"})
+
+    assert not_due is None and asked_not_due == ["/jobs/state/"]
+    assert [e["event"] for e in logs] == ["slurm.full_listing_failed"]
+    assert asked_fallback == ["/jobs/state/", "/jobs/", "/jobs/state/", "/job/4242"]
+    assert states_of(fallback) == {4242: "COMPLETED"}, "the states poll goes on"
+    assert not_yet is None and asked_not_yet == ["/jobs/state/"]
+    assert rest.asked == ["/jobs/state/", "/jobs/"], "tried again once FULL_RESYNC_RETRY_S is over"
+
+
+async def test_a_failed_first_listing_is_not_swallowed_and_is_read_again() -> None:
+    rest = FakeRest(record(4242))
+    rest.listing_errors = [{"error": "busy"}]
+    listing = IncrementalJobListing(rest)
+
+    with pytest.raises(SlurmUnavailable):
+        await listing.changed_jobs({"sim"})
+    rest.listing_errors = []
+    rest.take_asked()
+    first = await listing.changed_jobs({"sim"})
+
+    assert rest.asked == ["/jobs/state/", "/jobs/"] and states_of(first) == {4242: "RUNNING"}
+
+
+async def test_a_job_that_vanished_leaves_the_listing_and_its_unreadable_mark_without_a_read() -> None:
+    array = (record(408, "PENDING", "408_0"), record(408, "PENDING", "408_1"))
+    rest = FakeRest(record(4242), record(77), *array)
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.set_state(77, "COMPLETED")
+    rest.job_errors = {77: SlurmUnavailable("timeout")}
+    unread = await listing.changed_jobs({"sim"})
+    rest.records = [r for r in rest.records if r["job_id"] not in (4242, 77) and r["_printed"] != "408_0"]
+    rest.take_asked()
+    after = await listing.changed_jobs({"sim"})
+
+    assert unread is not None and unread.unreadable == {77}
+    assert rest.asked == ["/jobs/state/"], "nothing to read for jobs that are gone"
+    assert states_of(after) == {408: "PENDING"}, "408 is still listed by its other task"
+    assert after is not None and after.unreadable == frozenset()
+
+
+async def test_an_unreadable_job_the_states_never_listed_is_forgotten_at_the_next_poll() -> None:
+    """A job submitted between the full listing's two reads, with a record it cannot parse, and
+    gone before the next poll: listed as unreadable once, then no longer (not in the states)."""
+    rest = FakeRest(record(4242))
+    rest.listing_only = [record(99, gres_detail=["gpu:2"])]  # GPUs without indices: unparseable
+    listing = IncrementalJobListing(rest)
+
+    first = await listing.changed_jobs({"sim"})
+    rest.listing_only = []
+    rest.set_state(4242, "COMPLETED")
+    after = await listing.changed_jobs({"sim"})
+
+    assert first is not None and first.unreadable == {99}
+    assert after is not None and after.unreadable == frozenset()
+
+
+async def test_a_job_gone_before_its_own_read_leaves_the_listing_and_counts_as_read() -> None:
+    rest = FakeRest(record(4242), record(77))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.set_state(77, "COMPLETED")
+    rest.unknown = {77}
+
+    after = await listing.changed_jobs({"sim"})
+    again = await listing.changed_jobs({"sim"})
+
+    assert states_of(after) == {4242: "RUNNING"}
+    assert after is not None and after.unreadable == frozenset()
+    assert again is None, "its new state is remembered: not read again"
+
+
+async def test_a_read_failing_otherwise_is_logged_once_until_it_reads_again_and_a_timeout_never() -> None:
+    """(A ModelError is a PermanentError: it fails the whole poll, as above.)"""
+    rest = FakeRest(record(4242), record(77))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.set_state(4242, "COMPLETED")
+    rest.set_state(77, "COMPLETED")
+    rest.job_errors = {4242: ValueError("unparseable"), 77: SlurmUnavailable("timeout")}
+
+    with capture_logs() as logs:
+        await listing.changed_jobs({"sim"})
+        await listing.changed_jobs({"sim"})  # both read again, both fail again
+        rest.job_errors = {}
+        healed = await listing.changed_jobs({"sim"})
+        rest.set_state(4242, "FAILED")
+        rest.job_errors = {4242: ValueError("unparseable")}
+        broken_again = await listing.changed_jobs({"sim"})
+
+    skipped = [e["job_id"] for e in logs if e["event"] == "slurm.record_skipped"]
+    assert skipped == [4242, 4242], "once per breakage, and a slurmrestd timeout is no bad record"
+    assert states_of(healed) == {4242: "COMPLETED", 77: "COMPLETED"}
+    assert broken_again is not None and broken_again.unreadable == {4242}
+
+
+async def test_a_job_of_another_partition_is_read_while_pending_and_again_once_requeued() -> None:
+    rest = FakeRest(record(4242), record(90, "PENDING", partition="cpu"))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    reads_of_90: list[int] = []
+    for state in ("RUNNING", "COMPLETED", "PENDING", "RUNNING"):
+        rest.set_state(90, state)
+        rest.take_asked()
+        polled = await listing.changed_jobs({"sim"})
+        assert states_of(polled) == {4242: "RUNNING"}, "never ours"
+        reads_of_90.append(rest.asked.count("/job/90"))
+
+    assert reads_of_90 == [1, 0, 1, 1], "read when it leaves PENDING and when it is pending again"
+
+
+async def test_one_read_per_job_for_its_many_printed_ids_and_at_most_reads_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rest = FakeRest(record(4242))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    monkeypatch.setattr(job_listing, "READS_AT_ONCE", 2)
+    rest.records += [record(124, "PENDING", "124+0"), record(124, "PENDING", "124+1"),
+                     *(record(500 + i, "PENDING") for i in range(5))]
+    rest.take_asked()
+
+    polled = await listing.changed_jobs({"sim"})
+
+    assert sorted(rest.asked) == sorted(["/jobs/state/", "/job/124", *(f"/job/{500 + i}" for i in range(5))])
+    assert rest.most_in_flight == 2
+    assert set(states_of(polled)) == {4242, 124, 500, 501, 502, 503, 504}
+
+
+async def test_state_entries_without_a_job_id_are_ignored_and_an_errors_answer_fails_the_poll() -> None:
+    rest = FakeRest(record(4242))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.extra_states = [
+        "garbage", {"job_id": ""}, {"job_id": "abc", "state": ["RUNNING"]}, {"state": ["PENDING"]},
+    ]
+
+    idle = await listing.changed_jobs({"sim"})
+
+    assert idle is None, "entries without a job id are no change"
+    rest.extra_states = []
+
+    async def refused(path: str) -> dict[str, Any]:
+        return {"jobs": [], "errors": [{"error": "busy"}]}
+
+    rest.get = refused  # type: ignore[method-assign]
+    with pytest.raises(SlurmUnavailable, match="could not list job states"):
+        await listing.changed_jobs({"sim"})
