@@ -48,6 +48,12 @@ def attach_command_problem(command: str) -> str | None:
     if program in _PROGRAM_RUNNERS:
         return (f"{command!r} starts {program}, which runs another program looked up on the user's "
                 "PATH; name the waiter itself by absolute path")
+    ca_file = _ca_file(words)
+    if ca_file is not None and not ca_file.startswith("/"):
+        # The waiter reads it in the job's working directory, where the user may put their own CA
+        # and so have the waiter trust a daemon of theirs.
+        return (f"{command!r} names its --ca file {ca_file!r} relatively: the waiter would read it in "
+                "the job's working directory, which is the user's; name it by absolute path")
     if _PYTHON.match(program) or program == "slurm-k8s-bridge":
         # The Python waiter (bridge/waiter, `slurm-k8s-bridge attach`) is gone.
         return (f"{command!r} starts a Python waiter, which no longer exists: the waiter is the compiled "
@@ -58,3 +64,19 @@ def attach_command_problem(command: str) -> str | None:
 def attach_command_files(command: str) -> list[str]:
     """The files a valid attach command runs: its program."""
     return shlex.split(command)[:1]
+
+
+def attach_command_ca_file(command: str) -> str | None:
+    """The CA file a valid attach command's waiter trusts the daemon's certificate by (`--ca`)."""
+    return _ca_file(shlex.split(command))
+
+
+def _ca_file(words: list[str]) -> str | None:
+    # As the waiter reads its options (agent/internal/waiter/cli.go): pairs before anything else,
+    # the last one of a kind counting.
+    ca_file, at = None, 1
+    while at + 1 < len(words) and words[at] in ("--api", "--ca"):
+        if words[at] == "--ca":
+            ca_file = words[at + 1]
+        at += 2
+    return ca_file

@@ -187,7 +187,7 @@ class Doctor:
             return f"the waiter runs on the slurmd hosts, not in this pod: run doctor there ({command})"
         program = attach_command_files(command)[0]
         install = f"as root, from the bridge's source: deploy/slurm/install-waiter.sh {program}"
-        problems = waiter_install_problems(command)
+        problems = waiter_install_problems(command, ca_file=self.cfg.waiter.ca_file)
         if problems:
             raise CheckFailed(f"waiter.attach_command {command!r}: {'; '.join(problems)}. "
                               f"Install it {install}")

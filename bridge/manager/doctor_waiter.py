@@ -13,16 +13,19 @@ import stat
 import struct
 from pathlib import Path
 
-from bridge.core.attach_command import attach_command_files
+from bridge.core.attach_command import attach_command_ca_file, attach_command_files
 
 PT_INTERP = 3
 """The program header type of a dynamically linked program: the path of its interpreter (ld.so)."""
 
 
-def waiter_install_problems(command: str, trusted_uids: frozenset[int] = frozenset({0})) -> list[str]:
-    """What is wrong with the program `attach_command` runs, as far as this host has it (config
-    already checked its form). A missing file is not a problem here: the slurmds may run on other
-    hosts."""
+def waiter_install_problems(
+    command: str, trusted_uids: frozenset[int] = frozenset({0}), *, ca_file: str | Path | None = None
+) -> list[str]:
+    """What is wrong with the program `attach_command` runs, and with the CA files its waiters
+    trust (its own --ca, and `ca_file`: `[waiter] ca_file`, which job-submit-conf passes as --ca),
+    as far as this host has them (config already checked their form). A missing file is not a
+    problem here: the slurmds may run on other hosts."""
     problems = []
     for path in map(Path, attach_command_files(command)):
         if not path.exists() and not path.is_symlink():
@@ -48,7 +51,24 @@ def waiter_install_problems(command: str, trusted_uids: frozenset[int] = frozens
         linking = static_elf_problem(path)
         if linking:
             problems.append(linking)
+    for trusted_ca in dict.fromkeys(str(name) for name in (attach_command_ca_file(command), ca_file) if name):
+        problems += ca_file_problems(Path(trusted_ca), trusted_uids)
     return problems
+
+
+def ca_file_problems(ca_file: Path, trusted_uids: frozenset[int] = frozenset({0})) -> list[str]:
+    """Whoever may write the waiter's --ca file, or a directory on its way, may have the waiters
+    trust a daemon of theirs (and hand it every job's output and signals). A link is followed, as
+    the waiter follows it: the file it ends at and that file's directories count."""
+    if not ca_file.exists():
+        return []  # the slurmds may run on other hosts
+    target = ca_file.resolve()
+    problems = _owner_problems(target, target.stat(), trusted_uids)
+    for directory in target.parents:
+        info = directory.lstat()
+        sticky_above = directory != target.parent and info.st_mode & stat.S_ISVTX
+        problems += _owner_problems(directory, info, trusted_uids, sticky_above)
+    return [f"the --ca file {problem}" for problem in problems]
 
 
 def _owner_problems(

@@ -15,7 +15,7 @@ from bridge.core.attach_command import DEFAULT_ATTACH_COMMAND, attach_command_fi
 from bridge.core.config import ConfigError, parse_config
 from bridge.manager import cli
 from bridge.manager.doctor import CheckFailed, Doctor
-from bridge.manager.doctor_waiter import waiter_install_problems
+from bridge.manager.doctor_waiter import ca_file_problems, waiter_install_problems
 
 MINIMAL = 'cluster = "c1"\n[slurm]\nurl = "http://127.0.0.1:6820"\n[partitions.k8s]\n'
 
@@ -64,6 +64,10 @@ PYTHON_GONE = "starts a Python waiter, which no longer exists: the waiter is the
         ("/usr/bin/python3.11 -I -m bridge.waiter.attach", PYTHON_GONE),
         ("/opt/venv/bin/pypy3 /w.py", PYTHON_GONE),
         ("/opt/slurm-k8s-bridge/bin/slurm-k8s-bridge attach", PYTHON_GONE),
+        # The waiter would read a relative CA in the job's working directory: the user's own CA.
+        ("/usr/libexec/w --ca ca.pem", "names its --ca file 'ca.pem' relatively"),
+        ("/usr/libexec/w --api https://d:1 --ca ./certs/ca.pem", "names its --ca file './certs/ca.pem'"),
+        ("/usr/libexec/w --ca /etc/ca.pem --ca ca.pem", "names its --ca file 'ca.pem' relatively"),
     ],
 )
 def test_a_command_the_user_could_redirect_is_refused_naming_the_key(command: str, message: str) -> None:
@@ -77,6 +81,7 @@ def test_a_command_the_user_could_redirect_is_refused_naming_the_key(command: st
     [
         "/usr/libexec/slurm-k8s-bridge/waiter",
         "/opt/bridge/bin/waiter --ca /etc/bridge/ca.pem",
+        "/opt/bridge/bin/waiter --api https://d:1 --ca /etc/bridge/ca.pem",
         "/usr/local/libexec/waiter-2",
     ],
 )
@@ -228,3 +233,78 @@ def test_doctor_refuses_a_symlinked_or_set_id_waiter(installed: tuple[str, Path]
     program.symlink_to(real)
     assert waiter_install_problems(command, owner) == [
         f"{program} is a symbolic link: name the installed program itself"]
+
+
+@pytest.fixture
+def ca_file(tmp_path: Path) -> Path:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    etc.chmod(0o755)
+    tmp_path.chmod(0o755)
+    ca = etc / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    ca.chmod(0o644)
+    return ca
+
+
+def _trusted(path: Path) -> frozenset[int]:
+    # Owned by root on a real install; here by whoever runs the tests (trusted for this check).
+    return frozenset({0, path.stat().st_uid})
+
+
+def test_doctor_accepts_a_ca_file_only_its_owner_can_write(
+    installed: tuple[str, Path], ca_file: Path
+) -> None:
+    command, program = installed
+    assert waiter_install_problems(f"{command} --ca {ca_file}", _trusted(program)) == []
+
+
+def test_doctor_refuses_a_ca_file_others_may_replace(installed: tuple[str, Path], ca_file: Path) -> None:
+    # Whoever may write the CA may have every waiter trust a daemon of theirs.
+    command, program = installed
+    ca_file.chmod(0o666)
+    assert waiter_install_problems(f"{command} --ca {ca_file}", _trusted(program)) == [
+        f"the --ca file {ca_file} is writable by group or others (mode 666)"
+    ]
+    ca_file.chmod(0o644)
+    ca_file.parent.chmod(0o777)
+    assert waiter_install_problems(f"{command} --ca {ca_file}", _trusted(program)) == [
+        f"the --ca file {ca_file.parent} is writable by group or others (mode 777)"
+    ]
+
+
+def test_doctor_follows_a_linked_ca_file_to_the_file_the_waiter_reads(ca_file: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o777)
+    elsewhere.chmod(0o777)
+    real = elsewhere / "real.pem"
+    real.write_text("x")
+    real.chmod(0o644)
+    ca_file.unlink()
+    ca_file.symlink_to(real)
+    assert ca_file_problems(ca_file, _trusted(real)) == [
+        f"the --ca file {elsewhere} is writable by group or others (mode 777)"
+    ]
+    assert ca_file_problems(ca_file, frozenset({987654}))[:1] == [
+        f"the --ca file {real} is owned by uid {real.stat().st_uid}, not root"
+    ]
+
+
+def test_a_ca_file_missing_here_is_no_problem(tmp_path: Path) -> None:
+    # doctor also runs where no slurmd does; the waiter would say so on the slurmd host.
+    assert ca_file_problems(tmp_path / "absent.pem") == []
+
+
+async def test_doctor_fails_the_waiter_check_for_a_replaceable_ca_file_of_the_config(
+    installed: tuple[str, Path], ca_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `[waiter] ca_file` is what job-submit-conf passes to every waiter as --ca.
+    command, _ = installed
+    ca_file.chmod(0o646)
+    monkeypatch.delenv("POD_NAME", raising=False)
+    config = _with_attach(command).replace(
+        "[waiter]\n", f"[waiter]\napi_url = 'https://bridge.example:8470'\nca_file = '{ca_file}'\n")
+
+    with pytest.raises(CheckFailed) as failed:
+        await Doctor(parse_config(config), None).check_waiter()
+    assert f"the --ca file {ca_file} is writable by group or others (mode 646)" in str(failed.value)
