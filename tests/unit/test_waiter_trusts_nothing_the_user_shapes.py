@@ -23,6 +23,7 @@ from .waiter_runs import (
     ROOT,
     FakeDaemon,
     Run,
+    environ_order,
     fakes,
     go_test,
     go_waiter,
@@ -192,8 +193,7 @@ def test_nothing_the_environment_names_is_loaded(waiter: list[str], tmp_path: Pa
         (tmp_path / name).write_text("raise SystemExit('planted module imported')\n")
     env = {"SLURM_JOB_ID": "42", "LD_PRELOAD": str(library), "LD_LIBRARY_PATH": str(tmp_path),
            "PYTHONPATH": str(tmp_path), "PYTHONSTARTUP": str(tmp_path / "sitecustomize.py"),
-           "PYTHONHOME": str(tmp_path), "GCONV_PATH": str(tmp_path), "GODEBUG": "x509ignoreCN=1",
-           "PATH": "/usr/bin:/bin"}
+           "PYTHONHOME": str(tmp_path), "GCONV_PATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
     ran = attached(waiter, tmp_path, env)
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
     loaded = log.read_text().splitlines()
@@ -202,6 +202,27 @@ def test_nothing_the_environment_names_is_loaded(waiter: list[str], tmp_path: Pa
     # No dynamic loader, no dynamic section: nothing to preload into, no library to look up.
     program_headers = subprocess.run(["readelf", "-lW", waiter[0]], capture_output=True, check=True).stdout
     assert b"INTERP" not in program_headers and b"DYNAMIC" not in program_headers
+
+
+GO_SETTINGS = {"GODEBUG": "inittrace=1", "GOTRACEBACK": "crash", "GOMAXPROCS": "1", "GOPATH": "/x",
+               "SSL_CERT_FILE": "/home/alice/ca.pem", "SSL_CERT_DIR": "/home/alice/certs"}
+
+
+def test_the_jobs_go_settings_steer_not_the_waiter_yet_reach_the_pods(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    """Where no SPANK guard held them, the Go runtime of the waiter reads none of the job's GO*
+    variables (GODEBUG=inittrace=1 would write a line per package to the job's stderr; GOTRACEBACK
+    would put tracebacks there), nor its TLS the SSL_CERT_* ones; the pods get them all, in their
+    order, as a native job keeps its GOPATH (agent/internal/earlysignals)."""
+    env = {"SLURM_JOB_ID": "42", **GO_SETTINGS, "HOME": "/home/alice"}
+    ran = attached(waiter, tmp_path, env)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
+    environment = sent(ran)["environment"]
+    assert environment == {**env, "PWD": str(tmp_path)}
+    assert isinstance(environment, dict)
+    assert list(environment) == environ_order(fakes(tmp_path), env, tmp_path)
+    go_test("TestTheRuntimeReadsNoGoSettingsAndEnvironKeepsThem", package="./internal/earlysignals/")
 
 
 def test_the_digest_loads_no_openssl_where_pythons_own_sha256_is_named_sha2() -> None:

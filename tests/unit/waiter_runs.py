@@ -231,7 +231,7 @@ def built_go_waiter() -> Path:
     says how)."""
     if "waiter" not in _built:
         binary = Path(tempfile.mkdtemp(prefix="go-waiter-")) / "waiter"
-        # cgo for internal/earlysignals' C constructor; static, with Go's own resolver (no NSS).
+        # cgo for internal/earlysignals' C constructors; static, with Go's own resolver (no NSS).
         static = "-ldflags=-s -w -linkmode external -extldflags -static"
         subprocess.run([go_binary(), "build", "-trimpath", "-tags", "netgo,osusergo", static,
                         "-o", str(binary), "./cmd/waiter"],
