@@ -137,6 +137,36 @@ def test_munge_is_never_looked_up_on_the_path_or_in_the_cwd(waiter: list[str], t
     assert not log.exists(), log.read_text()
 
 
+def test_a_munge_others_could_have_put_there_never_runs(waiter: list[str], tmp_path: Path) -> None:
+    """A munge in a directory others may write (here /opt/munge/bin, mode 777) could be anyone's
+    program, run as the job's user: the waiter waits as in an outage rather than run it, and the
+    job's error file says which it found and why it passed it over, for the admin to act on."""
+    log = tmp_path / "ran"
+    opt = fakes(tmp_path, munge=f"#!/bin/sh\necho munge >> {log}\nprintf 'MUNGE:'\nexec cat\n")
+    (opt / "munge/bin").chmod(0o777)
+    path = tmp_path / "slurm_script"
+    path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\necho hi\n")
+    daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
+
+    def cancel_later(proc: subprocess.Popen[bytes]) -> None:
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(3)
+        proc.kill()
+
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=opt, during=cancel_later,
+                         env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    finally:
+        daemon.close()
+    assert ran.returncode == -signal.SIGKILL and ran.requests == []
+    assert ran.stderr == (b"slurm-k8s-bridge: could not reach the bridge to cancel: found "
+                          b"/opt/munge/bin/munge but it is not root-controlled: /opt/munge/bin is writable "
+                          b"by others than root (mode 0777)\n")
+    assert not log.exists(), log.read_text()
+    go_test("TestProgramsOthersCouldReplaceAreNotRun")
+
+
 RECORDING_MUNGE = """#!/bin/sh
 # Notes what it was given: its environment, its cwd, its arguments, its input; then answers.
 tr '\\000' '\\n' < /proc/$$/environ > {record}.env
