@@ -6,9 +6,10 @@
 # The waiter runs as the job's user, so nobody but root may replace it: DEST ends up root-owned,
 # mode 755, in a directory only root writes, and takes the place of the old one by one rename (a
 # job starting meanwhile runs the old or the new program, never half of one). It is static: cgo for
-# its early-signal constructor, Go's own resolver and user lookup (nothing of the C library's NSS,
-# which the host's or the job's settings would steer), no program interpreter (ld.so) that the
-# job's environment could steer either.
+# its early constructors (the pending signals; the job's GO* variables, kept from its runtime), Go's
+# own resolver and user lookup (nothing of the C library's NSS, which the host's or the job's
+# settings would steer), no program interpreter (ld.so) that the job's environment could steer
+# either.
 set -euo pipefail
 umask 022  # the directories it makes: root's to write alone
 
@@ -48,7 +49,7 @@ export PATH="$PATH:/usr/local/go/bin"  # the PATH's Go first, else Go's own inst
 unset CC CXX CGO_CFLAGS CGO_CPPFLAGS CGO_CXXFLAGS CGO_LDFLAGS GOFLAGS GOENV GOROOT
 export GOTOOLCHAIN=local
 command -v go >/dev/null || die "no Go toolchain (looked on the PATH and in /usr/local/go/bin)"
-command -v gcc >/dev/null || die "no gcc: the waiter's early-signal constructor is C (cgo)"
+command -v gcc >/dev/null || die "no gcc: the waiter's early constructors are C (cgo)"
 
 # Built beside DEST, so that the rename that installs it stays within one file system.
 new=$(mktemp "$dir/.waiter.XXXXXX")

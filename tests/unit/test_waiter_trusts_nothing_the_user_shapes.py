@@ -23,6 +23,7 @@ from .waiter_runs import (
     ROOT,
     FakeDaemon,
     Run,
+    environ_order,
     fakes,
     go_test,
     go_waiter,
@@ -136,6 +137,36 @@ def test_munge_is_never_looked_up_on_the_path_or_in_the_cwd(waiter: list[str], t
     assert not log.exists(), log.read_text()
 
 
+def test_a_munge_others_could_have_put_there_never_runs(waiter: list[str], tmp_path: Path) -> None:
+    """A munge in a directory others may write (here /opt/munge/bin, mode 777) could be anyone's
+    program, run as the job's user: the waiter waits as in an outage rather than run it, and the
+    job's error file says which it found and why it passed it over, for the admin to act on."""
+    log = tmp_path / "ran"
+    opt = fakes(tmp_path, munge=f"#!/bin/sh\necho munge >> {log}\nprintf 'MUNGE:'\nexec cat\n")
+    (opt / "munge/bin").chmod(0o777)
+    path = tmp_path / "slurm_script"
+    path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\necho hi\n")
+    daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
+
+    def cancel_later(proc: subprocess.Popen[bytes]) -> None:
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(3)
+        proc.kill()
+
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=opt, during=cancel_later,
+                         env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    finally:
+        daemon.close()
+    assert ran.returncode == -signal.SIGKILL and ran.requests == []
+    assert ran.stderr == (b"slurm-k8s-bridge: could not reach the bridge to cancel: found "
+                          b"/opt/munge/bin/munge but it is not root-controlled: /opt/munge/bin is writable "
+                          b"by others than root (mode 0777)\n")
+    assert not log.exists(), log.read_text()
+    go_test("TestProgramsOthersCouldReplaceAreNotRun")
+
+
 RECORDING_MUNGE = """#!/bin/sh
 # Notes what it was given: its environment, its cwd, its arguments, its input; then answers.
 tr '\\000' '\\n' < /proc/$$/environ > {record}.env
@@ -192,8 +223,7 @@ def test_nothing_the_environment_names_is_loaded(waiter: list[str], tmp_path: Pa
         (tmp_path / name).write_text("raise SystemExit('planted module imported')\n")
     env = {"SLURM_JOB_ID": "42", "LD_PRELOAD": str(library), "LD_LIBRARY_PATH": str(tmp_path),
            "PYTHONPATH": str(tmp_path), "PYTHONSTARTUP": str(tmp_path / "sitecustomize.py"),
-           "PYTHONHOME": str(tmp_path), "GCONV_PATH": str(tmp_path), "GODEBUG": "x509ignoreCN=1",
-           "PATH": "/usr/bin:/bin"}
+           "PYTHONHOME": str(tmp_path), "GCONV_PATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
     ran = attached(waiter, tmp_path, env)
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
     loaded = log.read_text().splitlines()
@@ -202,6 +232,27 @@ def test_nothing_the_environment_names_is_loaded(waiter: list[str], tmp_path: Pa
     # No dynamic loader, no dynamic section: nothing to preload into, no library to look up.
     program_headers = subprocess.run(["readelf", "-lW", waiter[0]], capture_output=True, check=True).stdout
     assert b"INTERP" not in program_headers and b"DYNAMIC" not in program_headers
+
+
+GO_SETTINGS = {"GODEBUG": "inittrace=1", "GOTRACEBACK": "crash", "GOMAXPROCS": "1", "GOPATH": "/x",
+               "SSL_CERT_FILE": "/home/alice/ca.pem", "SSL_CERT_DIR": "/home/alice/certs"}
+
+
+def test_the_jobs_go_settings_steer_not_the_waiter_yet_reach_the_pods(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    """Where no SPANK guard held them, the Go runtime of the waiter reads none of the job's GO*
+    variables (GODEBUG=inittrace=1 would write a line per package to the job's stderr; GOTRACEBACK
+    would put tracebacks there), nor its TLS the SSL_CERT_* ones; the pods get them all, in their
+    order, as a native job keeps its GOPATH (agent/internal/earlysignals)."""
+    env = {"SLURM_JOB_ID": "42", **GO_SETTINGS, "HOME": "/home/alice"}
+    ran = attached(waiter, tmp_path, env)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
+    environment = sent(ran)["environment"]
+    assert environment == {**env, "PWD": str(tmp_path)}
+    assert isinstance(environment, dict)
+    assert list(environment) == environ_order(fakes(tmp_path), env, tmp_path)
+    go_test("TestTheRuntimeReadsNoGoSettingsAndEnvironKeepsThem", package="./internal/earlysignals/")
 
 
 def test_the_digest_loads_no_openssl_where_pythons_own_sha256_is_named_sha2() -> None:

@@ -9,8 +9,9 @@ bench/waiter_cost.py.
 The waiter runs munge (and Slurm's srun) by absolute path only, as it must: each run is
 started in a mount namespace of its own where a directory of fakes is bound over /opt, so
 /opt/munge/bin/munge (the last place it looks) is a stand-in that writes `MUNGE:` and its
-payload. The daemon checks that payload is the digest of the very request it came with, as
-bridge/manager/auth.py does with unmunge's answer."""
+payload (root's, in directories only root may write, or the waiter would not run it). The daemon
+checks that payload is the digest of the very request it came with, as bridge/manager/auth.py
+does with unmunge's answer."""
 
 from __future__ import annotations
 
@@ -231,7 +232,7 @@ def built_go_waiter() -> Path:
     says how)."""
     if "waiter" not in _built:
         binary = Path(tempfile.mkdtemp(prefix="go-waiter-")) / "waiter"
-        # cgo for internal/earlysignals' C constructor; static, with Go's own resolver (no NSS).
+        # cgo for internal/earlysignals' C constructors; static, with Go's own resolver (no NSS).
         static = "-ldflags=-s -w -linkmode external -extldflags -static"
         subprocess.run([go_binary(), "build", "-trimpath", "-tags", "netgo,osusergo", static,
                         "-o", str(binary), "./cmd/waiter"],
@@ -307,7 +308,8 @@ def fakes(
 ) -> Path:
     """The directory bound over /opt for a run: `munge` as munge (default: the fake that writes
     `MUNGE:` and its payload), and a fake srun and other Slurm binaries (`slurm`: name -> script)
-    if given."""
+    if given. Each and the directories up to /opt are mode 755 whatever the umask: the waiter runs
+    only what root alone controls (the runs are root's)."""
     opt = directory / "opt"
     binaries = [("munge/bin/munge", munge), ("slurm/bin/srun", srun),
                 *((f"slurm/bin/{name}", text) for name, text in (slurm or {}).items())]
@@ -316,7 +318,8 @@ def fakes(
             path = opt / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            path.chmod(0o755)
+            for made in (path, path.parent, path.parent.parent, opt):
+                made.chmod(0o755)
     return opt
 
 

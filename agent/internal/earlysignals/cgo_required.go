@@ -2,6 +2,7 @@
 
 package earlysignals
 
-// Without cgo there is no C constructor, and a signal pending at the waiter's start (held by the
-// SPANK guard) would end it: the waiter is built with CGO_ENABLED=1 (see cmd/waiter/main.go).
+// Without cgo there is no C constructor: a signal pending at the waiter's start (held by the
+// SPANK guard) would end it, and the job's GODEBUG... would steer its runtime. The waiter is built
+// with CGO_ENABLED=1 (see cmd/waiter/main.go).
 var _ = theWaiterMustBeBuiltWithCgo

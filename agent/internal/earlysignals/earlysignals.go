@@ -1,5 +1,6 @@
-// Package earlysignals takes the signals that are pending when the waiter starts before the Go
-// runtime can act on them.
+// Package earlysignals takes what the Go runtime must not act on from the waiter's start, before
+// the runtime starts: the signals that are pending (this file), and the job's variables that
+// would steer the runtime (environment.go).
 //
 // The SPANK step guard execs the waiter with the signals Slurm sends a batch script blocked
 // (deploy/slurm/spank/slurm_k8s_bridge_guard.c, slurm_spank_task_init): one sent meanwhile stays
@@ -11,8 +12,17 @@
 // instead, in the order the kernel would deliver them, for the waiter to act on first.
 //
 // It takes them only: it changes no signal's mask nor its action, so what comes later is as
-// before. The waiter must be linked with cgo for the constructor to be there; cmd/waiter refuses
-// to build without it.
+// before.
+//
+// The waiter runs with the job's environment, which the user shapes; the SPANK guard holds every
+// variable but SLURM_* out of its way, and where it did not, GODEBUG, GOTRACEBACK, GOGC,
+// GOMEMLIMIT, GOMAXPROCS... would steer the waiter's runtime (its TLS, tracebacks into the job's
+// error file, core dumps, memory), SSL_CERT_FILE and SSL_CERT_DIR the roots its TLS trusts.
+// A second constructor takes every GO* variable and those two out of the environment the runtime
+// reads; Environ gives them back, for the job's tasks.
+//
+// The waiter must be linked with cgo for the constructors to be there; cmd/waiter refuses to
+// build without it.
 package earlysignals
 
 /*

@@ -34,10 +34,7 @@ func commandBinary(command string) (string, error) {
 	for i, directory := range slurmBinaryDirs {
 		paths[i] = directory + "/" + command
 	}
-	if path, found := executable(paths); found {
-		return path, nil
-	}
-	return "", fmt.Errorf("%s is not installed on this host (looked in %s)", command, joinComma(slurmBinaryDirs))
+	return executable(paths, command+" is not installed on this host (looked in "+joinComma(slurmBinaryDirs)+")")
 }
 
 // commandEnvironment is the binary's environment: fixed, nothing of the user's (no LD_*,

@@ -147,6 +147,7 @@ func withFakeSbatch(t *testing.T) string {
 	saved := slurmBinaryDirs
 	slurmBinaryDirs = []string{directory}
 	t.Cleanup(func() { slurmBinaryDirs = saved })
+	trustFakesIn(t, directory)
 	return directory
 }
 
@@ -215,6 +216,8 @@ func TestSlurmsBinariesAreFoundByAbsolutePathOnly(t *testing.T) {
 	saved := slurmBinaryDirs
 	slurmBinaryDirs = []string{first, last}
 	t.Cleanup(func() { slurmBinaryDirs = saved })
+	trustFakesIn(t, first)
+	trustFakesIn(t, last)
 
 	found, err := commandBinary("squeue")
 	expectEqual(t, "squeue", found, filepath.Join(last, "squeue"))

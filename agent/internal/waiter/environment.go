@@ -19,12 +19,21 @@ func SafeEnvironment() []string {
 	return []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
 }
 
-// Environ is the process's environment in its order, as Python's os.environ holds it: entries
-// without '=' left out, the first of a name kept.
+// startEnviron is the environment the waiter was started with, as Main was given it: the
+// process's own lacks what the Go runtime must not read (internal/earlysignals). Nil: the
+// process's own (the Go tests).
+var startEnviron []string
+
+// Environ is the environment the waiter was started with, in its order, as Python's os.environ
+// holds it: entries without '=' left out, the first of a name kept.
 func Environ() Object {
+	entries := startEnviron
+	if entries == nil {
+		entries = syscall.Environ()
+	}
 	var env Object
 	seen := map[string]bool{}
-	for _, entry := range syscall.Environ() {
+	for _, entry := range entries {
 		name, value, ok := strings.Cut(entry, "=")
 		if !ok || seen[name] {
 			continue

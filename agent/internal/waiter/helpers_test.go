@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -21,9 +22,24 @@ func writeExecutable(t *testing.T, path, script string) {
 	}
 }
 
+// trustFakesIn has the waiter run the test's fakes in directory, a temporary one that root does
+// not control alone (/tmp is everyone's); anything elsewhere is checked as ever.
+func trustFakesIn(t *testing.T, directory string) {
+	saved := untrusted
+	untrusted = func(path string) string {
+		if strings.HasPrefix(path, directory+"/") {
+			return ""
+		}
+		return saved(path)
+	}
+	t.Cleanup(func() { untrusted = saved })
+}
+
 // withFakeMunge has the waiter's munge write `MUNGE:` and its payload, as waiter_runs.py's does.
 func withFakeMunge(t *testing.T) {
-	munge := filepath.Join(t.TempDir(), "munge")
+	directory := t.TempDir()
+	trustFakesIn(t, directory)
+	munge := filepath.Join(directory, "munge")
 	writeExecutable(t, munge, "#!/bin/sh\nprintf 'MUNGE:'\nexec cat\n")
 	saved := MungePaths
 	MungePaths = []string{munge}

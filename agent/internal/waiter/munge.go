@@ -20,22 +20,38 @@ var MungePaths = []string{"/usr/bin/munge", "/usr/local/bin/munge", "/opt/munge/
 // A var only so that tests can stand in a munge that hangs without waiting for it.
 var mungeTimeout = 10 * time.Second
 
-// executable finds the first of paths this process may execute.
-func executable(paths []string) (string, bool) {
+// untrusted is why the program at path must not run here ("": it may). A var only so that the Go
+// tests can run fakes from their temporary directories (trustFakesIn).
+var untrusted = notRootControlled
+
+// executable is the first of paths this process may execute that root controls: one that another
+// user could replace (a directory above it writable by others, or not root's) would run as the
+// job's user whatever they put there. Else the error says why each one found was passed over,
+// for the job's error file, where the admin reads it; notInstalled if none was found.
+func executable(paths []string, notInstalled string) (string, error) {
+	var refused []string
 	for _, path := range paths {
-		if syscall.Access(path, 1) == nil { // X_OK
-			return path, true
+		if syscall.Access(path, 1) != nil { // X_OK
+			continue
 		}
+		if why := untrusted(path); why != "" {
+			refused = append(refused, "found "+path+" but it is not root-controlled: "+why)
+			continue
+		}
+		return path, nil
 	}
-	return "", false
+	if len(refused) > 0 {
+		return "", errors.New(strings.Join(refused, "; "))
+	}
+	return "", errors.New(notInstalled)
 }
 
 // MungeCredential is a credential for this process's uid and gid carrying payload. Every
 // failure is an error the callers take as an outage and retry.
 func MungeCredential(payload string) (string, error) {
-	binary, ok := executable(MungePaths)
-	if !ok {
-		return "", fmt.Errorf("munge is not installed on this host (looked for %s)", strings.Join(MungePaths, ", "))
+	binary, err := executable(MungePaths, "munge is not installed on this host (looked for "+joinComma(MungePaths)+")")
+	if err != nil {
+		return "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), mungeTimeout)
 	defer cancel()
@@ -48,7 +64,7 @@ func MungeCredential(payload string) (string, error) {
 	// Killed at the timeout, munge may leave a child holding its output open: Wait must not wait
 	// for that child (Python's subprocess.run(timeout=) does not either).
 	cmd.WaitDelay = time.Second
-	err := runUnblocked(cmd)
+	err = runUnblocked(cmd)
 	if ctx.Err() != nil {
 		// A host so loaded that munge takes over 10 s: an outage like any other, retried.
 		return "", errors.New("munge did not answer within 10 s")

@@ -37,6 +37,7 @@ func TestASilentAttachIsDroppedAndAttachedAgain(t *testing.T) {
 // A munge that hangs on its first call (`first`: how), then answers as withFakeMunge's does.
 func withMungeHangingOnce(t *testing.T, first string) string {
 	directory := t.TempDir()
+	trustFakesIn(t, directory)
 	calls := filepath.Join(directory, "calls")
 	munge := filepath.Join(directory, "munge")
 	writeExecutable(t, munge, "#!/bin/sh\necho call >> "+calls+"\n"+

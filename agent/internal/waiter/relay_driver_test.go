@@ -43,6 +43,7 @@ func TestRelayedRunAgainstTheDaemon(t *testing.T) {
 		MungePaths, streamOpenAttempts, streamOpenDelay, mungeTimeout = savedMunge, savedAttempts, savedDelay, savedTimeout
 	})
 	MungePaths = []string{munge}
+	trustFakesIn(t, filepath.Dir(munge))
 	if _, daemon := os.LookupEnv("WAITER_RELAY_API"); !daemon || os.Getenv("WAITER_RELAY_QUICK") == "1" {
 		streamOpenAttempts, mungeTimeout = 2, time.Second
 		streamOpenDelay = func(int) time.Duration { return 0 }

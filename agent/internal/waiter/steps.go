@@ -1,6 +1,7 @@
 package waiter
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,17 +48,27 @@ func init() {
 // rootControlled: the file and every directory above it are root's, writable by nobody else,
 // and none is a symlink: what is read there now and later is root's.
 func rootControlled(path string) bool {
+	return notRootControlled(path) == ""
+}
+
+// notRootControlled is why path is not rootControlled, for an admin to act on; "" if it is.
+func notRootControlled(path string) string {
 	for current := path; ; {
 		var info syscall.Stat_t
-		if syscall.Lstat(current, &info) != nil {
-			return false
+		if err := syscall.Lstat(current, &info); err != nil {
+			return current + ": " + err.Error()
 		}
-		if info.Mode&syscall.S_IFMT == syscall.S_IFLNK || info.Uid != 0 || info.Mode&0o022 != 0 {
-			return false
+		switch {
+		case info.Mode&syscall.S_IFMT == syscall.S_IFLNK:
+			return current + " is a symlink"
+		case info.Uid != 0:
+			return fmt.Sprintf("%s is owned by uid %d, not root", current, info.Uid)
+		case info.Mode&0o022 != 0:
+			return fmt.Sprintf("%s is writable by others than root (mode %04o)", current, info.Mode&0o7777)
 		}
 		parent := filepath.Dir(current)
 		if parent == current {
-			return true
+			return ""
 		}
 		current = parent
 	}
@@ -145,9 +156,9 @@ func (s *scriptSteps) start(data, token string, io any) {
 		go s.done(key, 1)
 		return
 	}
-	srun, found := executable(SrunPaths)
-	if !found {
-		_ = WriteAll(2, []byte("srun: error: srun is not installed on this host (looked for "+joinComma(SrunPaths)+")\n"))
+	srun, err := executable(SrunPaths, "srun is not installed on this host (looked for "+joinComma(SrunPaths)+")")
+	if err != nil {
+		_ = WriteAll(2, []byte("srun: error: "+err.Error()+"\n"))
 		go s.done(key, 1)
 		return
 	}

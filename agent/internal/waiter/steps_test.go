@@ -101,6 +101,7 @@ func newStepsUnderTest(t *testing.T) *stepsUnderTest {
 	savedPaths, savedAttempts, savedDelay := SrunPaths, streamOpenAttempts, streamOpenDelay
 	t.Cleanup(func() { SrunPaths, streamOpenAttempts, streamOpenDelay = savedPaths, savedAttempts, savedDelay })
 	SrunPaths = []string{filepath.Join(directory, "srun")}
+	trustFakesIn(t, directory)
 	streamOpenAttempts, streamOpenDelay = 1, func(int) time.Duration { return 0 }
 	under := &stepsUnderTest{directory: directory}
 	post := func(action string, body []byte, _ time.Duration) error {
