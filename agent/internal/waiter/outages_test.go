@@ -95,6 +95,7 @@ func withCountingMunge(t *testing.T) string {
 	calls := filepath.Join(directory, "calls")
 	munge := filepath.Join(directory, "munge")
 	writeExecutable(t, munge, "#!/bin/sh\necho call >> "+calls+"\nprintf 'MUNGE:'\nexec cat\n")
+	trustFakesIn(t, directory)
 	saved := MungePaths
 	MungePaths = []string{munge}
 	t.Cleanup(func() { MungePaths = saved })
