@@ -97,7 +97,8 @@ class WaiterConfig:
     ca_file: FilePath | None = Field(default=None, description=(
         "CA bundle, on the slurmd hosts, that the waiters verify the API's certificate with (job-submit-conf "
         "passes it as --ca); https only. An absolute path without spaces or shell characters. Unset: the "
-        "system's CAs."))
+        "system's CAs. `doctor` refuses one that anyone but root may write, or that sits below a directory "
+        "anyone else may write (they could have every waiter trust a daemon of theirs)."))
     slurmd_hosts: frozenset[NonEmpty] = Field(default=frozenset(), description=(
         "Addresses of the hosts where bridged slurmds run, as munged reports them (unmunge's ENCODE_HOST). "
         "If set, waiter and task-proxy requests are only taken from there: a user's credential made on a "
