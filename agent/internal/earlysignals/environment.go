@@ -1,18 +1,14 @@
 package earlysignals
 
 /*
-#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern char **environ;
 
-// More GO* variables than this in one job would be absurd; any beyond it still go (the runtime
-// must not read them) but do not reach the job's tasks.
-#define ASIDE_MAX 256
-
-static char *aside[ASIDE_MAX];
-static int aside_at[ASIDE_MAX];
-static int aside_count;
+static char emptied[] = "";
+static char **original;
+static int original_count;
 
 // steers_go: a variable the Go runtime or its TLS reads (GODEBUG, GOTRACEBACK, GOGC, GOMEMLIMIT,
 // GOMAXPROCS, GORACE...; SSL_CERT_FILE, SSL_CERT_DIR). Every GO* name goes, future ones too.
@@ -24,47 +20,63 @@ static int steers_go(const char *entry)
 }
 
 // The C library runs this before the Go runtime starts; environ is still the array on the stack
-// that the runtime reads its environment from, so what is taken out of it here the runtime never
-// sees. The strings stay where they are, on the stack: only the array is compacted (as glibc's
-// unsetenv does), each one taken noted with its index for Environ.
+// that the runtime reads its environment from, so what is emptied here the runtime never sees.
+// Each such slot is pointed at an empty string, which the runtime skips: the array keeps its
+// length, because the runtime finds the auxiliary vector right after the array's NULL (a
+// compacted array left stale pointers there, and with 3 entries taken the runtime found no page
+// size and died). The array as it was is copied first, for Environ.
 __attribute__((constructor)) static void set_aside_go_settings(void)
 {
-	char **kept = environ;
+	int count = 0;
 
 	if (environ == NULL)
 		return;
-	for (int i = 0; environ[i] != NULL; i++) {
-		char *entry = environ[i];
-		if (!steers_go(entry)) {
-			*kept++ = entry;
-		} else if (aside_count < ASIDE_MAX) {
-			aside[aside_count] = entry;
-			aside_at[aside_count++] = i;
-		}
+	while (environ[count] != NULL)
+		count++;
+	original = malloc((count + 1) * sizeof(char *));
+	if (original != NULL) {
+		memcpy(original, environ, (count + 1) * sizeof(char *));
+		original_count = count;
 	}
-	*kept = NULL;
+	for (int i = 0; i < count; i++)
+		if (steers_go(environ[i]))
+			environ[i] = emptied;
 }
 
-static int aside_index(int i) { return aside_at[i]; }
-static const char *aside_entry(int i) { return aside[i]; }
-static int aside_total(void) { return aside_count; }
+static int original_saved(void) { return original != NULL; }
+static int original_total(void) { return original_count; }
+static const char *original_entry(int i) { return original[i]; }
 */
 import "C"
 
 import (
-	"slices"
+	"strings"
 	"syscall"
 )
 
-// Environ is the environment the process was started with, in its order: the process's own
-// (syscall.Environ) with the variables the constructor set aside put back where they were. The
-// job's tasks get what the job exported, as they do natively (a GOPATH, a GOMAXPROCS...).
+// Environ is the environment the process was started with, as the Go runtime would have read
+// it (syscall.Environ: no empty entries, the first of a name kept), the variables the constructor
+// emptied included. The job's tasks get what the job exported, as they do natively (a GOPATH, a
+// GOMAXPROCS...). The waiter changes none of its own environment, so nothing is lost by reading
+// the start's.
 func Environ() []string {
-	env := syscall.Environ()
-	// Ascending original indexes: what comes before each one is already as it was.
-	for i := 0; i < int(C.aside_total()); i++ {
-		at := min(int(C.aside_index(C.int(i))), len(env))
-		env = slices.Insert(env, at, C.GoString(C.aside_entry(C.int(i))))
+	if C.original_saved() == 0 {
+		return syscall.Environ() // no memory for the copy at the start: the emptied ones are lost
+	}
+	env := make([]string, 0, int(C.original_total()))
+	seen := map[string]bool{}
+	for i := 0; i < int(C.original_total()); i++ {
+		entry := C.GoString(C.original_entry(C.int(i)))
+		if entry == "" {
+			continue
+		}
+		if name, _, found := strings.Cut(entry, "="); found {
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+		}
+		env = append(env, entry)
 	}
 	return env
 }
