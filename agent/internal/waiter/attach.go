@@ -116,8 +116,15 @@ func (w *Waiter) Run() int {
 			if outageStarted == 0 {
 				outageStarted = now
 			}
-			// A daemon restart needs no word in the job's output; a long outage does, now and then.
-			if now-outageStarted >= outageNotice && now-toldAt >= outageNotice*10 {
+			var unusable *MungeUnusable
+			if errors.As(err, &unusable) {
+				// This host's own fault, not the daemon's: said at once, then now and then.
+				if toldAt == 0 || now-toldAt >= outageNotice*10 {
+					Say("cannot make a munge credential on this host, waiting for it to be fixed: " + unusable.Why)
+					toldAt = now
+				}
+			} else if now-outageStarted >= outageNotice && now-toldAt >= outageNotice*10 {
+				// A daemon restart needs no word in the job's output; a long outage does, now and then.
 				Say(fmt.Sprintf("waiting for the bridge daemon since %.0fs (%s)", now-outageStarted, describe(err)))
 				toldAt = now
 			}

@@ -1,10 +1,13 @@
 package waiter
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // A munge, srun or Slurm binary that another user could have put in place (a directory above it
@@ -44,4 +47,51 @@ func TestProgramsOthersCouldReplaceAreNotRun(t *testing.T) {
 // Where Debian (the sandbox) installs munge, srun and Slurm's commands, root controls.
 func TestUsrBinIsRootControlled(t *testing.T) {
 	expectEqual(t, "why /usr/bin/env is not", notRootControlled("/usr/bin/env"), "")
+}
+
+// A host whose munge may not run opens no connection to the daemon (it would never speak), and
+// the job's error file says at once that munge is the trouble, not the daemon.
+func TestAHostWithoutAUsableMungeSaysSoAndDoesNotConnect(t *testing.T) {
+	saved := MungePaths
+	t.Cleanup(func() { MungePaths = saved })
+	MungePaths = []string{"/nonexistent/munge"}
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	accepted := make(chan struct{}, 16)
+	go func() {
+		for {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	client := &Client{URL: URL{"http", "127.0.0.1", listener.Addr().(*net.TCPAddr).Port}, JobID: testJobID}
+
+	_, err = client.Post("/v1/jobs/42/attach", []byte("{}"), time.Second)
+	var unusable *MungeUnusable
+	if !errors.As(err, &unusable) {
+		t.Fatalf("the error: %v, want a *MungeUnusable", err)
+	}
+	relay := &stepOutputRelay{client: client}
+	expectEqual(t, "the stream's status", relay.tryOpen("/v1/jobs/42/steps/0/output", []byte("{}\n")), 0)
+
+	job := NewWaiter(client, []byte("#!/bin/sh\n"), Object{}, "/", nil, []string{"waiter"})
+	said := stderrOf(t, func() {
+		// Run waits for munge for ever; its next word would come 10 minutes later.
+		go job.Run()
+		time.Sleep(500 * time.Millisecond)
+	})
+	expectEqual(t, "what the job's stderr got at once", said, "slurm-k8s-bridge: cannot make a munge credential on this "+
+		"host, waiting for it to be fixed: munge is not installed on this host (looked for /nonexistent/munge)\n")
+	select {
+	case <-accepted:
+		t.Fatal("the daemon got a connection from a host without munge")
+	default:
+	}
 }

@@ -189,8 +189,12 @@ func (s *Stream) Close() error { return s.conn.Close() }
 //
 // It connects before it asks munge for the credential: while the daemon is down, each of a job
 // host's waiters retries every few seconds, and a munge process per retry (1,000 waiters on one
-// host: 200 a second) starved the host; a refused connection costs a syscall.
+// host: 200 a second) starved the host; a refused connection costs a syscall. A host without a
+// usable munge opens no connection at all (the daemon would get one that never speaks).
 func (c *Client) Post(path string, body []byte, timeout time.Duration) (*Stream, error) {
+	if _, err := mungeProgram(); err != nil {
+		return nil, err
+	}
 	conn, err := Connect(c.URL, connectTimeout, c.CAFile)
 	if err != nil {
 		return nil, err

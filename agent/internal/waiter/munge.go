@@ -46,10 +46,25 @@ func executable(paths []string, notInstalled string) (string, error) {
 	return "", errors.New(notInstalled)
 }
 
+// MungeUnusable: no munge this process may run on this host (none installed, or none that only
+// root controls). The admin's to fix; the waiter waits for it as for an outage.
+type MungeUnusable struct{ Why string }
+
+func (e *MungeUnusable) Error() string { return e.Why }
+
+// mungeProgram is the munge to run, or a *MungeUnusable.
+func mungeProgram() (string, error) {
+	binary, err := executable(MungePaths, "munge is not installed on this host (looked for "+joinComma(MungePaths)+")")
+	if err != nil {
+		return "", &MungeUnusable{err.Error()}
+	}
+	return binary, nil
+}
+
 // MungeCredential is a credential for this process's uid and gid carrying payload. Every
 // failure is an error the callers take as an outage and retry.
 func MungeCredential(payload string) (string, error) {
-	binary, err := executable(MungePaths, "munge is not installed on this host (looked for "+joinComma(MungePaths)+")")
+	binary, err := mungeProgram()
 	if err != nil {
 		return "", err
 	}

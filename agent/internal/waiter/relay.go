@@ -135,6 +135,9 @@ func (r *stepOutputRelay) tryOpen(path string, header []byte) int {
 	r.streamKey = make([]byte, 32)
 	_, _ = rand.Read(r.streamKey)
 	// Connected first, as Client.Post is: a retry against a daemon that is down costs no munge.
+	if _, err := mungeProgram(); err != nil {
+		return 0
+	}
 	conn, err := Connect(r.client.URL, streamAnswerTimeout, r.client.CAFile)
 	if err != nil {
 		return 0
