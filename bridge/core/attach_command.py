@@ -19,6 +19,8 @@ INSTALL_WAITER = f"deploy/slurm/install-waiter.sh {DEFAULT_ATTACH_COMMAND}"
 SHELL_SPECIAL = frozenset("$`;|&<>(){}*?[]~#!\\\n")
 """What the batch script's /bin/sh would interpret in a word job_submit.lua writes into it."""
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+_WAITER_OPTIONS = frozenset({"--api", "--ca"})
+"""What the waiter reads before its batch script (agent/internal/waiter/cli.go), each with a value."""
 # Programs whose business is to start another program, found on the PATH (the job's, i.e. the
 # user's) unless named by absolute path: the waiter must not be started through them.
 _PROGRAM_RUNNERS = frozenset({
@@ -48,16 +50,22 @@ def attach_command_problem(command: str) -> str | None:
     if program in _PROGRAM_RUNNERS:
         return (f"{command!r} starts {program}, which runs another program looked up on the user's "
                 "PATH; name the waiter itself by absolute path")
+    if _PYTHON.match(program) or program == "slurm-k8s-bridge":
+        # The Python waiter (bridge/waiter, `slurm-k8s-bridge attach`) is gone.
+        return (f"{command!r} starts a Python waiter, which no longer exists: the waiter is the compiled "
+                f"{DEFAULT_ATTACH_COMMAND} (install it with {INSTALL_WAITER})")
+    options = words[1:]
+    if len(options) % 2 or any(option not in _WAITER_OPTIONS for option in options[::2]):
+        # The waiter takes only these, each followed by its value, before the batch script that
+        # job_submit.lua appends: anything else (`--ca=FILE` too) it would run as the script.
+        return (f"{command!r} gives the waiter {' '.join(options)!r}: after the program, only "
+                "`--api URL` and `--ca FILE` are understood")
     ca_file = _ca_file(words)
     if ca_file is not None and not ca_file.startswith("/"):
         # The waiter reads it in the job's working directory, where the user may put their own CA
         # and so have the waiter trust a daemon of theirs.
         return (f"{command!r} names its --ca file {ca_file!r} relatively: the waiter would read it in "
                 "the job's working directory, which is the user's; name it by absolute path")
-    if _PYTHON.match(program) or program == "slurm-k8s-bridge":
-        # The Python waiter (bridge/waiter, `slurm-k8s-bridge attach`) is gone.
-        return (f"{command!r} starts a Python waiter, which no longer exists: the waiter is the compiled "
-                f"{DEFAULT_ATTACH_COMMAND} (install it with {INSTALL_WAITER})")
     return None
 
 

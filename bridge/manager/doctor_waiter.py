@@ -59,16 +59,20 @@ def waiter_install_problems(
 def ca_file_problems(ca_file: Path, trusted_uids: frozenset[int] = frozenset({0})) -> list[str]:
     """Whoever may write the waiter's --ca file, or a directory on its way, may have the waiters
     trust a daemon of theirs (and hand it every job's output and signals). A link is followed, as
-    the waiter follows it: the file it ends at and that file's directories count."""
+    the waiter follows it: the directories of the path as written count (whoever may write the
+    link's may point it elsewhere), and so do the file it ends at and that file's directories."""
     if not ca_file.exists():
         return []  # the slurmds may run on other hosts
     target = ca_file.resolve()
     problems = _owner_problems(target, target.stat(), trusted_uids)
-    for directory in target.parents:
-        info = directory.lstat()
-        sticky_above = directory != target.parent and info.st_mode & stat.S_ISVTX
-        problems += _owner_problems(directory, info, trusted_uids, sticky_above)
-    return [f"the --ca file {problem}" for problem in problems]
+    for path in (ca_file.absolute(), target):
+        for directory in path.parents:
+            info = directory.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                continue  # a link's mode means nothing; its directory and its target are checked
+            sticky_above = directory != path.parent and info.st_mode & stat.S_ISVTX
+            problems += _owner_problems(directory, info, trusted_uids, sticky_above)
+    return [f"the --ca file {problem}" for problem in dict.fromkeys(problems)]
 
 
 def _owner_problems(

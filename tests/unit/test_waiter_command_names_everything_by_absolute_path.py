@@ -68,6 +68,12 @@ PYTHON_GONE = "starts a Python waiter, which no longer exists: the waiter is the
         ("/usr/libexec/w --ca ca.pem", "names its --ca file 'ca.pem' relatively"),
         ("/usr/libexec/w --api https://d:1 --ca ./certs/ca.pem", "names its --ca file './certs/ca.pem'"),
         ("/usr/libexec/w --ca /etc/ca.pem --ca ca.pem", "names its --ca file 'ca.pem' relatively"),
+        # The waiter reads only `--api URL` and `--ca FILE` pairs: it would run anything else as the
+        # batch script (read in the job's directory), and a dangling option takes job_submit's --api.
+        ("/usr/libexec/w --ca=/etc/ca.pem", "gives the waiter '--ca=/etc/ca.pem': after the program, only"),
+        ("/usr/libexec/w --ca", "gives the waiter '--ca': after the program, only"),
+        ("/usr/libexec/w extra --ca rel.pem", "gives the waiter 'extra --ca rel.pem'"),
+        ("/usr/libexec/w --verbose 1", "gives the waiter '--verbose 1'"),
     ],
 )
 def test_a_command_the_user_could_redirect_is_refused_naming_the_key(command: str, message: str) -> None:
@@ -308,3 +314,23 @@ async def test_doctor_fails_the_waiter_check_for_a_replaceable_ca_file_of_the_co
     with pytest.raises(CheckFailed) as failed:
         await Doctor(parse_config(config), None).check_waiter()
     assert f"the --ca file {ca_file} is writable by group or others (mode 646)" in str(failed.value)
+
+
+def test_doctor_refuses_a_linked_ca_file_in_a_directory_others_may_write(
+    ca_file: Path, tmp_path: Path
+) -> None:
+    # Whoever may write the link's own directory may point it at a CA of theirs.
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    link = open_dir / "ca.pem"
+    link.symlink_to(ca_file)
+    assert ca_file_problems(link, _trusted(ca_file)) == [
+        f"the --ca file {open_dir} is writable by group or others (mode 777)"
+    ]
+
+
+def test_doctor_takes_a_linked_directory_on_the_way_by_its_target(ca_file: Path, tmp_path: Path) -> None:
+    # /etc/pki/tls/certs -> ../../ssl/certs and the like: a link's own mode (777) means nothing.
+    (tmp_path / "linked").symlink_to(ca_file.parent)
+    assert ca_file_problems(tmp_path / "linked" / ca_file.name, _trusted(ca_file)) == []
