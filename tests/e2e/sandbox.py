@@ -9,7 +9,8 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +45,19 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 60.0, 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def at_once(variants: Mapping[str, Callable[[], T]]) -> dict[str, T]:
+    """Run each variant (a native run and a bridged one, say, on nodes of their own) in a thread of
+    its own, so that their waits on Slurm's timers overlap; every variant runs to its end. A
+    variant that failed is named in the failure, with what it raised."""
+    with ThreadPoolExecutor(max_workers=len(variants)) as pool:
+        futures = {name: pool.submit(variant) for name, variant in variants.items()}
+    failed = {name: error for name, future in futures.items() if (error := future.exception()) is not None}
+    if failed:
+        detail = "\n".join(f"[{name}] {type(error).__name__}: {error}" for name, error in failed.items())
+        raise AssertionError(f"{', '.join(failed)} failed:\n{detail}") from next(iter(failed.values()))
+    return {name: future.result() for name, future in futures.items()}
 
 
 @dataclass(frozen=True)

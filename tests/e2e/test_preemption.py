@@ -12,13 +12,15 @@ script says."""
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from tests.e2e.sandbox import Sandbox, job_pods, job_trail, wait_until, write_script
+from tests.e2e.sandbox import Sandbox, at_once, job_pods, job_trail, wait_until, write_script
 from tests.e2e.test_parity_output_and_signals import _normalised
 
 pytestmark = pytest.mark.e2e
@@ -34,6 +36,7 @@ LOW = BUSYBOX + (
 HIGH = BUSYBOX + 'echo "high on $SLURMD_NODENAME with $SLURM_JOB_GPUS"\nsleep 4\n'
 
 
+T = TypeVar("T")
 Runs = list[tuple[str, str]]
 """(State, ExitCode) of each run of a job, as sacct -D lists them."""
 
@@ -107,9 +110,15 @@ def _preempt_requeued(sandbox: Sandbox, partition: str, nodes: int) -> tuple[lis
     return runs, outputs + _normalise(high_out.read_text())
 
 
+def _both_partitions(run: Callable[..., T]) -> dict[str, T]:
+    """`run` in `native` and in `k8s` at once: their nodes, jobs and files are apart, and each side
+    mostly waits on Slurm (the preemptor's run, requeue_delay): half the wall time."""
+    return at_once({partition: functools.partial(run, partition=partition) for partition in NODES})
+
+
 def test_a_preempted_job_gives_its_gpus_back_requeues_and_reruns_as_natively(bridge: Sandbox) -> None:
-    native_runs, native_out = _preempt_requeued(bridge, "native", 1)
-    k8s_runs, k8s_out = _preempt_requeued(bridge, "k8s", 1)
+    results = _both_partitions(functools.partial(_preempt_requeued, bridge, nodes=1))
+    (native_runs, native_out), (k8s_runs, k8s_out) = results["native"], results["k8s"]
     # What the comparison rests on: the first run preempted, the second ending with its own code.
     assert len(native_runs[0]) == 2 and native_runs[0][-1] == ("FAILED", "7:0"), native_runs
     assert k8s_runs == native_runs
@@ -119,8 +128,8 @@ def test_a_preempted_job_gives_its_gpus_back_requeues_and_reruns_as_natively(bri
 
 
 def test_one_job_preempts_two_bridged_jobs_at_once(bridge: Sandbox) -> None:
-    native_runs, native_out = _preempt_requeued(bridge, "native", 2)
-    k8s_runs, k8s_out = _preempt_requeued(bridge, "k8s", 2)
+    results = _both_partitions(functools.partial(_preempt_requeued, bridge, nodes=2))
+    (native_runs, native_out), (k8s_runs, k8s_out) = results["native"], results["k8s"]
     assert k8s_runs == native_runs and len(k8s_runs) == 2
     assert k8s_out == native_out
 
@@ -207,8 +216,9 @@ def test_a_suspend_preempted_job_pauses_while_the_preemptor_runs_and_resumes_as_
     gang: Sandbox, nodes: int
 ) -> None:
     bridge = gang
-    native = _preempt_suspended(bridge, "native", nodes)
-    k8s = _preempt_suspended(bridge, "k8s", nodes)
+    # Apart: `urgent` suspends on the native nodes only, `dra` on the real kubelets' only.
+    both = _both_partitions(functools.partial(_preempt_suspended, bridge, nodes=nodes))
+    native, k8s = both["native"], both["k8s"]
     for partition, results in (("native", native), ("k8s", k8s)):
         for ticks, runs in results:
             # Every tick printed, one run ending with the script's own code, and a pause about as

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.sandbox import BRIDGE_UP, Sandbox, job_pods, job_trail, wait_until, write_script
+from tests.e2e.sandbox import BRIDGE_UP, Sandbox, at_once, job_pods, job_trail, wait_until, write_script
 
 TICKER = "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\nfor i in $(seq 1 25); do date +%s; sleep 1; done\n"
 SUSPENDED_S = 12
@@ -64,16 +64,21 @@ def _suspend_round(
         wait_until(f"job {job_id} ended", functools.partial(_ended, bridge, job_id), timeout=120)
 
 
+def _suspended_once(bridge: Sandbox, partition: str) -> int:
+    """One ticker suspended and resumed in `partition`; the largest gap between its ticks."""
+    job = _submit(bridge, partition, f"ticker-{partition}")
+    _suspend_round(bridge, [job])
+    ticks = _ticks(job[1])
+    assert len(ticks) == 25, (partition, ticks)
+    state = bridge.slurm("sacct", "-X", "-n", "-P", "-j", str(job[0]), "-o", "State,ExitCode").stdout
+    assert state.strip() == "COMPLETED|0:0", (partition, state)
+    return _largest_gap(ticks)
+
+
 def test_a_suspended_job_stops_in_its_pod_as_natively(bridge: Sandbox) -> None:
-    gaps = {}
-    for partition in ("native", "k8s"):
-        job = _submit(bridge, partition, f"ticker-{partition}")
-        _suspend_round(bridge, [job])
-        ticks = _ticks(job[1])
-        assert len(ticks) == 25, (partition, ticks)
-        gaps[partition] = _largest_gap(ticks)
-        state = bridge.slurm("sacct", "-X", "-n", "-P", "-j", str(job[0]), "-o", "State,ExitCode").stdout
-        assert state.strip() == "COMPLETED|0:0", (partition, state)
+    # Both partitions at once, each suspending only its own job: their nodes are apart.
+    gaps = at_once({partition: functools.partial(_suspended_once, bridge, partition)
+                    for partition in ("native", "k8s")})
     assert gaps["native"] >= SUSPENDED_S - 2, gaps
     assert gaps["k8s"] >= SUSPENDED_S - 2, gaps
     print(f"\nlargest gap while suspended {SUSPENDED_S}s: {gaps}")
@@ -115,14 +120,21 @@ def _has_pods(bridge: Sandbox, job_id: int) -> bool:
     return bool(job_pods(bridge, job_id))
 
 
-@pytest.mark.parametrize(("partition", "when"),
-                         [("native", "running"), ("k8s", "running"), ("k8s", "pods made")])
+@pytest.mark.parametrize(("partitions", "when"),
+                         [(("native", "k8s"), "running"), (("k8s",), "pods made")],
+                         ids=["native+k8s-running", "k8s-pods made"])
 def test_jobs_suspended_before_their_pods_start_stop_once_they_have(
-    bridge: Sandbox, partition: str, when: str
+    bridge: Sandbox, partitions: tuple[str, ...], when: str
 ) -> None:
     """Suspended as soon as Slurm says RUNNING (the waiter may not have attached: no pod is made
     until the resume), or once the pods exist and have not started yet (the stop reaches each one
-    once its container runs, the reconciler's next pass)."""
+    once its container runs, the reconciler's next pass). The native and the bridged case run at
+    once, each suspending its own jobs on its own nodes."""
+    at_once({partition: functools.partial(_suspend_early, bridge, partition, when)
+             for partition in partitions})
+
+
+def _suspend_early(bridge: Sandbox, partition: str, when: str) -> None:
     jobs = [_submit(bridge, partition, f"ticker-early-{partition}-{when[0]}{n}") for n in range(3)]
     ids = ",".join(str(job_id) for job_id, _ in jobs)
     ready = _running if when == "running" else _has_pods
