@@ -95,3 +95,45 @@ func TestAHostWithoutAUsableMungeSaysSoAndDoesNotConnect(t *testing.T) {
 	default:
 	}
 }
+
+// Sites link /opt/slurm to the installed version: a link root owns, in a directory only root may
+// write, to a place root controls, is root-controlled; a link someone else owns, or one leading to a
+// place others may write, is not.
+func TestALinkRootControlsToAPlaceRootControlsIsRootControlled(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only root can make the root-owned directories this is about")
+	}
+	base, err := os.MkdirTemp("/run", "waiter-links-") // /run: root's, mode 755
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	installed := filepath.Join(base, "slurm-26.05", "bin")
+	if err := os.MkdirAll(installed, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeExecutable(t, filepath.Join(installed, "srun"), "#!/bin/sh\n")
+	link := filepath.Join(base, "slurm")
+	if err := os.Symlink("slurm-26.05", link); err != nil {
+		t.Fatal(err)
+	}
+	expectEqual(t, "why a root link to root's is not", notRootControlled(filepath.Join(link, "bin", "srun")), "")
+
+	if err := os.Lchown(link, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	expectEqual(t, "why another's link is not", notRootControlled(filepath.Join(link, "bin", "srun")),
+		link+" is owned by uid 65534, not root")
+
+	if err := os.Lchown(link, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(installed, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	expectEqual(t, "why a link to a place others may write is not", notRootControlled(filepath.Join(link, "bin", "srun")),
+		filepath.Join(link, "bin")+" is writable by others than root (mode 0777)")
+}

@@ -45,25 +45,41 @@ func init() {
 	}
 }
 
-// rootControlled: the file and every directory above it are root's, writable by nobody else,
-// and none is a symlink: what is read there now and later is root's.
+// rootControlled: the file and every directory above it are root's and writable by nobody else,
+// both as the path is written and as its links resolve: what is read there now and later is root's.
 func rootControlled(path string) bool {
 	return notRootControlled(path) == ""
 }
 
-// notRootControlled is why path is not rootControlled, for an admin to act on; "" if it is.
+// notRootControlled is why path is not rootControlled, for an admin to act on; "" if it is. A
+// link is accepted when root owns it and its directory (nobody else can repoint it) and what it
+// leads to is root-controlled too: sites link /opt/slurm to the installed version.
 func notRootControlled(path string) string {
+	if why := chainNotRootControlled(path); why != "" {
+		return why
+	}
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return path + ": " + err.Error()
+	}
+	if resolved != path {
+		return chainNotRootControlled(resolved)
+	}
+	return ""
+}
+
+// chainNotRootControlled checks path and each directory above it as written.
+func chainNotRootControlled(path string) string {
 	for current := path; ; {
 		var info syscall.Stat_t
 		if err := syscall.Lstat(current, &info); err != nil {
 			return current + ": " + err.Error()
 		}
+		link := info.Mode&syscall.S_IFMT == syscall.S_IFLNK
 		switch {
-		case info.Mode&syscall.S_IFMT == syscall.S_IFLNK:
-			return current + " is a symlink"
 		case info.Uid != 0:
 			return fmt.Sprintf("%s is owned by uid %d, not root", current, info.Uid)
-		case info.Mode&0o022 != 0:
+		case !link && info.Mode&0o022 != 0: // a link's own mode means nothing
 			return fmt.Sprintf("%s is writable by others than root (mode %04o)", current, info.Mode&0o7777)
 		}
 		parent := filepath.Dir(current)
