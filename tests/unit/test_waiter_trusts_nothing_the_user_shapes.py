@@ -110,6 +110,14 @@ def planted_executables(directory: Path, log: Path) -> None:
         path.chmod(0o755)
 
 
+def _cancel_later(proc: subprocess.Popen[bytes]) -> None:
+    """scancel as slurmstepd does it: TERM, then KILL once KillWait is over (3 s here)."""
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(3)
+    proc.kill()
+
+
 def test_munge_is_never_looked_up_on_the_path_or_in_the_cwd(waiter: list[str], tmp_path: Path) -> None:
     """No munge where the waiter looks (/usr/bin, /usr/local/bin, /opt/munge/bin): it waits as in
     an outage; a cancel cannot be sent either and it says why. The PATH's and the cwd's never run."""
@@ -123,14 +131,8 @@ def test_munge_is_never_looked_up_on_the_path_or_in_the_cwd(waiter: list[str], t
     path = tmp_path / "slurm_script"
     path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\necho hi\n")
 
-    def cancel_later(proc: subprocess.Popen[bytes]) -> None:
-        time.sleep(2)
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(3)
-        proc.kill()
-
     try:
-        ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=empty_opt, during=cancel_later,
+        ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=empty_opt, during=_cancel_later,
                          env={"SLURM_JOB_ID": "42", "PATH": f"{planted}:.", "HOME": str(tmp_path)})
     finally:
         daemon.close()
@@ -152,14 +154,8 @@ def test_a_munge_others_could_have_put_there_never_runs(waiter: list[str], tmp_p
     path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\necho hi\n")
     daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
 
-    def cancel_later(proc: subprocess.Popen[bytes]) -> None:
-        time.sleep(2)
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(3)
-        proc.kill()
-
     try:
-        ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=opt, during=cancel_later,
+        ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=opt, during=_cancel_later,
                          env={"SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     finally:
         daemon.close()
