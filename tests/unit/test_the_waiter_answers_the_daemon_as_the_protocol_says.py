@@ -50,15 +50,15 @@ Scenario = Callable[[], tuple[FakeDaemon, Callable[..., None] | None]]
 
 def run(
     waiter: list[str], tmp_path: Path, scenario: Scenario, *, env: dict[str, str] | None = None,
-    script: bytes = USER_SCRIPT, merged: bool = False,
+    script: bytes = USER_SCRIPT, merged: bool = False, arguments: tuple[str, ...] = (),
 ) -> Run:
     """The waiter's run of `scenario` (its daemon and what the test does meanwhile)."""
     directory = tmp_path / "submit"  # its path is the job's work_dir
     directory.mkdir()
     daemon, during = scenario()
     try:
-        return run_waiter(waiter, daemon, args=[str(batch_script(directory, script))], env=env or ENV,
-                          cwd=directory, opt=fakes(directory), during=during, merged=merged)
+        return run_waiter(waiter, daemon, args=[str(batch_script(directory, script)), *arguments],
+                          env=env or ENV, cwd=directory, opt=fakes(directory), during=during, merged=merged)
     finally:
         daemon.close()
 
@@ -118,6 +118,24 @@ def test_the_held_environment_reaches_the_daemon_under_its_own_names(
     assert path == "/v1/jobs/42/attach"
     assert_request(body, attach_body(SENT_SCRIPT, environment, tmp_path / "submit", output_merged=True))
     assert body.count(b'"arguments"') == 0
+
+
+def test_the_scripts_arguments_go_to_the_daemon_as_sbatch_gave_them(
+    waiter: list[str], tmp_path: Path
+) -> None:
+    """`sbatch job.sh a 'b c' '' '$(HOME)'`: slurmd starts the wrapper with them, and it hands them to
+    the waiter ("$@"); the attach request carries them, unexpanded, after output_merged."""
+    arguments = ("a", "b c", "", "$(HOME)", "caf\u00e9")
+    exit_0 = streaming({"type": "exit", "code": 0, "signal": None})
+    ran = run(waiter, tmp_path, lambda: (FakeDaemon([exit_0]), None), arguments=arguments)
+    assert (ran.returncode, ran.stderr) == (0, b"")
+    (path, body), = ran.requests
+    environment = sent_environment(tmp_path, {**ENV, "PWD": str(tmp_path / "submit")})
+    expected = attach_body(SENT_SCRIPT, environment, tmp_path / "submit")
+    fields = list(expected.items())
+    at = [name for name, _ in fields].index("output_merged") + 1
+    assert path == "/v1/jobs/42/attach"
+    assert_request(body, dict([*fields[:at], ("arguments", list(arguments)), *fields[at:]]))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1])
