@@ -56,7 +56,9 @@ PATH, so `sh` is not found; a shell's own default PATH differs by image, so it i
 
 
 def _normalise(text: str, job: int) -> str:
-    return re.sub(r"\b(native|kreal)([0-9])\b", r"NODE", text.replace(str(job), "J"))
+    # The id as a whole number only (the sandbox's ids have four digits or more: FirstJobId).
+    text = re.sub(rf"(?<![0-9]){job}(?![0-9])", "J", text)
+    return re.sub(r"\b(native|kreal)([0-9])\b", r"NODE", text)
 
 
 def _files(directory: Path, job: int) -> dict[str, bytes]:
