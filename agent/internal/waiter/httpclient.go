@@ -192,14 +192,15 @@ func (s *Stream) Close() error { return s.conn.Close() }
 // host: 200 a second) starved the host; a refused connection costs a syscall. A host without a
 // usable munge opens no connection at all (the daemon would get one that never speaks).
 func (c *Client) Post(path string, body []byte, timeout time.Duration) (*Stream, error) {
-	if _, err := mungeProgram(); err != nil {
+	munge, err := mungeProgram()
+	if err != nil {
 		return nil, err
 	}
 	conn, err := Connect(c.URL, connectTimeout, c.CAFile)
 	if err != nil {
 		return nil, err
 	}
-	credential, err := MungeCredential(RequestDigest("POST", path, c.JobID, body))
+	credential, err := mungeCredentialWith(munge, RequestDigest("POST", path, c.JobID, body))
 	if err != nil {
 		conn.Close()
 		return nil, err

@@ -68,6 +68,11 @@ func MungeCredential(payload string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return mungeCredentialWith(binary, payload)
+}
+
+// mungeCredentialWith is MungeCredential with the munge mungeProgram found.
+func mungeCredentialWith(binary, payload string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), mungeTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary)
@@ -79,7 +84,7 @@ func MungeCredential(payload string) (string, error) {
 	// Killed at the timeout, munge may leave a child holding its output open: Wait must not wait
 	// for that child (Python's subprocess.run(timeout=) does not either).
 	cmd.WaitDelay = time.Second
-	err = runUnblocked(cmd)
+	err := runUnblocked(cmd)
 	if ctx.Err() != nil {
 		// A host so loaded that munge takes over 10 s: an outage like any other, retried.
 		return "", errors.New("munge did not answer within 10 s")

@@ -135,14 +135,15 @@ func (r *stepOutputRelay) tryOpen(path string, header []byte) int {
 	r.streamKey = make([]byte, 32)
 	_, _ = rand.Read(r.streamKey)
 	// Connected first, as Client.Post is: a retry against a daemon that is down costs no munge.
-	if _, err := mungeProgram(); err != nil {
+	munge, err := mungeProgram()
+	if err != nil {
 		return 0
 	}
 	conn, err := Connect(r.client.URL, streamAnswerTimeout, r.client.CAFile)
 	if err != nil {
 		return 0
 	}
-	credential, err := MungeCredential(RequestDigest("POST", path, r.client.JobID, header) + " " + hex.EncodeToString(r.streamKey))
+	credential, err := mungeCredentialWith(munge, RequestDigest("POST", path, r.client.JobID, header)+" "+hex.EncodeToString(r.streamKey))
 	if err != nil {
 		conn.Close()
 		return 0
