@@ -137,8 +137,7 @@ async def test_a_read_that_fails_for_now_is_listed_without_a_view_and_read_again
     assert settled is None, "once read, the new states are remembered"
 
 
-@pytest.mark.parametrize("error", [SlurmAuthError("token refused"), PermanentError("for good"),
-                                   ModelError("a record allocation_from_rest refuses")])
+@pytest.mark.parametrize("error", [SlurmAuthError("token refused"), PermanentError("for good")])
 async def test_a_read_that_fails_for_good_commits_nothing_and_the_next_poll_reads_everything(
     error: Exception,
 ) -> None:
@@ -319,7 +318,6 @@ async def test_a_job_gone_before_its_own_read_leaves_the_listing_and_counts_as_r
 
 
 async def test_a_read_failing_otherwise_is_logged_once_until_it_reads_again_and_a_timeout_never() -> None:
-    """(A ModelError is a PermanentError: it fails the whole poll, as above.)"""
     rest = FakeRest(record(4242), record(77))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
@@ -340,6 +338,31 @@ async def test_a_read_failing_otherwise_is_logged_once_until_it_reads_again_and_
     assert skipped == [4242, 4242], "once per breakage, and a slurmrestd timeout is no bad record"
     assert states_of(healed) == {4242: "COMPLETED", 77: "COMPLETED"}
     assert broken_again is not None and broken_again.unreadable == {4242}
+
+
+async def test_an_unparseable_record_is_listed_unreadable_and_the_poll_goes_on_without_a_full_read() -> None:
+    """A ModelError is a PermanentError, but of one record: as in the full listing, that job alone
+    is unreadable; the others' new states are committed and nothing is read again in full."""
+    rest = FakeRest(record(4242), record(77))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.set_state(4242, "COMPLETED")
+    rest.set_state(77, "COMPLETED")
+    rest.job_errors = {77: ModelError("job 77: a gres_detail allocation_from_rest refuses")}
+    rest.take_asked()
+
+    with capture_logs() as logs:
+        polled = await listing.changed_jobs({"sim"})
+    asked = rest.take_asked()
+    rest.set_state(77, "FAILED")
+    again = await listing.changed_jobs({"sim"})
+
+    assert polled is not None and polled.unreadable == {77}
+    assert states_of(polled) == {4242: "COMPLETED"}
+    assert sorted(asked) == ["/job/4242", "/job/77", "/jobs/state/"], "no full listing"
+    assert [e["job_id"] for e in logs if e["event"] == "slurm.record_skipped"] == [77]
+    assert rest.take_asked() == ["/jobs/state/", "/job/77"], "only the bad job is read again"
+    assert again is not None and again.unreadable == {77}
 
 
 async def test_a_job_of_another_partition_is_read_while_pending_and_again_once_requeued() -> None:

@@ -18,7 +18,7 @@ import structlog
 
 from bridge.clients.slurm import JobListing, parse_listing
 from bridge.core.errors import PermanentError, SlurmAuthError, SlurmUnavailable
-from bridge.core.model import JobAllocation, allocation_from_rest
+from bridge.core.model import JobAllocation, ModelError, allocation_from_rest
 
 log = structlog.get_logger(__name__)
 
@@ -87,9 +87,14 @@ class IncrementalJobListing:
             async with reads:
                 try:
                     return await self._rest.job(job_id)
+                except ModelError as error:
+                    # This record alone is unparseable (as in the full listing: it is listed
+                    # unreadable); failing the poll would read everything again at each of its
+                    # state changes.
+                    return error
                 except (SlurmAuthError, PermanentError):
                     raise
-                except Exception as error:  # this job's read failed or its record is unparseable
+                except Exception as error:  # this job's read failed
                     return error
 
         try:
