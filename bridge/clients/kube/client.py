@@ -10,18 +10,20 @@ are read chunk by chunk.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections import Counter
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+from yarl import URL
 
 import bridge
 from bridge.clients.kube.errors import KubeConfigError, error_for_status
 from bridge.clients.kube.lines import LineSplitter
+from bridge.core import json_text
 from bridge.core.errors import KubeUnavailable
 
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
@@ -56,9 +58,40 @@ async def make_api_client(
         source = kubeconfig or "the in-cluster service account (KUBERNETES_SERVICE_HOST, token, ca.crt)"
         raise KubeConfigError(f"cannot load Kubernetes configuration from {source}: {error}") from error
     config.connection_pool_maxsize = max_connections
+    _settle_proxy(config)
     client = ApiClient(configuration=config)
     client.user_agent = f"slurm-k8s-bridge/{bridge.__version__}"
+    _stop_looking_up_the_environment(client)
     return client
+
+
+def _settle_proxy(config: Configuration) -> None:
+    """The proxy of HTTPS_PROXY/NO_PROXY (and ~/.netrc's login for it) for the API server, looked
+    up once here, where kubernetes_asyncio's session looked it up before every request."""
+    if config.proxy:
+        return  # the kubeconfig's proxy-url decides
+    try:
+        proxy, proxy_auth = get_env_proxy_for_url(URL(config.host or ""))
+    except LookupError:
+        return  # none, or NO_PROXY names the API server
+    if proxy_auth is not None:
+        # In the URL, aiohttp sends it to the proxy both ways: on a plain request and on CONNECT.
+        proxy = proxy.with_user(proxy_auth.login).with_password(proxy_auth.password)
+    config.proxy = str(proxy)
+
+
+def _stop_looking_up_the_environment(client: ApiClient) -> None:
+    """kubernetes_asyncio's session trusts the environment: each request then reads ~/.netrc and
+    the proxy variables in a worker thread, twice (~5 % of the daemon's CPU under load). The
+    proxy is settled (_settle_proxy) and requests carry a bearer token or a client certificate (a
+    netrc login would only clash with it), so the session is replaced by one on the same
+    connector that does not."""
+    rest = client.rest_client
+    trusting = rest.pool_manager
+    connector = trusting.connector
+    trusting.detach()  # closed without closing the connector, which the new session now owns
+    # The library's read buffer: a watch event of a large object can exceed aiohttp's default.
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**21)
 
 
 async def request(
@@ -134,7 +167,7 @@ async def request_json(
         except _TRANSPORT_ERRORS as error:
             raise KubeUnavailable(f"cannot {what}: reading the answer: {error}") from error
     try:
-        parsed = json.loads(raw)
+        parsed = json_text.loads(raw)
     except ValueError as error:
         raise KubeUnavailable(f"cannot {what}: the answer is not JSON: {raw[:200]!r}") from error
     return parsed if isinstance(parsed, dict) else {}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from kubernetes_asyncio.client import ApiClient
 from bridge.clients.kube.cache import PodCache
 from bridge.clients.kube.client import iter_lines, request, request_json
 from bridge.clients.kube.errors import ResourceVersionExpired, error_for_status
+from bridge.core import json_text
 from bridge.core.errors import KubeUnavailable, TemporaryError
 
 log = structlog.get_logger(__name__)
@@ -200,7 +200,7 @@ class ListWatcher(Generic[Key]):
 
     def _apply_line(self, line: bytes, what: str) -> None:
         try:
-            event = json.loads(line)
+            event = json_text.loads(line)
             kind = event["type"]
             obj = event["object"]
         except (ValueError, KeyError, TypeError) as error:

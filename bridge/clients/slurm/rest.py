@@ -25,6 +25,7 @@ from bridge.clients.slurm import (
     slurm_node,
 )
 from bridge.clients.slurm.job_listing import IncrementalJobListing
+from bridge.core import json_text
 from bridge.core.errors import PermanentError, SlurmAuthError, SlurmRefused, SlurmUnavailable
 from bridge.core.model import JobAllocation, allocation_from_rest
 from bridge.core.nodehealth import SlurmNode
@@ -259,7 +260,7 @@ async def decode_json(raw: bytes) -> Any:
     is ~26 MB, ~1 s); reading less from slurmrestd is what helps there."""
     if not raw.strip():
         return None
-    return json.loads(raw)
+    return json_text.loads(raw)
 
 
 _ANSWER_FIELD = re.compile(r'\\?"(job_submit_user_msg|error)\\?": \\?"((?:[^"\\]|\\\\.)*?)\\?"')
