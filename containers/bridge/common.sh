@@ -68,7 +68,9 @@ usage_interval_s = 5
 not_ready_grace_s = 5
 
 [partitions.k8s]
-# No default image: jobs must say "#K8S image=...".
+# A script without a "#K8S image=" line runs here unchanged, as it would natively: bash,
+# coreutils and python3 (a debootstrap minbase). The dra partition keeps none, to show the refusal.
+default_image = "sandbox.local/debian-python:12"
 image_pull_policy = "IfNotPresent"
 # slurm.conf gives each real node 8 CPUs on a 2-core VM (see containers/slurm/etc).
 cpu_request_fraction = 0.1

@@ -154,9 +154,10 @@ def test_time_limit_ends_the_job_as_timeout_and_removes_the_pods(bridge: Sandbox
 
 
 def test_a_job_without_image_is_refused_at_submit_with_the_reason(bridge: Sandbox) -> None:
+    """In a partition without a default image (the sandbox's dra; k8s has one)."""
     script = write_script(bridge, "alice", "no-image.sh", "#!/bin/sh\necho never\n")
 
-    result = bridge.slurm("sbatch", "-p", "k8s", str(script), user="alice",
+    result = bridge.slurm("sbatch", "-p", "dra", str(script), user="alice",
                           cwd=str(bridge.home("alice")), check=False)
 
     assert result.returncode != 0
