@@ -28,7 +28,7 @@ BUILD_REQS=(setuptools==84.2.1 wheel==0.48.0 packaging==26.4 "Cython==$CYTHON_VE
 # The versions of the host's .venv, so both sides run the same libraries.
 RUN_REQS=(
   aiohttp==3.14.5 structlog==26.1.0 tenacity==9.2.1 kubernetes_asyncio==36.1.0 prometheus_client==0.26.0
-  pydantic==2.14.4 typing_extensions==4.16.0
+  pydantic==2.14.4 typing_extensions==4.16.0 orjson==3.13.0
   pytest==9.2.0 pytest-asyncio==1.5.0
 )
 SLURM_CFLAGS="-DSLURM_BACKWARD_COMPAT -Dslurm_free_ctl_conf=slurm_free_conf -DESLURM_ERROR_ON_DESC_TO_RECORD_COPY=2999"

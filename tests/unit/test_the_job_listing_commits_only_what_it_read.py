@@ -353,16 +353,23 @@ async def test_an_unparseable_record_is_listed_unreadable_and_the_poll_goes_on_w
 
     with capture_logs() as logs:
         polled = await listing.changed_jobs({"sim"})
-    asked = rest.take_asked()
-    rest.set_state(77, "FAILED")
-    again = await listing.changed_jobs({"sim"})
+        asked = rest.take_asked()
+        quiet = await listing.changed_jobs({"sim"})
+        asked_quiet = rest.take_asked()
+        rest.set_state(77, "FAILED")
+        again = await listing.changed_jobs({"sim"})
 
     assert polled is not None and polled.unreadable == {77}
     assert states_of(polled) == {4242: "COMPLETED"}
     assert sorted(asked) == ["/job/4242", "/job/77", "/jobs/state/"], "no full listing"
+    assert quiet is None and asked_quiet == ["/jobs/state/"], "no change, no read: its state was kept"
     assert [e["job_id"] for e in logs if e["event"] == "slurm.record_skipped"] == [77]
-    assert rest.take_asked() == ["/jobs/state/", "/job/77"], "only the bad job is read again"
+    assert rest.take_asked() == ["/jobs/state/", "/job/77"], "read again at its next state change"
     assert again is not None and again.unreadable == {77}
+    rest.job_errors = {}
+    rest.set_state(77, "COMPLETED")
+    healed = await listing.changed_jobs({"sim"})
+    assert healed is not None and healed.unreadable == frozenset() and states_of(healed)[77] == "COMPLETED"
 
 
 async def test_a_job_of_another_partition_is_read_while_pending_and_again_once_requeued() -> None:

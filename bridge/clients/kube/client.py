@@ -61,31 +61,33 @@ async def make_api_client(
     _settle_proxy(config)
     client = ApiClient(configuration=config)
     client.user_agent = f"slurm-k8s-bridge/{bridge.__version__}"
-    _stop_looking_up_the_environment(client)
+    without_environment_lookups(client)
     return client
 
 
 def _settle_proxy(config: Configuration) -> None:
     """The proxy of HTTPS_PROXY/NO_PROXY (and ~/.netrc's login for it) for the API server, looked
-    up once here, where kubernetes_asyncio's session looked it up before every request."""
+    up once here, where kubernetes_asyncio's session looked it up before every request. (A changed
+    proxy or login then needs a restart, as any other setting does.)"""
     if config.proxy:
         return  # the kubeconfig's proxy-url decides
     try:
         proxy, proxy_auth = get_env_proxy_for_url(URL(config.host or ""))
     except LookupError:
         return  # none, or NO_PROXY names the API server
-    if proxy_auth is not None:
-        # In the URL, aiohttp sends it to the proxy both ways: on a plain request and on CONNECT.
-        proxy = proxy.with_user(proxy_auth.login).with_password(proxy_auth.password)
     config.proxy = str(proxy)
+    if proxy_auth is not None:
+        # A header of the CONNECT (API servers speak only TLS), never part of the URL: aiohttp
+        # prints the proxy's URL in its errors, which the daemon logs.
+        config.proxy_headers = {**(config.proxy_headers or {}), "Proxy-Authorization": proxy_auth.encode()}
 
 
-def _stop_looking_up_the_environment(client: ApiClient) -> None:
+def without_environment_lookups(client: ApiClient) -> None:
     """kubernetes_asyncio's session trusts the environment: each request then reads ~/.netrc and
-    the proxy variables in a worker thread, twice (~5 % of the daemon's CPU under load). The
-    proxy is settled (_settle_proxy) and requests carry a bearer token or a client certificate (a
-    netrc login would only clash with it), so the session is replaced by one on the same
-    connector that does not."""
+    the proxy variables in a worker thread, twice (~5 % of the daemon's CPU under load), and a
+    netrc login for the API server's host clashes with the bearer token (aiohttp refuses the
+    request). The proxy is settled (_settle_proxy), so the session is replaced by one on the same
+    connector that does not look."""
     rest = client.rest_client
     trusting = rest.pool_manager
     connector = trusting.connector

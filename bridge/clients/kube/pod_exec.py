@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
-from bridge.clients.kube.client import REQUESTS_SENT
+from bridge.clients.kube.client import REQUESTS_SENT, without_environment_lookups
 from bridge.clients.kube.errors import error_for_status
 from bridge.core import wellknown
 from bridge.core.errors import ExecCommandFailed, ExecNotStarted, ExecOutcomeUnknown, KubeUnavailable
@@ -64,7 +64,12 @@ class ExecVerbs:
     def _exec_client(self) -> WsApiClient:
         """A client for one exec (a websocket upgrade of its own), counted as a request."""
         REQUESTS_SENT["EXEC"] += 1
-        return WsApiClient(configuration=self._api.configuration)
+        client = WsApiClient(configuration=self._api.configuration)
+        if not client.configuration.proxy:
+            # Its websocket ignores the configured proxy and follows the environment's: only
+            # where there is none may it stop looking (and clashing with a netrc login).
+            without_environment_lookups(client)
+        return client
 
     async def exec_in_pod(
         self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME

@@ -88,9 +88,9 @@ class IncrementalJobListing:
                 try:
                     return await self._rest.job(job_id)
                 except ModelError as error:
-                    # This record alone is unparseable (as in the full listing: it is listed
-                    # unreadable); failing the poll would read everything again at each of its
-                    # state changes.
+                    # This record alone is unparseable: as in the full listing, it is listed
+                    # unreadable (and read again at its next state change). Failing the poll
+                    # would read everything again at each of them.
                     return error
                 except (SlurmAuthError, PermanentError):
                     raise
@@ -107,6 +107,7 @@ class IncrementalJobListing:
         # so the next poll reads it again.
         unread = {job_id for job_id, task in tasks.items()
                   if not self._record_read(job_id, task.result(), by_id[job_id], states, wanted)}
+        unparseable = {job_id for job_id, task in tasks.items() if isinstance(task.result(), ModelError)}
         committed = dict(states)
         for job_id in unread:
             for key in by_id[job_id]:
@@ -125,7 +126,7 @@ class IncrementalJobListing:
                 self._bridged.pop(job_id, None)
                 self._unreadable.discard(job_id)
         self._states = committed
-        self._unreadable = (self._unreadable - set(tasks)) | unread
+        self._unreadable = (self._unreadable - set(tasks)) | unread | unparseable
         self._unreadable &= listed_ids
         return JobListing(read_at=read_at, jobs=tuple(self._bridged.values()),
                           unreadable=frozenset(self._unreadable))
@@ -135,13 +136,14 @@ class IncrementalJobListing:
         states: dict[str, tuple[str, ...]], wanted: frozenset[str] | None,
     ) -> bool:
         """Keep what one job's read found; False if the read failed (then it is listed without
-        a view: its old one must not come back stamped as new)."""
+        a view: its old one must not come back stamped as new). An unparseable record was read:
+        its state is kept, and the caller lists it unreadable until it changes."""
         if isinstance(outcome, BaseException):
             self._bridged.pop(job_id, None)
             if not isinstance(outcome, SlurmUnavailable) and job_id not in self._reported:
                 self._reported.add(job_id)
                 log.warning("slurm.record_skipped", job_id=job_id, error=repr(outcome))
-            return False
+            return isinstance(outcome, ModelError)
         self._reported.discard(job_id)
         elsewhere = outcome is not None and wanted is not None and outcome.partition not in wanted
         if outcome is not None and not elsewhere:
