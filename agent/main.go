@@ -267,6 +267,9 @@ func run(pidfile string, merged bool, argv []string) int {
 	// The payload Secret's script key, which the pod's env sets to the script's path so that the
 	// script never becomes a variable: the job's own environment never had it.
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT")
+	// The same for the job user's /etc/passwd and /etc/group (mounted from the Secret's keys).
+	_ = os.Unsetenv("SLURM_K8S_BRIDGE_PASSWD")
+	_ = os.Unsetenv("SLURM_K8S_BRIDGE_GROUP")
 	// Before any process of the job exists (ending.go).
 	tellEnding := undumpable()
 	interval := usageInterval() // the bridge's, not the job's: read, then gone from its environment

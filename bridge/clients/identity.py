@@ -12,6 +12,7 @@ cached for a while: a burst of jobs of one user costs one lookup, not one per jo
 from __future__ import annotations
 
 import asyncio
+import grp
 import os
 import pwd
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import structlog
 
 from bridge.core.model import JobAllocation
+from bridge.core.pod_user import UserAccount
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +41,8 @@ class Resolution:
     home: str | None = None
     """The user's home directory, as NSS has it (a job exported without HOME gets it, as a
     native job's login environment would)."""
+    account: UserAccount | None = None
+    """The user's NSS entry and group names, for the pods' /etc/passwd and /etc/group."""
 
 
 def supplementary(groups: list[int] | tuple[int, ...], gid: int) -> tuple[int, ...]:
@@ -56,7 +60,21 @@ def nss_groups(user: str, uid: int, gid: int) -> Resolution:
     if entry.pw_uid != uid:
         return Resolution(problem=f"user {user!r} is uid {entry.pw_uid} here, but uid {uid} in Slurm")
     home = getattr(entry, "pw_dir", None) or None
-    return Resolution(supplementary(os.getgrouplist(user, gid), gid), home=home)
+    groups = supplementary(os.getgrouplist(user, gid), gid)
+    account = UserAccount(name=user, uid=uid, gid=gid, home=home or "", shell=getattr(entry, "pw_shell", ""),
+                          gecos=getattr(entry, "pw_gecos", ""), group_names=_group_names((gid, *groups)))
+    return Resolution(groups, home=home, account=account)
+
+
+def _group_names(gids: tuple[int, ...]) -> dict[int, str]:
+    """The names NSS has for `gids`; a gid without one is left out (`id` then shows its number)."""
+    names = {}
+    for gid in gids:
+        try:
+            names[gid] = grp.getgrgid(gid).gr_name
+        except KeyError:
+            continue
+    return names
 
 
 Lookup = Callable[[str, int, int], Resolution]

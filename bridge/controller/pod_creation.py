@@ -62,7 +62,8 @@ class PodCreation:
             return f"partition {alloc.partition} is not bridged"
         k8s_nodes = await self.kubernetes_nodes(part)
         groups = await self.groups.of(alloc)
-        home = (await self.groups.resolve(alloc)).home  # the same NSS answer, cached
+        resolved = await self.groups.resolve(alloc)  # the same NSS answer, cached
+        home = resolved.home
         try:
             strict: set[str] = set()
             if self.cfg.pods.supplemental_groups_policy == "auto":
@@ -70,7 +71,7 @@ class PodCreation:
             directives = parse_directives(session.payload.script)
             secret, manifests = desired_objects(
                 alloc, session.payload, directives, part, self.cfg, k8s_nodes,
-                supplemental_groups=groups, strict_groups_nodes=strict, home=home)
+                supplemental_groups=groups, strict_groups_nodes=strict, home=home, account=resolved.account)
         except (DirectiveError, TranslateError) as error:
             return str(error)
         # First: the pods mount it and import its variables (the same every time: a restart that

@@ -159,6 +159,11 @@ class PodsConfig:
         "none; needs containerd >= 2.0 or CRI-O >= 1.31, else the kubelet refuses the pod), `auto` (Strict "
         "on every node that reports it enforces it, node.status.features, and unset elsewhere), `Merge` "
         "(Kubernetes' default), or \"\" to leave the field unset."))
+    user_files: Literal["job_user", "image"] = Field(default="job_user", description=(
+        "`job_user`: each job container's /etc/passwd and /etc/group are the job user's NSS entry and "
+        "groups (with root and nobody), mounted read-only over the image's, so that `whoami`, `id`, "
+        "`ls -l` and getpwuid name the user as on a native host; a user NSS does not know here keeps "
+        "the image's files. `image`: the image's own files (a site whose images need their accounts)."))
     agent_image: NonEmpty | None = Field(default=None, description=(
         "Image holding the in-pod agent (/slurm-k8s-bridge-agent, built from agent/). An init container "
         "copies it into each job pod (or the nodes hold it: agent_host_dir), where it runs the script: "
@@ -276,7 +281,9 @@ class VolumeConfig:
     @classmethod
     def _mount_is_not_the_bridges(cls, path: str) -> str:
         bridges = (wellknown.SCRIPT_DIR, "/dev/shm", wellknown.AGENT_DIR, wellknown.AGENT_NODE_DIR)
-        if path.rstrip("/") in (*bridges, "") or path.startswith(tuple(f"{mount}/" for mount in bridges)):
+        files = ("/etc/passwd", "/etc/group")  # the job user's (bridge.core.pod_user)
+        below = tuple(f"{mount}/" for mount in bridges)
+        if path.rstrip("/") in (*bridges, *files, "") or path.startswith(below):
             raise ValueError(f"{path!r} is used by the bridge itself (or is /)")
         return path
 

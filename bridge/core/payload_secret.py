@@ -35,6 +35,7 @@ PER_JOB_ENV = frozenset({
     "SLURM_NPROCS", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_JOB_RESERVATION",
     "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
     "GPU_DEVICE_ORDINAL", "NVIDIA_VISIBLE_DEVICES", wellknown.SECRET_SCRIPT_KEY,
+    wellknown.SECRET_PASSWD_KEY, wellknown.SECRET_GROUP_KEY,
 })
 MAX_POD_ENV_BYTES = 128 * 1024
 """What one pod's own env may weigh (the per-job values and names a Secret cannot hold)."""
@@ -67,10 +68,12 @@ def _utf8(value: str) -> bytes:
 
 
 def payload_secret(alloc: JobAllocation, cfg: BridgeConfig, shared_env: Mapping[str, str],
-                   script: str) -> dict[str, Any]:
-    """The Secret with `script` and `shared_env`, named by its content and its user."""
+                   script: str, files: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Secret with `script`, `shared_env` and `files` (more keys: the user's /etc/passwd and
+    /etc/group), named by its content and its user."""
     data = {name: _utf8(value) for name, value in shared_env.items()}
     data[wellknown.SECRET_SCRIPT_KEY] = _utf8(script)
+    data.update((name, _utf8(text)) for name, text in (files or {}).items())
     content = hashlib.sha256(f"{cfg.cluster}\0{alloc.uid}\0{alloc.gid}\0".encode())
     for name in sorted(data):
         content.update(name.encode() + b"\0" + len(data[name]).to_bytes(8, "big") + data[name])

@@ -37,6 +37,7 @@ from bridge.core.payload_secret import (
     shared_environment,
 )
 from bridge.core.pod_identity import pod_name
+from bridge.core.pod_user import FILES, UserAccount, groups_policy, mount_user_files, pod_security, user_files
 from bridge.core.rendezvous import DNS_LABEL, first_node_named
 
 MAX_SCRIPT_BYTES = 240 * 1024
@@ -78,11 +79,12 @@ def desired_pods(
     supplemental_groups: Sequence[int] = (),
     strict_groups_nodes: Collection[str] = (),
     home: str | None = None,
+    account: UserAccount | None = None,
 ) -> list[dict[str, Any]]:
     """The pods of desired_objects."""
     return desired_objects(alloc, payload, directives, part, cfg, k8s_nodes,
                            supplemental_groups=supplemental_groups,
-                           strict_groups_nodes=strict_groups_nodes, home=home)[1]
+                           strict_groups_nodes=strict_groups_nodes, home=home, account=account)[1]
 
 
 def desired_objects(
@@ -96,6 +98,7 @@ def desired_objects(
     supplemental_groups: Sequence[int] = (),
     strict_groups_nodes: Collection[str] = (),
     home: str | None = None,
+    account: UserAccount | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The job's payload Secret (create it first: the pods mount it), and one Pod manifest per
     allocated node, in node order.
@@ -105,7 +108,8 @@ def desired_objects(
     `supplemental_groups`: the job user's other groups, as the caller resolved them from Slurm's
     user name (bridge.clients.identity), never from the payload. `strict_groups_nodes`: the
     Kubernetes nodes that enforce supplementalGroupsPolicy Strict (for the `auto` policy).
-    `home`: the user's home from NSS, for a job exported without HOME.
+    `home`: the user's home from NSS, for a job exported without HOME; `account`: the user's NSS
+    entry, for the pods' /etc/passwd and /etc/group (bridge.core.pod_user).
     """
     _check_identity(alloc, payload)
     if not alloc.nodes:
@@ -129,7 +133,8 @@ def desired_objects(
     k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     delivered = script_bytes > MAX_SCRIPT_BYTES
-    envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
+    files = user_files(account, alloc, groups) if cfg.pods.user_files == "job_user" else {}
+    envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered, files)
             for index in range(len(alloc.nodes))]
     shared = shared_environment(envs)
     env_bytes = sum(len(value.encode("utf-8", "surrogateescape")) for value in shared.values())
@@ -145,10 +150,10 @@ def desired_objects(
                 f"together exceed the {SECRET_DATA_BYTES} bytes that fit into Kubernetes (a Secret) "
                 "without the bridge's in-pod agent ([pods] agent_image)")
         delivered = True  # the agent copies the script in once the first pod runs
-        envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered)
+        envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered, files)
                 for index in range(len(alloc.nodes))]
         shared = shared_environment(envs)
-    secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script)
+    secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script, files)
     secret_name = secret["metadata"]["name"]
     for env in envs:
         own = {name: value for name, value in env.items() if name not in shared}
@@ -161,9 +166,9 @@ def desired_objects(
                 f"into a pod; the largest: {', '.join(largest)}")
     pods = [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
-             _groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes),
+             groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes),
              {name: value for name, value in envs[index].items() if name not in shared},
-             delivered, secret_name)
+             delivered, secret_name, files)
         for index in range(len(alloc.nodes))
     ]
     return secret, pods
@@ -183,7 +188,7 @@ def _labels(alloc: JobAllocation, cfg: BridgeConfig) -> dict[str, str]:
 
 def _container_env(
     alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig, index: int,
-    k8s_names: list[str], home: str | None, delivered: bool,
+    k8s_names: list[str], home: str | None, delivered: bool, files: Mapping[str, str],
 ) -> dict[str, str]:
     """Everything node `index`'s container gets in its environment (before `$` escaping)."""
     master = alloc.nodes[0].name if first_node_named(alloc, part) else k8s_names[0]
@@ -196,6 +201,7 @@ def _container_env(
         if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:
             env[wellknown.ENV_USAGE_INTERVAL] = str(cfg.pods.usage_interval_s)
     env[wellknown.SECRET_SCRIPT_KEY] = _script_path(index, delivered)
+    env.update((key, FILES[key]) for key in files)  # the Secret's file, never the job's variable
     return env
 
 
@@ -244,10 +250,11 @@ def _pod(
     index: int,
     k8s_names: list[str],
     groups: list[int],
-    groups_policy: str,
+    policy: str,
     env: dict[str, str],
     delivered: bool,
     secret_name: str,
+    files: Mapping[str, str],
 ) -> dict[str, Any]:
     """Node `index`'s pod; `env` is what its container gets beyond the Secret's shared variables."""
     node = alloc.nodes[index]
@@ -293,6 +300,7 @@ def _pod(
     mounts: list[dict[str, Any]] = [
         {"name": wellknown.SCRIPT_VOLUME, "mountPath": wellknown.SCRIPT_DIR, "readOnly": True}
     ]
+    mount_user_files(files, volumes[0], mounts)
     for vol in part.volumes:
         # type Directory: a missing host directory fails the pod instead of being created as root.
         volumes.append({"name": vol.name, "hostPath": {"path": vol.host_path, "type": "Directory"}})
@@ -375,7 +383,7 @@ def _pod(
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
-        "securityContext": _pod_security(alloc, groups, groups_policy),
+        "securityContext": pod_security(alloc, groups, policy),
         "tolerations": [
             {
                 "key": wellknown.TAINT_BRIDGED,
@@ -416,28 +424,6 @@ def _pod(
         },
         "spec": spec,
     }
-
-
-def _groups_policy(configured: str, node: str, strict_nodes: Collection[str]) -> str:
-    """The supplementalGroupsPolicy of a pod on `node` ("" = unset)."""
-    if configured == "auto":
-        return "Strict" if node in strict_nodes else ""
-    return configured
-
-
-def _pod_security(alloc: JobAllocation, groups: list[int], groups_policy: str) -> dict[str, Any]:
-    security: dict[str, Any] = {
-        "runAsUser": alloc.uid,
-        "runAsGroup": alloc.gid,
-        "runAsNonRoot": True,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    if groups:
-        security["supplementalGroups"] = groups
-    if groups_policy:
-        # Strict: the image's /etc/group adds no groups to the job's uid (Merge, the default, would).
-        security["supplementalGroupsPolicy"] = groups_policy
-    return security
 
 
 def escape_for_kubelet(value: str) -> str:

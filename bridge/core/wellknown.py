@@ -111,6 +111,12 @@ SECRET_SCRIPT_KEY: Final = "SLURM_K8S_BRIDGE_SCRIPT"
 is set in every container's own env (which wins over envFrom) to the script's path: the script
 never becomes an environment variable (one is capped at 128 KiB, and every child would inherit it)."""
 
+SECRET_PASSWD_KEY: Final = "SLURM_K8S_BRIDGE_PASSWD"
+SECRET_GROUP_KEY: Final = "SLURM_K8S_BRIDGE_GROUP"
+"""Keys of the job user's /etc/passwd and /etc/group in the payload Secret (bridge.core.pod_user);
+set in each container's own env to the file's path, as the script's key is, and unset by the agent
+before the script runs."""
+
 ENV_SCRIPT_PENDING: Final = "SLURM_K8S_BRIDGE_SCRIPT_PENDING"
 """Set in the first pod when its script is copied in: the agent waits for that file."""
 

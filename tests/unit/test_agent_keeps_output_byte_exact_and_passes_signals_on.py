@@ -220,10 +220,13 @@ def test_the_script_reads_dev_null_not_the_agents_stdin(agent: Path, tmp_path: P
 
 def test_the_payload_secrets_script_key_is_not_the_scripts_variable(agent: Path, tmp_path: Path) -> None:
     """The pod's env sets SLURM_K8S_BRIDGE_SCRIPT (the Secret's key for the script) to its path so
-    that envFrom never makes the script a variable; the job's own environment never had it."""
-    env = {**os.environ, "SLURM_K8S_BRIDGE_SCRIPT": "/slurm-k8s-bridge/slurm_script", "KEPT": "yes"}
-    result = run(agent, tmp_path, 'echo "[${SLURM_K8S_BRIDGE_SCRIPT-unset}] [$KEPT]"', env=env)
-    assert stream(result.stdout, "o") == b"[unset] [yes]\n"
+    that envFrom never makes the script a variable; the job's own environment never had it. The
+    same for the keys of the job user's /etc/passwd and /etc/group."""
+    env = {**os.environ, "SLURM_K8S_BRIDGE_SCRIPT": "/slurm-k8s-bridge/slurm_script", "KEPT": "yes",
+           "SLURM_K8S_BRIDGE_PASSWD": "/etc/passwd", "SLURM_K8S_BRIDGE_GROUP": "/etc/group"}
+    result = run(agent, tmp_path, 'echo "[${SLURM_K8S_BRIDGE_SCRIPT-unset}] [$KEPT]"; '
+                 'echo "[${SLURM_K8S_BRIDGE_PASSWD-unset}] [${SLURM_K8S_BRIDGE_GROUP-unset}]"', env=env)
+    assert stream(result.stdout, "o") == b"[unset] [yes]\n[unset] [unset]\n"
 
 
 @pytest.mark.parametrize("code", [0, 1, 42, 255])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core.config import ConfigError, PartitionConfig, PodsConfig, parse_config
 from bridge.core.directives import parse_directives
+from bridge.core.pod_user import UserAccount
 from bridge.core.translate import desired_pods
 
 from .builders import SCRIPT, allocation, config, payload
@@ -90,8 +92,19 @@ class _Passwd:
 def test_nss_groups_of_a_known_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(identity.pwd, "getpwnam", lambda name: _Passwd(1000))
     monkeypatch.setattr(identity.os, "getgrouplist", lambda name, gid: [gid, 3000, 27, 0])
+    names = {100: "users", 27: "sudo"}  # 3000 has no name here
 
-    assert nss_groups("alice", 1000, 100) == Resolution((27, 3000))
+    def getgrgid(gid: int) -> SimpleNamespace:
+        if gid not in names:
+            raise KeyError(gid)
+        return SimpleNamespace(gr_name=names[gid])
+
+    monkeypatch.setattr(identity.grp, "getgrgid", getgrgid)
+
+    resolved = nss_groups("alice", 1000, 100)
+
+    assert resolved.groups == (27, 3000) and resolved.problem is None
+    assert resolved.account == UserAccount("alice", 1000, 100, group_names={100: "users", 27: "sudo"})
 
 
 def test_an_unknown_user_or_another_uid_gets_no_groups(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,12 +123,17 @@ def test_an_unknown_user_or_another_uid_gets_no_groups(monkeypatch: pytest.Monke
 
 
 def test_the_real_nss_answers_for_this_process_user() -> None:
+    import grp
     import os
     import pwd
 
     me = pwd.getpwuid(os.getuid())
     expected = tuple(sorted(set(os.getgrouplist(me.pw_name, me.pw_gid)) - {me.pw_gid, 0}))
-    assert nss_groups(me.pw_name, me.pw_uid, me.pw_gid) == Resolution(expected, home=me.pw_dir)
+    resolved = nss_groups(me.pw_name, me.pw_uid, me.pw_gid)
+    assert (resolved.groups, resolved.problem, resolved.home) == (expected, None, me.pw_dir)
+    assert resolved.account is not None
+    assert (resolved.account.name, resolved.account.shell) == (me.pw_name, me.pw_shell)
+    assert resolved.account.group_names.get(me.pw_gid) == grp.getgrgid(me.pw_gid).gr_name
 
 
 # -- the cache -------------------------------------------------------------------------------------------
