@@ -125,6 +125,7 @@ func TestARequestToADaemonThatIsDownRunsNoMunge(t *testing.T) {
 	}
 	relay := &stepOutputRelay{client: client}
 	expectEqual(t, "the stream's status", relay.tryOpen("/v1/jobs/42/steps/0/output", []byte("{}\n")), 0)
+	expectEqual(t, "srun --pty's exit code", runTerminalTask(client, "/v1/jobs/42/steps/0/terminal", Object{}), 1)
 
 	if _, err := os.Stat(calls); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("munge ran for a daemon that is down: %q", fileText(t, calls))

@@ -78,7 +78,9 @@ func runTerminalTask(client *Client, path string, body Object) int {
 	header := append(Dumps(append(append(Object{}, body...), Field{"rows", rows}, Field{"cols", cols})), '\n')
 	streamKey := make([]byte, 32)
 	_, _ = rand.Read(streamKey)
-	credential, err := MungeCredential(RequestDigest("POST", path, client.JobID, header) + " " + hex.EncodeToString(streamKey))
+	// As Client.Post: a munge this host cannot run fails at once, and the credential is made
+	// only once the daemon took the connection (none for a daemon that is down).
+	program, err := mungeProgram()
 	if err != nil {
 		return crash("OSError: " + err.Error())
 	}
@@ -87,6 +89,11 @@ func runTerminalTask(client *Client, path string, body Object) int {
 		return crash(exceptionLine(err))
 	}
 	defer conn.Close()
+	credential, err := mungeCredentialWith(program, RequestDigest("POST", path, client.JobID, header)+" "+
+		hex.EncodeToString(streamKey))
+	if err != nil {
+		return crash("OSError: " + err.Error())
+	}
 	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n"+
 		"Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n"+
 		"X-Munge-Credential: %s\r\n\r\n", path, HostHeader(client.URL.Host, client.URL.Port), credential)
