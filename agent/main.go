@@ -302,7 +302,8 @@ func run(pidfile string, merged bool, argv []string) int {
 	// Caught before the start, so none is lost in between; forwarded once the script runs.
 	stops := make(chan os.Signal, 8)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
-	if err := cmd.Start(); err != nil {
+	limits := takeJobLimits()
+	if err := limits.around(cmd.Start); err != nil {
 		// As a shell reports a missing interpreter: 127 not found, 126 not executable.
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
 		if os.IsNotExist(err) || errors.Is(err, exec.ErrNotFound) {

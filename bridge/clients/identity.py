@@ -61,8 +61,10 @@ def nss_groups(user: str, uid: int, gid: int) -> Resolution:
         return Resolution(problem=f"user {user!r} is uid {entry.pw_uid} here, but uid {uid} in Slurm")
     home = getattr(entry, "pw_dir", None) or None
     groups = supplementary(os.getgrouplist(user, gid), gid)
-    account = UserAccount(name=user, uid=uid, gid=gid, home=home or "", shell=getattr(entry, "pw_shell", ""),
-                          gecos=getattr(entry, "pw_gecos", ""), group_names=_group_names((gid, *groups)))
+    primary = getattr(entry, "pw_gid", gid)  # the job's gid may be another (sg proj -c sbatch ...)
+    account = UserAccount(name=user, uid=uid, gid=primary, home=home or "",
+                          shell=getattr(entry, "pw_shell", ""), gecos=getattr(entry, "pw_gecos", ""),
+                          group_names=_group_names(tuple(dict.fromkeys((gid, primary, *groups)))))
     return Resolution(groups, home=home, account=account)
 
 
@@ -127,7 +129,7 @@ class SupplementalGroups:
             if len(self._warned) > self._max:
                 self._warned.popitem(last=False)
             log.warning("groups.unresolved", job_id=alloc.job_id, user=alloc.user, reason=resolution.problem,
-                        note="the job's pods get no supplementary groups")
+                        note="the job's pods get no supplementary groups and keep their image's /etc/passwd")
         return resolution
 
     async def _resolve(self, key: tuple[str, int, int]) -> Resolution:

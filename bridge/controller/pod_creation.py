@@ -61,8 +61,10 @@ class PodCreation:
         if part is None:
             return f"partition {alloc.partition} is not bridged"
         k8s_nodes = await self.kubernetes_nodes(part)
-        groups = await self.groups.of(alloc)
-        resolved = await self.groups.resolve(alloc)  # the same NSS answer, cached
+        if session.user is None:
+            session.user = await self.groups.resolve(alloc)
+        resolved = session.user
+        groups = resolved.groups if self.groups.mode != "none" else ()
         home = resolved.home
         try:
             strict: set[str] = set()

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.clients.identity import Resolution
 from bridge.controller.batch_signals import SignalBook
 from bridge.controller.log_relay import LogBook
 from bridge.controller.steps import StepBook
@@ -84,6 +85,10 @@ class JobSession:
     """A script too big for the payload Secret has been copied into the first pod."""
     payload_secret: str | None = None
     """The name of the run's payload Secret, once this daemon made (or found) it."""
+    user: Resolution | None = None
+    """The NSS answer (groups, home, passwd entry) the run's first pods were made with: its later
+    pods (a multi-node job's, made once the first has its address) get the same, whatever NSS
+    says by then."""
     stopped_with: tuple[int, int | None] | None = None
     """(exit code, signal) of the run's script when its pods were stopped (cancel, time limit)."""
     forbidden_since: float | None = None

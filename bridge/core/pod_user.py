@@ -37,6 +37,7 @@ class UserAccount:
     name: str
     uid: int
     gid: int
+    """The user's primary gid as NSS has it (the job's may be another: `sg proj -c sbatch`)."""
     home: str = ""
     shell: str = ""
     gecos: str = ""
@@ -57,15 +58,16 @@ def passwd_text(account: UserAccount) -> str:
     return "\n".join([*lines, _NOBODY_USER]) + "\n"
 
 
-def group_text(account: UserAccount, supplementary: Collection[int]) -> str:
-    """root's and nobody's groups, the primary group and each supplementary one NSS could name,
-    the user a member of the latter (as natively: `id` and `groups` list them)."""
+def group_text(account: UserAccount, job_gid: int, supplementary: Collection[int]) -> str:
+    """root's and nobody's groups, the job's and the user's primary group and each supplementary
+    one NSS could name, the user a member of the latter (as natively: `id` and `groups` list them)."""
     lines = [_ROOT_GROUP]
     taken = {0, 65534}
-    primary = account.group_names.get(account.gid)
-    if primary and account.gid not in taken:
-        lines.append(f"{_field(primary)}:x:{account.gid}:")
-        taken.add(account.gid)
+    for gid in dict.fromkeys((job_gid, account.gid)):
+        name = account.group_names.get(gid)
+        if name and gid not in taken:
+            lines.append(f"{_field(name)}:x:{gid}:")
+            taken.add(gid)
     for gid in sorted(supplementary):
         name = account.group_names.get(gid)
         if name and gid not in taken:
@@ -77,9 +79,13 @@ def group_text(account: UserAccount, supplementary: Collection[int]) -> str:
 def user_files(account: UserAccount | None, alloc: JobAllocation, groups: Collection[int]) -> dict[str, str]:
     """The payload Secret's two files for the job, or none when NSS gave no account for its user
     (unknown here, or another uid: the image's files stay)."""
-    if account is None or account.name != alloc.user or account.uid != alloc.uid or account.gid != alloc.gid:
+    if account is None or account.name != alloc.user or account.uid != alloc.uid or alloc.gid is None:
         return {}
-    return {PASSWD_KEY: passwd_text(account), GROUP_KEY: group_text(account, groups)}
+    return {PASSWD_KEY: passwd_text(account), GROUP_KEY: group_text(account, alloc.gid, groups)}
+
+
+def files_bytes(files: Mapping[str, str]) -> int:
+    return sum(len(text.encode("utf-8")) for text in files.values())
 
 
 def mount_user_files(files: Collection[str], volume: dict[str, Any], mounts: list[dict[str, Any]]) -> None:

@@ -37,7 +37,15 @@ from bridge.core.payload_secret import (
     shared_environment,
 )
 from bridge.core.pod_identity import pod_name
-from bridge.core.pod_user import FILES, UserAccount, groups_policy, mount_user_files, pod_security, user_files
+from bridge.core.pod_user import (
+    FILES,
+    UserAccount,
+    files_bytes,
+    groups_policy,
+    mount_user_files,
+    pod_security,
+    user_files,
+)
 from bridge.core.rendezvous import DNS_LABEL, first_node_named
 
 MAX_SCRIPT_BYTES = 240 * 1024
@@ -138,6 +146,13 @@ def desired_objects(
             for index in range(len(alloc.nodes))]
     shared = shared_environment(envs)
     env_bytes = sum(len(value.encode("utf-8", "surrogateescape")) for value in shared.values())
+    if files and env_bytes + files_bytes(files) > SECRET_DATA_BYTES:
+        # No room for the user's files beside the environment: the image's stay (the job runs).
+        files = {}
+        envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered, files)
+                for index in range(len(alloc.nodes))]
+        shared = shared_environment(envs)
+    env_bytes += files_bytes(files)  # from here on the Secret's data but the script
     if env_bytes > SECRET_DATA_BYTES:
         largest = sorted(shared, key=lambda name: len(shared[name]), reverse=True)[:3]
         raise TranslateError(

@@ -10,6 +10,7 @@ import binascii
 import contextlib
 import json
 import os
+import resource
 import shlex
 import signal
 import stat
@@ -566,3 +567,54 @@ def test_the_scripts_srun_ends_on_term_even_when_nobody_ends_its_step(agent: Pat
 
     out = b"".join(base64.b64decode(line[2:]) for line in result.stdout.splitlines() if line[:2] == b"o ")
     assert out == b"srun said 143\n"
+
+
+# -- limits and umask --------------------------------------------------------------------------------
+
+LIMITS_PROBE = ('ulimit -S -n; ulimit -S -c; ulimit -S -s; umask; echo "[${SLURM_RLIMIT_NOFILE-unset}] '
+                '[${SLURM_RLIMIT_CORE-unset}] [$SLURM_UMASK]"; : > made; stat -c %a made')
+
+
+def test_the_script_gets_the_jobs_soft_limits_and_umask_as_slurmstepd_gives_them(
+    agent: Path, tmp_path: Path,
+) -> None:
+    """SLURM_RLIMIT_<NAME> (the waiter passes on what slurmstepd set for it) become the script's
+    soft limits and leave its environment; SLURM_UMASK becomes its umask and stays, as natively.
+    srun --propagate's `U` mark is read."""
+    env = {**os.environ, "SLURM_RLIMIT_NOFILE": "U100", "SLURM_RLIMIT_CORE": "0", "SLURM_UMASK": "0027"}
+    result = run(agent, tmp_path, LIMITS_PROBE, env=env, cwd=tmp_path)
+
+    out = stream(result.stdout, "o").decode().splitlines()
+    assert out[0:2] == ["100", "0"] and out[3:] == ["0027", "[unset] [unset] [0027]", "640"], out
+
+
+def test_a_limit_above_the_pods_hard_one_is_left_as_it_is(agent: Path, tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    env = {**os.environ, "SLURM_RLIMIT_NOFILE": str(hard + 1)}
+    result = run(agent, tmp_path, LIMITS_PROBE, env=env, cwd=tmp_path)
+
+    assert stream(result.stdout, "o").decode().splitlines()[0] == str(soft)
+
+
+def test_a_task_gets_them_too(agent: Path, tmp_path: Path) -> None:
+    task_env = {"SLURM_RLIMIT_NOFILE": "200", "SLURM_UMASK": "0077"}
+    encoded = base64.b64encode(json.dumps(task_env).encode()).decode()
+    result = subprocess.run([str(agent), "task", str(tmp_path / "t.pid"), encoded, "--", "/bin/sh", "-c",
+                             LIMITS_PROBE], capture_output=True, timeout=60, check=False, cwd=tmp_path)
+
+    lines = result.stdout.decode().splitlines()
+    assert result.returncode == 0, result.stderr
+    assert lines[0] == "200" and lines[3:] == ["0077", "[unset] [unset] [0077]", "600"], lines
+
+
+def test_a_tasks_environment_has_none_of_the_payload_secrets_keys(agent: Path, tmp_path: Path) -> None:
+    """srun's tasks (and user steps') start from the container's environment: the Secret's keys for
+    the script and the user's files are taken out there too."""
+    env = {**os.environ, "SLURM_K8S_BRIDGE_SCRIPT": "/slurm-k8s-bridge/slurm_script",
+           "SLURM_K8S_BRIDGE_PASSWD": "/etc/passwd", "SLURM_K8S_BRIDGE_GROUP": "/etc/group", "KEPT": "yes"}
+    encoded = base64.b64encode(b"{}").decode()
+    result = subprocess.run([str(agent), "task", str(tmp_path / "t.pid"), encoded, "--", "/bin/sh", "-c",
+                             'env | grep -c "^SLURM_K8S_BRIDGE_"; echo "$KEPT"'],
+                            capture_output=True, timeout=60, check=False, env=env)
+
+    assert result.stdout == b"0\nyes\n", result

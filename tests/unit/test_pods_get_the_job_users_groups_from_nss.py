@@ -17,6 +17,7 @@ from bridge.clients.identity import Resolution, SupplementalGroups, nss_groups
 from bridge.clients.kube.cache import PodCache
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
+from bridge.core import wellknown
 from bridge.core.config import ConfigError, PartitionConfig, PodsConfig, parse_config
 from bridge.core.directives import parse_directives
 from bridge.core.pod_user import UserAccount
@@ -105,6 +106,20 @@ def test_nss_groups_of_a_known_user(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert resolved.groups == (27, 3000) and resolved.problem is None
     assert resolved.account == UserAccount("alice", 1000, 100, group_names={100: "users", 27: "sudo"})
+
+
+def test_the_account_has_the_users_own_primary_gid_and_names_the_jobs_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entry = SimpleNamespace(pw_uid=1000, pw_gid=100, pw_dir="/home/alice", pw_shell="/bin/bash", pw_gecos="")
+    monkeypatch.setattr(identity.pwd, "getpwnam", lambda name: entry)
+    monkeypatch.setattr(identity.os, "getgrouplist", lambda name, gid: [gid, 100])
+    names = {100: "users", 3000: "proj"}
+    monkeypatch.setattr(identity.grp, "getgrgid", lambda gid: SimpleNamespace(gr_name=names[gid]))
+
+    account = nss_groups("alice", 1000, 3000).account  # a job of group proj (sg proj -c sbatch)
+
+    assert account is not None and account.gid == 100 and account.group_names == {3000: "proj", 100: "users"}
 
 
 def test_an_unknown_user_or_another_uid_gets_no_groups(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,3 +268,30 @@ async def test_created_pods_carry_the_groups_of_slurms_user_not_the_payloads() -
     assert [m["spec"]["securityContext"]["supplementalGroups"] for m in kube.created] == [[1001, 1002]] * 2
     assert {m["spec"]["securityContext"]["supplementalGroupsPolicy"] for m in kube.created} == {"Strict"}
     assert queue.empty()  # nothing failed
+
+
+async def test_the_pods_made_after_the_first_ones_address_get_the_same_nss_answer() -> None:
+    """A multi-node run's later pods are made once the first has its address: NSS failing (or
+    answering otherwise) by then must not give them other groups, or no passwd entry."""
+    from .test_reconcile_acts_on_both_views import FakeKube, FakeSlurm, _attach, _pod, _see
+
+    cache = PodCache()
+    kube = FakeKube(cache)
+    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=True)},
+                 pods=PodsConfig(supplemental_groups_policy=""))
+    reconciler = Reconciler(cfg, FakeSlurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
+    nss = FakeNss()
+    reconciler.creation.groups = SupplementalGroups(lookup=nss, ttl_s=0)
+    _see(reconciler, allocation())
+    _attach(reconciler)
+
+    await reconciler.reconcile(42)
+    first = kube.created[0]
+    nss.fail = True  # sssd went down meanwhile
+    cache.apply("ADDED", _pod(first, phase="Pending", podIP="10.244.1.7"))
+    await reconciler.reconcile(42)
+
+    assert [m["metadata"]["name"] for m in kube.created] == ["slurm-42-0", "slurm-42-1"]
+    assert [m["spec"]["securityContext"]["supplementalGroups"] for m in kube.created] == [[1001, 1002]] * 2
+    secrets = {m["metadata"]["annotations"][wellknown.ANNOTATION_PAYLOAD_SECRET] for m in kube.created}
+    assert len(secrets) == 1 and len(nss.calls) == 1

@@ -12,6 +12,7 @@ import pytest
 
 from bridge.core.config import ConfigError, PartitionConfig, PodsConfig, parse_config
 from bridge.core.directives import parse_directives
+from bridge.core.payload_secret import SECRET_DATA_BYTES
 from bridge.core.pod_user import UserAccount, group_text, passwd_text
 from bridge.core.translate import desired_objects
 
@@ -40,8 +41,19 @@ def test_passwd_names_the_user_as_nss_does_with_root_and_nobody() -> None:
 
 
 def test_group_names_the_primary_group_and_each_named_supplementary_one_with_the_user_in_it() -> None:
-    assert group_text(ALICE, (3000, 27, 4000)) == (
+    assert group_text(ALICE, 100, (3000, 27, 4000)) == (
         "root:x:0:\nusers:x:100:\nsudo:x:27:alice\nproj:x:3000:alice\nnogroup:x:65534:\n")
+
+
+def test_a_job_of_another_group_keeps_the_users_primary_gid_in_passwd_and_names_both_groups() -> None:
+    """`sg proj -c sbatch ...`: the job's gid is proj's; getent passwd still says the user's own."""
+    secret, _ = desired_objects(allocation(gid=3000), payload(gid=3000), parse_directives(SCRIPT),
+                                PartitionConfig(), config(pods=PodsConfig(supplemental_groups_policy="")),
+                                supplemental_groups=(100, 27), account=ALICE)
+
+    assert "alice:x:1000:100:" in secret_text(secret, "SLURM_K8S_BRIDGE_PASSWD")
+    assert secret_text(secret, "SLURM_K8S_BRIDGE_GROUP").splitlines()[1:4] == [
+        "proj:x:3000:", "users:x:100:", "sudo:x:27:alice"]
 
 
 def test_what_nss_hands_over_cannot_add_lines_or_fields() -> None:
@@ -51,7 +63,7 @@ def test_what_nss_hands_over_cannot_add_lines_or_fields() -> None:
                       group_names={100: "users\nwheel:x:0:alice", 3000: "proj:x:0"})
 
     passwd = passwd_text(hostile).splitlines()
-    group = group_text(hostile, (3000,)).splitlines()
+    group = group_text(hostile, 100, (3000,)).splitlines()
 
     assert len(passwd) == 3 and all(line.count(":") == 6 for line in passwd)
     assert passwd[1].split(":")[:4] == ["alice", "x", "1000", "100"]
@@ -63,7 +75,7 @@ def test_the_secret_holds_the_files_and_each_pod_mounts_them_read_only_over_the_
     secret, pods = objects()
 
     assert secret_text(secret, "SLURM_K8S_BRIDGE_PASSWD") == passwd_text(ALICE)
-    assert secret_text(secret, "SLURM_K8S_BRIDGE_GROUP") == group_text(ALICE, (27, 3000, 4000))
+    assert secret_text(secret, "SLURM_K8S_BRIDGE_GROUP") == group_text(ALICE, 100, (27, 3000, 4000))
     for pod in pods:
         container = pod["spec"]["containers"][0]
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -113,3 +125,24 @@ def test_a_site_volume_cannot_take_the_files_mount_point(path: str) -> None:
     with pytest.raises(ConfigError, match="used by the bridge itself"):
         parse_config('cluster = "c"\n[slurm]\nurl = "http://x"\n[partitions.k8s]\n'
                      f'[[partitions.k8s.volumes]]\nname = "v"\nhost_path = "/srv"\nmount_path = "{path}"\n')
+
+
+def test_an_environment_that_leaves_no_room_for_the_files_keeps_the_images_and_the_job_runs() -> None:
+    """The files count against the Secret's 1 MiB like the variables: a job whose environment
+    alone fits is not refused for them (nor failed by the API server); its pods keep the image's."""
+    group_names = {gid: f"group-with-a-long-name-{gid:05d}" for gid in range(10_000, 10_300)}
+    many = replace(ALICE, group_names={**ALICE.group_names, **group_names})
+    cfg = config(pods=PodsConfig(supplemental_groups_policy=""))
+    filler = SECRET_DATA_BYTES - 4_000 - len(SCRIPT)
+    big = payload(environment={"HOME": "/home/alice", "BIG": "x" * filler})
+
+    secret, pods = desired_objects(allocation(), big, parse_directives(SCRIPT), PartitionConfig(), cfg,
+                                   supplemental_groups=tuple(group_names), account=many)
+
+    assert "SLURM_K8S_BRIDGE_PASSWD" not in secret["data"]
+    assert sum(len(base64.b64decode(value)) for value in secret["data"].values()) <= SECRET_DATA_BYTES
+    assert all(m["mountPath"] != "/etc/passwd" for m in pods[0]["spec"]["containers"][0]["volumeMounts"])
+    small, _ = desired_objects(allocation(), payload(), parse_directives(SCRIPT), PartitionConfig(), cfg,
+                               supplemental_groups=tuple(group_names), account=many)
+    lines = secret_text(small, "SLURM_K8S_BRIDGE_GROUP").splitlines()
+    assert len(lines) == 303, "root, users, the 300 and nogroup"

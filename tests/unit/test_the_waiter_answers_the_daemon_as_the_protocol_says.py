@@ -29,6 +29,7 @@ from .waiter_runs import (
     require_namespaces,
     run_waiter,
     signal_when,
+    start_limits,
     streaming,
 )
 
@@ -71,7 +72,7 @@ def sent_environment(tmp_path: Path, values: dict[str, str], env: dict[str, str]
     directory = tmp_path / "submit"
     given = [name.removeprefix(HELD) for name in environ_order(fakes(directory), env, directory)]
     assert sorted(values) == sorted(name for name in given if name in values)
-    return {name: values[name] for name in given if name in values}
+    return {**{name: values[name] for name in given if name in values}, **start_limits()}
 
 
 def assert_attaches(run: Run, tmp_path: Path, **fields: object) -> None:

@@ -26,6 +26,7 @@ from .waiter_runs import (
     go_waiter,
     require_namespaces,
     run_waiter,
+    start_limits,
     streaming,
 )
 
@@ -89,7 +90,8 @@ def test_a_waiter_running_while_its_file_is_replaced_runs_on(waiter: list[str], 
     assert [path for path, _ in ran.requests] == ["/v1/jobs/42/signal", "/v1/jobs/42/attach"]
     body = json.loads(ran.requests[-1][1])
     assert body["signals"] == [[1, signal.SIGUSR1]], "the signal held for its start is the script's"
-    assert body["environment"] == {**ENV, "PWD": str(tmp_path)}, "nothing of the reinstall in it"
+    expected = {**ENV, "PWD": str(tmp_path), **start_limits()}
+    assert body["environment"] == expected, "nothing of the reinstall in it"
 
     again = FakeDaemon([streaming(*JOB_EVENTS)])
     try:

@@ -24,6 +24,7 @@ from .waiter_runs import (
     relayed_frames,
     require_namespaces,
     run_waiter,
+    start_limits,
 )
 
 require_namespaces()
@@ -68,7 +69,7 @@ def run(waiter: list[str], tmp_path: Path, scenario: Callable[[], FakeDaemon], *
     assert ran.returncode == 0
     (attach_path, attach), *steps = ran.requests
     environment = {name: value for name, value in json.loads(attach)["environment"].items() if name != "PWD"}
-    assert (attach_path, environment) == ("/v1/jobs/42/attach", ENV)
+    assert (attach_path, environment) == ("/v1/jobs/42/attach", {**ENV, **start_limits()})
     assert sorted(steps) == sorted((f"/v1/jobs/42/{name}", body.encode()) for name, body in
                                    (request.split(" ", 1) for request in requests))
     return ran

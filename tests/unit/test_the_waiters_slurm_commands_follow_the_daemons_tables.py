@@ -32,6 +32,7 @@ from .waiter_runs import (
     relayed_frames,
     require_namespaces,
     run_waiter,
+    start_limits,
 )
 
 # Not skips: CI has Go and runs as root; a machine without them must not pass these quietly.
@@ -178,7 +179,8 @@ def run(waiter: list[str], tmp_path: Path, scenario: Callable[[], FakeDaemon], *
     assert ran.returncode == 0
     (attach_path, attach), *commands = ran.requests
     environment = json.loads(attach)["environment"]
-    assert (attach_path, environment) == ("/v1/jobs/42/attach", {**ENV, "PWD": str(directory)})
+    expected = {**ENV, "PWD": str(directory), **start_limits()}
+    assert (attach_path, environment) == ("/v1/jobs/42/attach", expected)
     assert sorted(commands) == sorted((f"/v1/jobs/42/{name}", body.encode()) for name, body in
                                       (request.split(" ", 1) for request in requests))
     return ran

@@ -25,6 +25,7 @@ from .waiter_runs import (
     require_namespaces,
     run_waiter,
     signal_when,
+    start_limits,
     streaming,
 )
 
@@ -40,13 +41,14 @@ USER_STEP_ENV = {**TASK_ENV, "SLURM_K8S_BRIDGE_ENV_HELD": "1", "SLURM_K8S_BRIDGE
 # held ones, under their own names, for a user's step), where it runs.
 TASK_REQUEST: dict[str, object] = {
     "key": "7", "node": "node-1",
-    "env": {"SLURM_PROCID": "1", "SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node-1", "SLURM_STEP_ID": "0"}}
+    "env": {"SLURM_PROCID": "1", "SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node-1", "SLURM_STEP_ID": "0",
+            **start_limits()}}
 
 
 def user_task_request(argv: list[str], cwd: Path) -> dict[str, object]:
     return {"step": "0", "node": "node-1", "argv": argv, "cwd": str(cwd),
             "env": {"SLURM_PROCID": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "HOME": "/home/alice",
-                    "EDITOR": "vi", "SLURMD_NODENAME": "node-1"}, "tty": False}
+                    "EDITOR": "vi", "SLURMD_NODENAME": "node-1", **start_limits()}, "tty": False}
 
 
 @pytest.fixture(scope="module")

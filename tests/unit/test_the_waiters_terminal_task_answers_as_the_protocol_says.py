@@ -33,6 +33,7 @@ from .waiter_runs import (
     go_waiter,
     namespaced,
     require_namespaces,
+    start_limits,
 )
 
 require_namespaces()
@@ -153,7 +154,7 @@ def run(waiter: list[str], tmp_path: Path, handler: Handler, interact: bool = Fa
     assert path == "/v1/jobs/42/user-task-tty" and body.endswith(b"\n"), "the stream's first line"
     assert_request(body[:-1], {
         "step": "3", "node": "node-1", "argv": ["bash", "-l"], "cwd": str(directory),
-        "env": {**ENV, "PWD": str(directory)},
+        "env": {**ENV, "PWD": str(directory), **start_limits()},
         "tty": True, "rows": 24, "cols": 80})
     return ran
 

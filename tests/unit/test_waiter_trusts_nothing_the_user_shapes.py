@@ -29,6 +29,7 @@ from .waiter_runs import (
     go_waiter,
     require_namespaces,
     run_waiter,
+    start_limits,
     streaming,
 )
 
@@ -88,7 +89,7 @@ def test_held_variables_get_their_names_back_for_the_pods(waiter: list[str], tmp
     ran = attached(waiter, tmp_path, env)
     assert ran.returncode == 0, ran.stderr
     assert sent(ran)["environment"] == {"SLURM_JOB_ID": "42", "LD_PRELOAD": "/x.so", "PYTHONPATH": "/p",
-                                        "HOME": "/home/alice", "PWD": str(tmp_path)}
+                                        "HOME": "/home/alice", "PWD": str(tmp_path), **start_limits()}
     go_test("TestHeldVariablesGetTheirNamesBack")
 
 
@@ -99,7 +100,8 @@ def test_where_the_guard_held_the_environment_only_held_and_slurm_variables_coun
            "SLURM_K8S_BRIDGE_HELD_HOME": "/home/alice", "SLURM_K8S_BRIDGE_HELD_OPENSSL_CONF": "/x"}
     ran = attached(waiter, tmp_path, env)
     assert ran.returncode == 0, ran.stderr
-    assert sent(ran)["environment"] == {"SLURM_JOB_ID": "42", "HOME": "/home/alice", "OPENSSL_CONF": "/x"}
+    assert sent(ran)["environment"] == {"SLURM_JOB_ID": "42", "HOME": "/home/alice", "OPENSSL_CONF": "/x",
+                                        **start_limits()}
 
 
 def planted_executables(directory: Path, log: Path) -> None:
@@ -249,9 +251,9 @@ def test_the_jobs_go_settings_steer_not_the_waiter_yet_reach_the_pods(
     ran = attached(waiter, tmp_path, env)
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
     environment = sent(ran)["environment"]
-    assert environment == {**env, "PWD": str(tmp_path)}
+    assert environment == {**env, "PWD": str(tmp_path), **start_limits()}
     assert isinstance(environment, dict)
-    assert list(environment) == environ_order(fakes(tmp_path), env, tmp_path)
+    assert list(environment) == [*environ_order(fakes(tmp_path), env, tmp_path), *start_limits()]
     go_test("TestTheRuntimeReadsNoGoSettingsAndEnvironKeepsThem", package="./internal/earlysignals/")
 
 

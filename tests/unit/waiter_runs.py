@@ -19,6 +19,7 @@ import atexit
 import hmac
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -330,6 +331,21 @@ def namespaced(opt: Path, command: list[str]) -> list[str]:
     unshare, mount = (shutil.which(name) or name for name in ("unshare", "mount"))
     return [unshare, "-m", "--propagation", "private", "/bin/sh", "-c",
             f'{mount} --bind "$0" /opt && exec "$@"', str(opt), *command]
+
+
+LIMIT_RESOURCES = ("CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NPROC", "NOFILE", "MEMLOCK", "AS",
+                   "LOCKS", "SIGPENDING", "MSGQUEUE", "NICE", "RTPRIO", "RTTIME")
+"""The limits the waiter passes on (agent/internal/earlysignals/limits.go), in its order."""
+
+
+def start_limits() -> dict[str, str]:
+    """The SLURM_RLIMIT_<NAME> variables a waiter started from this process appends to the
+    environment it sends: its soft limits at its start, which it inherits from here."""
+    limits = {}
+    for name in LIMIT_RESOURCES:
+        soft = resource.getrlimit(LIMIT_RESOURCES.index(name))[0]  # Linux's numbers, in this order
+        limits[f"SLURM_RLIMIT_{name}"] = str(2**64 - 1 if soft == resource.RLIM_INFINITY else soft)
+    return limits
 
 
 def attach_body(

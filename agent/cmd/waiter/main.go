@@ -17,5 +17,5 @@ import (
 )
 
 func main() {
-	os.Exit(waiter.Main(os.Args[1:], earlysignals.Taken(), earlysignals.Environ()))
+	os.Exit(waiter.Main(os.Args[1:], earlysignals.Taken(), earlysignals.Environ(), earlysignals.StartLimits()))
 }

@@ -24,11 +24,11 @@ func crash(line string) int {
 // Main runs the waiter or a proxy as args (the command line less the program) says; the exit
 // code. pendingAtStart are the signals that were pending when the process started, environ the
 // environment it started with (the job's, whole).
-func Main(args []string, pendingAtStart []syscall.Signal, environ []string) int {
-	startEnviron = environ
+func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []string) int {
+	startEnviron, startLimits = environ, limits
 	early := HoldEarlySignals(pendingAtStart)
 	// What the job runs with is taken first; then the waiter leaves the user's directory.
-	environment := JobEnvironment(Environ())
+	environment := WithLimits(JobEnvironment(Environ()))
 	workDir, err := syscall.Getwd()
 	if err != nil {
 		return crash("FileNotFoundError: " + pyError(err))

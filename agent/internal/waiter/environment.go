@@ -24,6 +24,24 @@ func SafeEnvironment() []string {
 // process's own (the Go tests).
 var startEnviron []string
 
+// startLimits are SLURM_RLIMIT_<NAME>=<soft> entries of the limits the waiter started with
+// (internal/earlysignals), as Main was given them.
+var startLimits []string
+
+// WithLimits is env with the waiter's start limits after it (but for a name it has): the pods'
+// agent gives the job's processes the same soft limits, as slurmstepd gives a native job's.
+func WithLimits(env Object) Object {
+	out := append(Object{}, env...)
+	for _, entry := range startLimits {
+		if name, value, ok := strings.Cut(entry, "="); ok {
+			if _, present := out.Get(name); !present {
+				out = append(out, Field{name, value})
+			}
+		}
+	}
+	return out
+}
+
 // Environ is the environment the waiter was started with, in its order, as Python's os.environ
 // holds it: entries without '=' left out, the first of a name kept.
 func Environ() Object {

@@ -90,7 +90,7 @@ func RunTask(apiURL, caFile, key string, early chan os.Signal) int {
 		return crash(problem)
 	}
 	node := lookup(environ, "SLURMD_NODENAME")
-	body := Object{{"key", key}, {"node", node}, {"env", slurmVariables(environ)}}
+	body := Object{{"key", key}, {"node", node}, {"env", WithLimits(slurmVariables(environ))}}
 	stdin, err := taskInput()
 	if err != nil {
 		Say(err.Error())

@@ -1,0 +1,53 @@
+package earlysignals
+
+/*
+#include <sys/resource.h>
+
+// Slurm's propagated limits (its slurm_rlimits_info list), then the others a native job inherits
+// from slurmd, in the order of limitNames below.
+static const int limit_resources[] = {RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_DATA, RLIMIT_STACK, RLIMIT_CORE,
+	RLIMIT_RSS, RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_MEMLOCK, RLIMIT_AS, RLIMIT_LOCKS, RLIMIT_SIGPENDING,
+	RLIMIT_MSGQUEUE, RLIMIT_NICE, RLIMIT_RTPRIO, RLIMIT_RTTIME};
+#define LIMIT_COUNT (sizeof(limit_resources) / sizeof(limit_resources[0]))
+static unsigned long long start_soft[LIMIT_COUNT];
+static int start_known[LIMIT_COUNT];
+
+// Before the Go runtime starts, which raises its own soft RLIMIT_NOFILE to the hard one: the
+// limits as slurmstepd set them for the job.
+__attribute__((constructor)) static void keep_start_limits(void)
+{
+	struct rlimit limit;
+
+	for (unsigned i = 0; i < LIMIT_COUNT; i++)
+		if (getrlimit(limit_resources[i], &limit) == 0) {
+			start_soft[i] = limit.rlim_cur;
+			start_known[i] = 1;
+		}
+}
+
+static int limit_known(int i) { return start_known[i]; }
+static unsigned long long limit_soft(int i) { return start_soft[i]; }
+*/
+import "C"
+
+import "strconv"
+
+// limitNames are Slurm's names of the limits it propagates (SLURM_RLIMIT_<NAME>), then Linux's
+// names of the rest: a native job has those of slurmd, which the pods' runtime need not share
+// (`ulimit -a` shows them all).
+var limitNames = []string{"CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NPROC", "NOFILE", "MEMLOCK", "AS",
+	"LOCKS", "SIGPENDING", "MSGQUEUE", "NICE", "RTPRIO", "RTTIME"}
+
+// StartLimits are SLURM_RLIMIT_<NAME>=<soft limit> entries for each limit, as the process had it
+// at its start (slurmstepd set them from sbatch's or srun's SLURM_RLIMIT_*, which it then took
+// out of the environment): the job's processes in the pods get the same soft limits (the agent
+// sets them, then takes these variables out again).
+func StartLimits() []string {
+	var entries []string
+	for i, name := range limitNames {
+		if C.limit_known(C.int(i)) != 0 {
+			entries = append(entries, "SLURM_RLIMIT_"+name+"="+strconv.FormatUint(uint64(C.limit_soft(C.int(i))), 10))
+		}
+	}
+	return entries
+}
