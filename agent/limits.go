@@ -58,7 +58,9 @@ func (l jobLimits) around(start func() error) error {
 	saved := map[int]syscall.Rlimit{}
 	for resource, soft := range l.soft {
 		var current syscall.Rlimit
-		if syscall.Getrlimit(resource, &current) != nil || soft > current.Max || soft == current.Cur {
+		// Set even where it seems unchanged: the Go runtime raised this process's own
+		// RLIMIT_NOFILE, and gives a child the one it started with unless it is set here.
+		if syscall.Getrlimit(resource, &current) != nil || soft > current.Max {
 			continue
 		}
 		if syscall.Setrlimit(resource, &syscall.Rlimit{Cur: soft, Max: current.Max}) == nil {

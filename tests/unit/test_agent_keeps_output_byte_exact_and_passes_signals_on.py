@@ -618,3 +618,17 @@ def test_a_tasks_environment_has_none_of_the_payload_secrets_keys(agent: Path, t
                             capture_output=True, timeout=60, check=False, env=env)
 
     assert result.stdout == b"0\nyes\n", result
+
+
+def test_a_limit_equal_to_the_agents_own_raised_one_still_reaches_the_script(
+    agent: Path, tmp_path: Path,
+) -> None:
+    """The Go runtime raises the agent's own RLIMIT_NOFILE to its hard limit less one, and gives a
+    child the one it started with unless the agent sets it: a job's soft limit that happens to
+    be that value must be set all the same."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    env = {**os.environ, "SLURM_RLIMIT_NOFILE": str(hard - 1)}
+    result = run(agent, tmp_path, LIMITS_PROBE, env=env, cwd=tmp_path,
+                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)))
+
+    assert stream(result.stdout, "o").decode().splitlines()[0] == str(hard - 1)
