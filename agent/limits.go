@@ -4,8 +4,17 @@ package main
 // processes natively: the soft limits of SLURM_RLIMIT_<NAME> (what the waiter or task proxy
 // had on the slurmd host, where slurmstepd set them from sbatch's or srun's propagation), and the
 // umask of SLURM_UMASK (the submitting shell's, which sbatch and srun put there).
+//
+// slurmstepd sets them in the forked child, as root, just before the exec. The agent is neither
+// root nor able to act between Go's fork and exec, and lowering its own limits for a moment would
+// let them bite the agent (a fork past RLIMIT_NPROC, a thread or a heap past RLIMIT_AS, fds past
+// RLIMIT_NOFILE in its relays). So the script or task is started through a second, short-lived
+// agent (`agent with-limits PATH -- ARGV`) that sets them on itself and execs the program: its
+// pid, group and terminal become the program's.
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"syscall"
@@ -22,15 +31,39 @@ var slurmLimits = []struct {
 	{"NICE", 13}, {"RTPRIO", 14}, {"RTTIME", 15},
 }
 
-type jobLimits struct {
-	soft  map[int]uint64
-	umask int // -1: none given
+// jobLimitsGiven: whether the environment has anything for with-limits to do.
+func jobLimitsGiven() bool {
+	if _, ok := os.LookupEnv("SLURM_UMASK"); ok {
+		return true
+	}
+	for _, limit := range slurmLimits {
+		if _, ok := os.LookupEnv("SLURM_RLIMIT_" + limit.name); ok {
+			return true
+		}
+	}
+	return false
 }
 
-// takeJobLimits reads the job's limits and umask, and takes SLURM_RLIMIT_* out of this process's
-// environment (slurmstepd does: the job never sees them); SLURM_UMASK stays, as natively.
-func takeJobLimits() jobLimits {
-	limits := jobLimits{soft: map[int]uint64{}, umask: -1}
+// throughLimits is argv started through `agent with-limits` where the job has limits or a
+// umask to set (path: the program, as found), else argv itself.
+func throughLimits(path string, argv []string) (string, []string) {
+	if !jobLimitsGiven() {
+		return path, argv
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return path, argv // without them rather than not at all
+	}
+	return self, append([]string{self, "with-limits", path, "--"}, argv...)
+}
+
+// withLimits is `agent with-limits PATH -- ARGV`: take SLURM_RLIMIT_* out of the environment
+// (slurmstepd does: the job never sees them), set their soft limits and SLURM_UMASK's umask
+// (which stays, as natively) on this process, and become the program. A soft limit above the
+// pod's hard one stays as it is (slurmstepd could not raise it either: it sets rlim_cur only);
+// srun --propagate's `U` mark is read. notFound, notRunnable: the exit codes for an exec that
+// fails (the caller's, as if it had started the program itself).
+func withLimits(path string, argv []string, notFound, notRunnable int, say func(error)) {
 	for _, limit := range slurmLimits {
 		name := "SLURM_RLIMIT_" + limit.name
 		value, given := os.LookupEnv(name)
@@ -38,45 +71,43 @@ func takeJobLimits() jobLimits {
 		if !given {
 			continue
 		}
-		if len(value) > 0 && value[0] == 'U' { // srun --propagate's mark: the same to us
+		if len(value) > 0 && value[0] == 'U' {
 			value = value[1:]
 		}
-		if soft, err := strconv.ParseUint(value, 10, 64); err == nil {
-			limits.soft[limit.resource] = soft
-		}
-	}
-	if mask, err := strconv.ParseUint(os.Getenv("SLURM_UMASK"), 8, 32); err == nil && mask <= 0o777 {
-		limits.umask = int(mask)
-	}
-	return limits
-}
-
-// around runs start (which starts the job's process) with the job's limits and umask in force,
-// so the process starts with them, and then puts the agent's own back. A soft limit above the
-// pod's hard one stays as it is (slurmstepd, not root there, could not raise it either).
-func (l jobLimits) around(start func() error) error {
-	saved := map[int]syscall.Rlimit{}
-	for resource, soft := range l.soft {
+		soft, err := strconv.ParseUint(value, 10, 64)
 		var current syscall.Rlimit
-		// Set even where it seems unchanged: the Go runtime raised this process's own
-		// RLIMIT_NOFILE, and gives a child the one it started with unless it is set here.
-		if syscall.Getrlimit(resource, &current) != nil || soft > current.Max {
+		if err != nil || syscall.Getrlimit(limit.resource, &current) != nil || soft > current.Max {
 			continue
 		}
-		if syscall.Setrlimit(resource, &syscall.Rlimit{Cur: soft, Max: current.Max}) == nil {
-			saved[resource] = current
-		}
+		// Set even where it seems unchanged: the Go runtime raised this process's own
+		// RLIMIT_NOFILE, and the exec would otherwise keep that.
+		_ = syscall.Setrlimit(limit.resource, &syscall.Rlimit{Cur: soft, Max: current.Max})
 	}
-	previous := -1
-	if l.umask >= 0 {
-		previous = syscall.Umask(l.umask)
+	if mask, err := strconv.ParseUint(os.Getenv("SLURM_UMASK"), 8, 32); err == nil && mask <= 0o777 {
+		syscall.Umask(int(mask))
 	}
-	err := start()
-	for resource, limit := range saved {
-		_ = syscall.Setrlimit(resource, &limit)
+	err := syscall.Exec(path, argv, os.Environ())
+	say(err)
+	if errors.Is(err, syscall.ENOENT) {
+		os.Exit(notFound)
 	}
-	if previous >= 0 {
-		syscall.Umask(previous)
+	os.Exit(notRunnable)
+}
+
+// withLimitsMain parses `with-limits PATH -- ARGV` (os.Args[2:]) and names the failure as the
+// script's start (run) or a task's (task_wait.go) does.
+func withLimitsMain(args []string) {
+	if len(args) < 3 || args[1] != "--" {
+		fail("usage: slurm-k8s-bridge-agent with-limits PATH -- ARGV...")
 	}
-	return err
+	path, argv := args[0], args[2:]
+	if os.Getenv("SLURM_K8S_BRIDGE_TASK_LIMITS") != "" {
+		_ = os.Unsetenv("SLURM_K8S_BRIDGE_TASK_LIMITS")
+		withLimits(path, argv, 2, 2, func(err error) {
+			fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
+		})
+	}
+	withLimits(path, argv, 127, 126, func(err error) {
+		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
+	})
 }

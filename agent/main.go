@@ -138,6 +138,8 @@ func main() {
 		if err := syscall.Exec(os.Args[2], argv, os.Environ()); err != nil {
 			fail("cannot run the installed agent: " + err.Error())
 		}
+	case "with-limits":
+		withLimitsMain(os.Args[2:])
 	case "run":
 		if len(os.Args) < 6 || os.Args[4] != "--" || (os.Args[3] != "split" && os.Args[3] != "merged") {
 			fail("usage: slurm-k8s-bridge-agent run PIDFILE split|merged -- ARGV...")
@@ -302,8 +304,10 @@ func run(pidfile string, merged bool, argv []string) int {
 	// Caught before the start, so none is lost in between; forwarded once the script runs.
 	stops := make(chan os.Signal, 8)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
-	limits := takeJobLimits()
-	if err := limits.around(cmd.Start); err != nil {
+	if cmd.Err == nil {
+		cmd.Path, cmd.Args = throughLimits(cmd.Path, cmd.Args)
+	}
+	if err := cmd.Start(); err != nil {
 		// As a shell reports a missing interpreter: 127 not found, 126 not executable.
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
 		if os.IsNotExist(err) || errors.Is(err, exec.ErrNotFound) {

@@ -632,3 +632,32 @@ def test_a_limit_equal_to_the_agents_own_raised_one_still_reaches_the_script(
                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)))
 
     assert stream(result.stdout, "o").decode().splitlines()[0] == str(hard - 1)
+
+
+def test_a_tiny_limit_binds_the_script_not_the_agent(agent: Path, tmp_path: Path) -> None:
+    """The limits are set by a second agent that then becomes the script: the agent relaying the
+    output and telling the end keeps its own (16 open files would not do for its relays, nor a
+    file size of 0 for its pid file)."""
+    env = {**os.environ, "SLURM_RLIMIT_NOFILE": "16", "SLURM_RLIMIT_FSIZE": "0"}
+    result = run(agent, tmp_path, 'ulimit -S -n; ulimit -S -f; echo "to stderr" >&2; exit 7', mode="split",
+                 env=env, cwd=tmp_path)
+
+    assert result.returncode == 7
+    assert (stream(result.stdout, "o"), stream(result.stdout, "e")) == (b"16\n0\n", b"to stderr\n")
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith(b"x ") and base64.b64decode(last[2:]).startswith(b"exited 7 "), last
+
+
+def test_a_program_that_cannot_be_run_is_told_as_before_with_limits_given(
+    agent: Path, tmp_path: Path,
+) -> None:
+    program = tmp_path / "not-executable"
+    program.write_text("#!/bin/sh\necho never\n")
+    program.chmod(0o644)
+    env = {**os.environ, "SLURM_UMASK": "0022"}
+    result = subprocess.run([str(agent), "run", str(tmp_path / "script.pid"), "merged", "--", str(program)],
+                            capture_output=True, timeout=60, check=False, env=env)
+
+    assert result.returncode == 126  # and the job's stderr says why (merged here: the one stream)
+    said = stream(result.stdout, "o").decode()
+    assert said == f"slurm-k8s-bridge-agent: cannot run {program}: permission denied\n"
