@@ -21,14 +21,16 @@ import (
 )
 
 // slurmLimits are the limits Slurm propagates, by its names, then the others the waiter passes on
-// (internal/earlysignals/limits.go), by Linux's; their numbers are Linux's (<sys/resource.h>).
+// (internal/earlysignals/limits.go), by Linux's; their numbers are those of <sys/resource.h> on
+// amd64 and arm64. DATA, AS and NPROC come last: once they are set, this process allocates as
+// little as it can before its exec.
 var slurmLimits = []struct {
 	name     string
 	resource int
 }{
-	{"CPU", 0}, {"FSIZE", 1}, {"DATA", 2}, {"STACK", 3}, {"CORE", 4}, {"RSS", 5}, {"NPROC", 6},
-	{"NOFILE", 7}, {"MEMLOCK", 8}, {"AS", 9}, {"LOCKS", 10}, {"SIGPENDING", 11}, {"MSGQUEUE", 12},
-	{"NICE", 13}, {"RTPRIO", 14}, {"RTTIME", 15},
+	{"CPU", 0}, {"FSIZE", 1}, {"STACK", 3}, {"CORE", 4}, {"RSS", 5}, {"NOFILE", 7}, {"MEMLOCK", 8},
+	{"LOCKS", 10}, {"SIGPENDING", 11}, {"MSGQUEUE", 12}, {"NICE", 13}, {"RTPRIO", 14}, {"RTTIME", 15},
+	{"DATA", 2}, {"AS", 9}, {"NPROC", 6},
 }
 
 // jobLimitsGiven: whether the environment has anything for with-limits to do.
@@ -58,35 +60,43 @@ func throughLimits(path string, argv []string) (string, []string) {
 }
 
 // withLimits is `agent with-limits PATH -- ARGV`: take SLURM_RLIMIT_* out of the environment
-// (slurmstepd does: the job never sees them), set their soft limits and SLURM_UMASK's umask
-// (which stays, as natively) on this process, and become the program. A soft limit above the
-// pod's hard one stays as it is (slurmstepd could not raise it either: it sets rlim_cur only);
-// srun --propagate's `U` mark is read. notFound, notRunnable: the exit codes for an exec that
-// fails (the caller's, as if it had started the program itself).
-func withLimits(path string, argv []string, notFound, notRunnable int, say func(error)) {
-	for _, limit := range slurmLimits {
+// (slurmstepd does: the job never sees them), set their soft limits and SLURM_UMASK's umask on
+// this process, and become the program. As slurmstepd: a soft limit above the pod's hard one is
+// lowered to it, unless srun --propagate asked for it (the `U` mark: then it stays as it is);
+// SLURM_UMASK leaves a batch script's environment (keepUmask false) and stays in a task's.
+// notFound, notRunnable: the exit codes for an exec that fails (the caller's, as if it had
+// started the program itself).
+func withLimits(path string, argv []string, keepUmask bool, notFound, notRunnable int, say func(error)) {
+	mask, maskErr := strconv.ParseUint(os.Getenv("SLURM_UMASK"), 8, 32)
+	if !keepUmask {
+		_ = os.Unsetenv("SLURM_UMASK")
+	}
+	if maskErr == nil && mask <= 0o777 {
+		syscall.Umask(int(mask))
+	}
+	values := make([]string, len(slurmLimits))
+	for i, limit := range slurmLimits {
 		name := "SLURM_RLIMIT_" + limit.name
-		value, given := os.LookupEnv(name)
+		values[i], _ = os.LookupEnv(name)
 		_ = os.Unsetenv(name)
-		if !given {
-			continue
-		}
-		if len(value) > 0 && value[0] == 'U' {
+	}
+	environ := os.Environ() // before the limits: DATA and AS may leave little to allocate
+	for i, limit := range slurmLimits {
+		value := values[i]
+		asked := len(value) > 0 && value[0] == 'U'
+		if asked {
 			value = value[1:]
 		}
 		soft, err := strconv.ParseUint(value, 10, 64)
 		var current syscall.Rlimit
-		if err != nil || syscall.Getrlimit(limit.resource, &current) != nil || soft > current.Max {
+		if err != nil || syscall.Getrlimit(limit.resource, &current) != nil || (asked && soft > current.Max) {
 			continue
 		}
 		// Set even where it seems unchanged: the Go runtime raised this process's own
 		// RLIMIT_NOFILE, and the exec would otherwise keep that.
-		_ = syscall.Setrlimit(limit.resource, &syscall.Rlimit{Cur: soft, Max: current.Max})
+		_ = syscall.Setrlimit(limit.resource, &syscall.Rlimit{Cur: min(soft, current.Max), Max: current.Max})
 	}
-	if mask, err := strconv.ParseUint(os.Getenv("SLURM_UMASK"), 8, 32); err == nil && mask <= 0o777 {
-		syscall.Umask(int(mask))
-	}
-	err := syscall.Exec(path, argv, os.Environ())
+	err := syscall.Exec(path, argv, environ)
 	say(err)
 	if errors.Is(err, syscall.ENOENT) {
 		os.Exit(notFound)
@@ -103,11 +113,11 @@ func withLimitsMain(args []string) {
 	path, argv := args[0], args[2:]
 	if os.Getenv("SLURM_K8S_BRIDGE_TASK_LIMITS") != "" {
 		_ = os.Unsetenv("SLURM_K8S_BRIDGE_TASK_LIMITS")
-		withLimits(path, argv, 2, 2, func(err error) {
+		withLimits(path, argv, true, 2, 2, func(err error) {
 			fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
 		})
 	}
-	withLimits(path, argv, 127, 126, func(err error) {
+	withLimits(path, argv, false, 127, 126, func(err error) {
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
 	})
 }

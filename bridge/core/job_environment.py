@@ -207,3 +207,11 @@ def task_gpu_environment(
     if not ordinals:
         return {}, list(GPU_ORDINAL_VARIABLES)
     return dict.fromkeys(GPU_ORDINAL_VARIABLES, ",".join(ordinals)), []
+
+
+def without_limits(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the waiter's limits and umask (SLURM_RLIMIT_*, SLURM_UMASK), which only the
+    pods' agent sets: without it nothing would, and a native script never sees these variables
+    (slurmstepd takes them out)."""
+    return {name: value for name, value in env.items()
+            if not name.startswith("SLURM_RLIMIT_") and name != "SLURM_UMASK"}

@@ -28,7 +28,7 @@ from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.device_claims import claim_pod
 from bridge.core.directives import Directives, interpreter_of
 from bridge.core.errors import PermanentError
-from bridge.core.job_environment import node_environment
+from bridge.core.job_environment import node_environment, without_limits
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.payload_secret import (
     MAX_POD_ENV_BYTES,
@@ -210,7 +210,9 @@ def _container_env(
     env = node_environment(alloc, payload, part, index, master_addr=master, home=home)
     if delivered and index == 0:
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
-    if cfg.pods.agent_image:
+    if not cfg.pods.agent_image:
+        env = without_limits(env)
+    else:
         # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
         env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
         if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:

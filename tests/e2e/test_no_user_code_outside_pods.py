@@ -458,20 +458,28 @@ def test_an_openssl_config_of_the_user_is_never_loaded_by_the_waiter(bridge: San
 
 
 def test_a_reservation_in_a_bridged_partition_gets_the_job_wrapped(bridge: Sandbox) -> None:
-    bridge.slurm("scontrol", "create", "reservation", "reservationname=bridged-resv", "users=alice",
-                 "partitionname=k8s", "nodes=kreal2", "starttime=now", "duration=30", "flags=ignore_jobs")
+    """A job that reaches a bridged partition only through its reservation is wrapped as any: it
+    runs in a pod (k8s: the partition's default image), or is refused with the reason where
+    the partition has no image for it (dra)."""
+    for partition, node in (("k8s", "kreal2"), ("dra", "kreal1")):
+        bridge.slurm("scontrol", "create", "reservation", f"reservationname=bridged-{partition}",
+                     "users=alice", f"partitionname={partition}", f"nodes={node}", "starttime=now",
+                     "duration=30", "flags=ignore_jobs")
     try:
         plain = write_script(bridge, "alice", "resv-plain.sh", "#!/bin/sh\n" + PROBE)
-        refused = bridge.slurm("sbatch", "--reservation=bridged-resv", str(plain), user="alice",
+        refused = bridge.slurm("sbatch", "--reservation=bridged-dra", str(plain), user="alice",
                                cwd="/home/alice", check=False)
-        assert refused.returncode != 0 and "partition k8s runs jobs in Kubernetes" in refused.stderr
+        assert refused.returncode != 0 and "partition dra runs jobs in Kubernetes" in refused.stderr
         script = write_script(bridge, "alice", "resv.sh", "#!/bin/sh\n" + BUSYBOX + PROBE)
-        job_id = bridge.sbatch("--reservation=bridged-resv", str(script))
-        row = bridge.wait_job_final(job_id)
-        assert (row["Partition"], row["State"]) == ("k8s", "COMPLETED")
-        assert _output(bridge, job_id) == "IN_POD\n"
+        jobs = {("k8s", "plain"): bridge.sbatch("--reservation=bridged-k8s", str(plain)),
+                ("dra", "image"): bridge.sbatch("--reservation=bridged-dra", str(script))}
+        for (partition, _), job_id in jobs.items():
+            row = bridge.wait_job_final(job_id)
+            assert (row["Partition"], row["State"]) == (partition, "COMPLETED")
+            assert _output(bridge, job_id) == "IN_POD\n"
     finally:
-        bridge.slurm("scontrol", "delete", "reservationname=bridged-resv", check=False)
+        for partition in ("k8s", "dra"):
+            bridge.slurm("scontrol", "delete", f"reservationname=bridged-{partition}", check=False)
 
 
 def _restore(path: Path, content: bytes) -> None:

@@ -579,21 +579,26 @@ def test_the_script_gets_the_jobs_soft_limits_and_umask_as_slurmstepd_gives_them
     agent: Path, tmp_path: Path,
 ) -> None:
     """SLURM_RLIMIT_<NAME> (the waiter passes on what slurmstepd set for it) become the script's
-    soft limits and leave its environment; SLURM_UMASK becomes its umask and stays, as natively.
-    srun --propagate's `U` mark is read."""
+    soft limits and leave its environment; SLURM_UMASK becomes its umask and leaves a batch
+    script's environment too, as slurmstepd does. srun --propagate's `U` mark is read."""
     env = {**os.environ, "SLURM_RLIMIT_NOFILE": "U100", "SLURM_RLIMIT_CORE": "0", "SLURM_UMASK": "0027"}
     result = run(agent, tmp_path, LIMITS_PROBE, env=env, cwd=tmp_path)
 
     out = stream(result.stdout, "o").decode().splitlines()
-    assert out[0:2] == ["100", "0"] and out[3:] == ["0027", "[unset] [unset] [0027]", "640"], out
+    assert out[0:2] == ["100", "0"] and out[3:] == ["0027", "[unset] [unset] []", "640"], out
 
 
-def test_a_limit_above_the_pods_hard_one_is_left_as_it_is(agent: Path, tmp_path: Path) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    env = {**os.environ, "SLURM_RLIMIT_NOFILE": str(hard + 1)}
-    result = run(agent, tmp_path, LIMITS_PROBE, env=env, cwd=tmp_path)
+@pytest.mark.parametrize("propagated", [False, True])
+def test_a_limit_above_the_pods_hard_one_is_lowered_to_it_unless_srun_propagate_asked(
+    agent: Path, tmp_path: Path, propagated: bool,
+) -> None:
+    """As slurmstepd: lowered to the hard limit; with --propagate's `U`, left as it is."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    env = {**os.environ, "SLURM_RLIMIT_NOFILE": ("U" if propagated else "") + str(hard + 1)}
+    result = run(agent, tmp_path, LIMITS_PROBE, env=env, cwd=tmp_path,
+                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)))
 
-    assert stream(result.stdout, "o").decode().splitlines()[0] == str(soft)
+    assert stream(result.stdout, "o").decode().splitlines()[0] == str(64 if propagated else hard)
 
 
 def test_a_task_gets_them_too(agent: Path, tmp_path: Path) -> None:
@@ -604,7 +609,7 @@ def test_a_task_gets_them_too(agent: Path, tmp_path: Path) -> None:
 
     lines = result.stdout.decode().splitlines()
     assert result.returncode == 0, result.stderr
-    assert lines[0] == "200" and lines[3:] == ["0077", "[unset] [unset] [0077]", "600"], lines
+    assert lines[0] == "200" and lines[3:] == ["0077", "[unset] [unset] [0077]", "600"], lines  # kept
 
 
 def test_a_tasks_environment_has_none_of_the_payload_secrets_keys(agent: Path, tmp_path: Path) -> None:
@@ -636,14 +641,15 @@ def test_a_limit_equal_to_the_agents_own_raised_one_still_reaches_the_script(
 
 def test_a_tiny_limit_binds_the_script_not_the_agent(agent: Path, tmp_path: Path) -> None:
     """The limits are set by a second agent that then becomes the script: the agent relaying the
-    output and telling the end keeps its own (16 open files would not do for its relays, nor a
+    output and telling the end keeps its own (4 open files would not do for its relays, nor a
     file size of 0 for its pid file)."""
-    env = {**os.environ, "SLURM_RLIMIT_NOFILE": "16", "SLURM_RLIMIT_FSIZE": "0"}
-    result = run(agent, tmp_path, 'ulimit -S -n; ulimit -S -f; echo "to stderr" >&2; exit 7', mode="split",
+    env = {**os.environ, "SLURM_RLIMIT_NOFILE": "4", "SLURM_RLIMIT_FSIZE": "0"}
+    # No redirection: the shell would dup to a descriptor above the limit.
+    result = run(agent, tmp_path, "ulimit -S -n; ulimit -S -f; ls /no-such-path; exit 7", mode="split",
                  env=env, cwd=tmp_path)
 
     assert result.returncode == 7
-    assert (stream(result.stdout, "o"), stream(result.stdout, "e")) == (b"16\n0\n", b"to stderr\n")
+    assert stream(result.stdout, "o") == b"4\n0\n" and b"/no-such-path" in stream(result.stdout, "e")
     last = result.stdout.splitlines()[-1]
     assert last.startswith(b"x ") and base64.b64decode(last[2:]).startswith(b"exited 7 "), last
 

@@ -146,3 +146,19 @@ def test_an_environment_that_leaves_no_room_for_the_files_keeps_the_images_and_t
                                supplemental_groups=tuple(group_names), account=many)
     lines = secret_text(small, "SLURM_K8S_BRIDGE_GROUP").splitlines()
     assert len(lines) == 303, "root, users, the 300 and nogroup"
+
+
+@pytest.mark.parametrize("agent_image", [None, "agent:1"])
+def test_the_waiters_limits_and_umask_reach_the_pods_only_for_an_agent_to_set(
+    agent_image: str | None,
+) -> None:
+    """The waiter appends its soft limits and umask to the job's environment; the agent sets and
+    removes them. Without an agent nothing would, and the script would see them (natively never)."""
+    env = {"HOME": "/home/alice", "SLURM_RLIMIT_NOFILE": "1024", "SLURM_UMASK": "0027", "KEPT": "1"}
+    cfg = config(pods=PodsConfig(supplemental_groups_policy="", agent_image=agent_image))
+    secret, pods = desired_objects(allocation(), payload(environment=env), parse_directives(SCRIPT),
+                                   PartitionConfig(), cfg)
+
+    names = set(secret["data"]) | {e["name"] for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert "KEPT" in names
+    assert ({"SLURM_RLIMIT_NOFILE", "SLURM_UMASK"} <= names) == (agent_image is not None)

@@ -339,13 +339,16 @@ LIMIT_RESOURCES = ("CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NPROC", "NOF
 
 
 def start_limits() -> dict[str, str]:
-    """The SLURM_RLIMIT_<NAME> variables a waiter started from this process appends to the
-    environment it sends: its soft limits at its start, which it inherits from here."""
+    """The SLURM_RLIMIT_<NAME> variables and SLURM_UMASK a waiter started from this process
+    appends to the environment it sends: its soft limits and umask at its start, which it
+    inherits from here."""
     limits = {}
     for name in LIMIT_RESOURCES:
         soft = resource.getrlimit(LIMIT_RESOURCES.index(name))[0]  # Linux's numbers, in this order
         limits[f"SLURM_RLIMIT_{name}"] = str(2**64 - 1 if soft == resource.RLIM_INFINITY else soft)
-    return limits
+    mask = os.umask(0)
+    os.umask(mask)
+    return {**limits, "SLURM_UMASK": f"{mask:04o}"}
 
 
 def attach_body(

@@ -2,6 +2,7 @@ package earlysignals
 
 /*
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 // Slurm's propagated limits (its slurm_rlimits_info list), then the others a native job inherits
 // from slurmd, in the order of limitNames below.
@@ -11,6 +12,7 @@ static const int limit_resources[] = {RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_DATA, RLI
 #define LIMIT_COUNT (sizeof(limit_resources) / sizeof(limit_resources[0]))
 static unsigned long long start_soft[LIMIT_COUNT];
 static int start_known[LIMIT_COUNT];
+static unsigned start_umask;
 
 // Before the Go runtime starts, which raises its own soft RLIMIT_NOFILE to the hard one: the
 // limits as slurmstepd set them for the job.
@@ -23,14 +25,20 @@ __attribute__((constructor)) static void keep_start_limits(void)
 			start_soft[i] = limit.rlim_cur;
 			start_known[i] = 1;
 		}
+	start_umask = umask(0);
+	umask(start_umask);
 }
 
 static int limit_known(int i) { return start_known[i]; }
 static unsigned long long limit_soft(int i) { return start_soft[i]; }
+static unsigned umask_at_start(void) { return start_umask; }
 */
 import "C"
 
-import "strconv"
+import (
+	"fmt"
+	"strconv"
+)
 
 // limitNames are Slurm's names of the limits it propagates (SLURM_RLIMIT_<NAME>), then Linux's
 // names of the rest: a native job has those of slurmd, which the pods' runtime need not share
@@ -38,10 +46,10 @@ import "strconv"
 var limitNames = []string{"CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NPROC", "NOFILE", "MEMLOCK", "AS",
 	"LOCKS", "SIGPENDING", "MSGQUEUE", "NICE", "RTPRIO", "RTTIME"}
 
-// StartLimits are SLURM_RLIMIT_<NAME>=<soft limit> entries for each limit, as the process had it
-// at its start (slurmstepd set them from sbatch's or srun's SLURM_RLIMIT_*, which it then took
-// out of the environment): the job's processes in the pods get the same soft limits (the agent
-// sets them, then takes these variables out again).
+// StartLimits are SLURM_RLIMIT_<NAME>=<soft limit> entries for each limit, and SLURM_UMASK=<umask>,
+// as the process had them at its start: slurmstepd set them from sbatch's or srun's SLURM_RLIMIT_*
+// and SLURM_UMASK, and took those out of a batch script's environment. The job's processes in the
+// pods get the same (the agent sets them, then takes these variables out again as slurmstepd does).
 func StartLimits() []string {
 	var entries []string
 	for i, name := range limitNames {
@@ -49,5 +57,5 @@ func StartLimits() []string {
 			entries = append(entries, "SLURM_RLIMIT_"+name+"="+strconv.FormatUint(uint64(C.limit_soft(C.int(i))), 10))
 		}
 	}
-	return entries
+	return append(entries, fmt.Sprintf("SLURM_UMASK=%04o", uint(C.umask_at_start())))
 }

@@ -12,11 +12,11 @@ import (
 
 const limitsReportTo = "EARLYSIGNALS_LIMITS_REPORT"
 
-// Started again under lowered soft limits (as slurmstepd sets a job's): StartLimits gives the
-// limits of the start, though the Go runtime has raised its own RLIMIT_NOFILE since.
+// Started again under lowered soft limits and a umask (as slurmstepd sets a job's): StartLimits
+// gives those of the start, though the Go runtime has raised its own RLIMIT_NOFILE since.
 func TestTheLimitsOfTheStartArePassedOnNotTheRuntimes(t *testing.T) {
 	report := t.TempDir() + "/limits.json"
-	shell := `ulimit -S -n 77 && ulimit -S -s 4096 && exec "$0" -test.run='^TestReportLimits$' -test.count=1`
+	shell := `ulimit -S -n 77 && ulimit -S -s 4096 && umask 027 && exec "$0" -test.run='^TestReportLimits$' -test.count=1`
 	command := exec.Command("/bin/sh", "-c", shell, os.Args[0])
 	command.Env = []string{limitsReportTo + "=" + report}
 	if output, err := command.CombinedOutput(); err != nil {
@@ -38,14 +38,13 @@ func TestTheLimitsOfTheStartArePassedOnNotTheRuntimes(t *testing.T) {
 			t.Errorf("%q is not in %q", want, seen.Limits)
 		}
 	}
-	for i, entry := range seen.Limits {
-		if i >= len(limitNames) || !strings.HasPrefix(entry, "SLURM_RLIMIT_"+limitNames[i]+"=") {
-			t.Errorf("%q: want one entry per limit, in limitNames' order", seen.Limits)
-			break
-		}
+	if len(seen.Limits) != len(limitNames)+1 || seen.Limits[len(limitNames)] != "SLURM_UMASK=0027" {
+		t.Fatalf("%q: want one entry per limit, then the umask", seen.Limits)
 	}
-	if len(seen.Limits) != len(limitNames) {
-		t.Errorf("%d entries, want %d", len(seen.Limits), len(limitNames))
+	for i, name := range limitNames {
+		if !strings.HasPrefix(seen.Limits[i], "SLURM_RLIMIT_"+name+"=") {
+			t.Errorf("%q: want the limits in limitNames' order", seen.Limits)
+		}
 	}
 	if seen.RuntimeNofile == 77 {
 		t.Log("the runtime did not raise its RLIMIT_NOFILE here; the test shows less than it could")

@@ -24,19 +24,18 @@ func SafeEnvironment() []string {
 // process's own (the Go tests).
 var startEnviron []string
 
-// startLimits are SLURM_RLIMIT_<NAME>=<soft> entries of the limits the waiter started with
-// (internal/earlysignals), as Main was given them.
+// startLimits are SLURM_RLIMIT_<NAME>=<soft> entries of the limits the waiter started with and
+// its SLURM_UMASK (internal/earlysignals), as Main was given them.
 var startLimits []string
 
-// WithLimits is env with the waiter's start limits after it (but for a name it has): the pods'
-// agent gives the job's processes the same soft limits, as slurmstepd gives a native job's.
+// WithLimits is env with the waiter's start limits and umask: the pods' agent gives the job's
+// processes the same, as slurmstepd gives a native job's. What the process had wins over a
+// variable of the same name (slurmstepd ignores or removes those; it set what the process has).
 func WithLimits(env Object) Object {
 	out := append(Object{}, env...)
 	for _, entry := range startLimits {
 		if name, value, ok := strings.Cut(entry, "="); ok {
-			if _, present := out.Get(name); !present {
-				out = append(out, Field{name, value})
-			}
+			out.Set(name, value)
 		}
 	}
 	return out
