@@ -143,6 +143,15 @@ class Sandbox:
     def wait_job_final(self, job_id: int, timeout: float = 60.0) -> dict[str, str]:
         return wait_until(f"job {job_id} to finish in sacct", lambda: self.sacct_line(job_id), timeout)
 
+    def array_rows(self, job_id: int, tasks: int) -> list[str] | None:
+        """`State|ExitCode` of each task of array `job_id` once all `tasks` have a final state in
+        sacct, else None (for wait_until)."""
+        out = self.slurm("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,ExitCode").stdout
+        rows = out.split()
+        if len(rows) != tasks or any(row.split("|")[0] in ("PENDING", "RUNNING", "REQUEUED") for row in rows):
+            return None
+        return rows
+
 
 BRIDGE_UP = REPO / "containers" / "bridge" / "up.sh"
 SANDBOX_LOGS = Path("/var/lib/slurm-k8s-sandbox/log")

@@ -35,14 +35,6 @@ def _submit(bridge: Sandbox, partition: str, directory: str, script: str) -> int
     return int(out.strip().split(";")[0])
 
 
-def _final(bridge: Sandbox, job_id: int) -> list[str] | None:
-    out = bridge.slurm("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,ExitCode").stdout
-    rows = out.split()
-    if len(rows) != TASKS or any(row.split("|")[0] in ("PENDING", "RUNNING", "REQUEUED") for row in rows):
-        return None
-    return rows
-
-
 def test_ulimit_umask_and_a_made_files_mode_are_the_submitting_shells_as_natively(bridge: Sandbox) -> None:
     alice = pwd.getpwnam("alice")
     directory = bridge.home("alice") / "limits"
@@ -53,7 +45,8 @@ def test_ulimit_umask_and_a_made_files_mode_are_the_submitting_shells_as_nativel
     submit = functools.partial(_submit, bridge, directory=str(directory), script=script)
     jobs = at_once({p: functools.partial(submit, partition=p) for p in ("native", "k8s")})
     for partition, job_id in jobs.items():
-        rows = wait_until(f"{partition} array", functools.partial(_final, bridge, job_id), timeout=240)
+        done = functools.partial(bridge.array_rows, job_id, TASKS)
+        rows = wait_until(f"{partition} array", done, timeout=240)
         said = (directory / f"{partition}-0.out").read_text()
         assert rows == ["COMPLETED|0:0"] * TASKS, (partition, rows, said)
 

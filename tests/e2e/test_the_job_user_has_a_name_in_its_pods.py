@@ -22,14 +22,6 @@ python3 -c 'import os, pwd, grp; print(pwd.getpwuid(os.getuid()).pw_name, grp.ge
 TASKS = 4
 
 
-def _final(bridge: Sandbox, job_id: int) -> list[str] | None:
-    out = bridge.slurm("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,ExitCode").stdout
-    rows = out.split()
-    if len(rows) != TASKS or any(row.split("|")[0] in ("PENDING", "RUNNING", "REQUEUED") for row in rows):
-        return None
-    return rows
-
-
 def test_id_whoami_groups_ls_and_pwd_name_the_user_as_natively(bridge: Sandbox) -> None:
     alice = pwd.getpwnam("alice")
     directory = bridge.home("alice") / "names"
@@ -45,7 +37,8 @@ def test_id_whoami_groups_ls_and_pwd_name_the_user_as_natively(bridge: Sandbox) 
 
     jobs = at_once({p: functools.partial(submit, p) for p in ("native", "k8s")})
     for partition, job_id in jobs.items():
-        rows = wait_until(f"{partition} array", functools.partial(_final, bridge, job_id), timeout=240)
+        done = functools.partial(bridge.array_rows, job_id, TASKS)
+        rows = wait_until(f"{partition} array", done, timeout=240)
         assert rows == ["COMPLETED|0:0"] * TASKS, (partition, rows)
 
     native = (directory / "native-0.out").read_text()
