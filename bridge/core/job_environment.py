@@ -12,8 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from bridge.core.config import PartitionConfig
+from bridge.core import wellknown
+from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.model import JobAllocation, JobPayload
+from bridge.core.rendezvous import first_node_named
 
 MASTER_PORT_BASE = 20000
 """MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
@@ -207,6 +209,39 @@ def task_gpu_environment(
     if not ordinals:
         return {}, list(GPU_ORDINAL_VARIABLES)
     return dict.fromkeys(GPU_ORDINAL_VARIABLES, ",".join(ordinals)), []
+
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The PATH the agent's bin directory is put before when the job brought none (the host's is dropped)."""
+
+
+def container_environment(
+    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig, index: int,
+    k8s_names: list[str], home: str | None, delivered: bool,
+) -> dict[str, str]:
+    """Everything node `index`'s container gets in its environment (before `$` escaping) but the
+    paths of the user's files (bridge.core.pod_user): the job's, node `index`'s Slurm variables,
+    and what the bridge's agent reads. `delivered`: the script is copied into the first pod."""
+    master = alloc.nodes[0].name if first_node_named(alloc, part) else k8s_names[0]
+    env = node_environment(alloc, payload, part, index, master_addr=master, home=home)
+    if delivered and index == 0:
+        env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
+    if not cfg.pods.agent_image:
+        env = without_limits(env)
+    else:
+        # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
+        env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
+        if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:
+            env[wellknown.ENV_USAGE_INTERVAL] = str(cfg.pods.usage_interval_s)
+    env[wellknown.SECRET_SCRIPT_KEY] = script_path(index, delivered)
+    return env
+
+
+def script_path(index: int, delivered: bool) -> str:
+    """Where node `index`'s container finds the script."""
+    if delivered and index == 0:
+        return wellknown.AGENT_SCRIPT  # copied in once the pod runs (agent receive-script)
+    return f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
 
 
 def without_limits(env: dict[str, str]) -> dict[str, str]:

@@ -28,7 +28,7 @@ from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.device_claims import claim_pod
 from bridge.core.directives import Directives, interpreter_of
 from bridge.core.errors import PermanentError
-from bridge.core.job_environment import node_environment, without_limits
+from bridge.core.job_environment import container_environment, script_path
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.payload_secret import (
     MAX_POD_ENV_BYTES,
@@ -46,7 +46,7 @@ from bridge.core.pod_user import (
     pod_security,
     user_files,
 )
-from bridge.core.rendezvous import DNS_LABEL, first_node_named
+from bridge.core.rendezvous import DNS_LABEL
 
 MAX_SCRIPT_BYTES = 240 * 1024
 """Largest script kept in the payload Secret; larger ones are copied into the pod by the agent."""
@@ -55,8 +55,6 @@ MAX_DELIVERED_SCRIPT_BYTES = 4 * 1024 * 1024
 copied into the pod by the agent."""
 
 DEFAULT_PULL_POLICY = "IfNotPresent"
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-"""The PATH the agent's bin directory is put before when the job brought none (the host's is dropped)."""
 
 MAX_ARGUMENT_BYTES = 128 * 1024
 """The script's arguments travel in the pod's command (the pod object is at most ~1.5 MB)."""
@@ -141,17 +139,13 @@ def desired_objects(
     k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     delivered = script_bytes > MAX_SCRIPT_BYTES
-    files = user_files(account, alloc, groups) if cfg.pods.user_files == "job_user" else {}
-    envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered, files)
+    envs = [container_environment(alloc, payload, part, cfg, index, k8s_names, home, delivered)
             for index in range(len(alloc.nodes))]
     shared = shared_environment(envs)
     env_bytes = sum(len(value.encode("utf-8", "surrogateescape")) for value in shared.values())
-    if files and env_bytes + files_bytes(files) > SECRET_DATA_BYTES:
-        # No room for the user's files beside the environment: the image's stay (the job runs).
-        files = {}
-        envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered, files)
-                for index in range(len(alloc.nodes))]
-        shared = shared_environment(envs)
+    files = user_files(account, alloc, groups) if cfg.pods.user_files == "job_user" else {}
+    if env_bytes + files_bytes(files) > SECRET_DATA_BYTES:
+        files = {}  # no room for the user's files beside the environment: the image's stay (the job runs)
     env_bytes += files_bytes(files)  # from here on the Secret's data but the script
     if env_bytes > SECRET_DATA_BYTES:
         largest = sorted(shared, key=lambda name: len(shared[name]), reverse=True)[:3]
@@ -165,7 +159,7 @@ def desired_objects(
                 f"together exceed the {SECRET_DATA_BYTES} bytes that fit into Kubernetes (a Secret) "
                 "without the bridge's in-pod agent ([pods] agent_image)")
         delivered = True  # the agent copies the script in once the first pod runs
-        envs = [_container_env(alloc, payload, part, cfg, index, k8s_names, home, delivered, files)
+        envs = [container_environment(alloc, payload, part, cfg, index, k8s_names, home, delivered)
                 for index in range(len(alloc.nodes))]
         shared = shared_environment(envs)
     secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script, files)
@@ -182,7 +176,9 @@ def desired_objects(
     pods = [
         _pod(alloc, payload, directives, part, cfg, image, index, k8s_names, groups,
              groups_policy(cfg.pods.supplemental_groups_policy, k8s_names[index], strict_groups_nodes),
-             {name: value for name, value in envs[index].items() if name not in shared},
+             # The files' keys: their paths, never the job's variables (the Secret's envFrom).
+             {name: value for name, value in envs[index].items() if name not in shared}
+             | {key: FILES[key] for key in files},
              delivered, secret_name, files)
         for index in range(len(alloc.nodes))
     ]
@@ -199,33 +195,6 @@ def _labels(alloc: JobAllocation, cfg: BridgeConfig) -> dict[str, str]:
     if alloc.is_array_task:
         labels[wellknown.LABEL_ARRAY_JOB_ID] = str(alloc.array_job_id)
     return labels
-
-
-def _container_env(
-    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig, index: int,
-    k8s_names: list[str], home: str | None, delivered: bool, files: Mapping[str, str],
-) -> dict[str, str]:
-    """Everything node `index`'s container gets in its environment (before `$` escaping)."""
-    master = alloc.nodes[0].name if first_node_named(alloc, part) else k8s_names[0]
-    env = node_environment(alloc, payload, part, index, master_addr=master, home=home)
-    if delivered and index == 0:
-        env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
-    if not cfg.pods.agent_image:
-        env = without_limits(env)
-    else:
-        # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
-        env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
-        if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:
-            env[wellknown.ENV_USAGE_INTERVAL] = str(cfg.pods.usage_interval_s)
-    env[wellknown.SECRET_SCRIPT_KEY] = _script_path(index, delivered)
-    env.update((key, FILES[key]) for key in files)  # the Secret's file, never the job's variable
-    return env
-
-
-def _script_path(index: int, delivered: bool) -> str:
-    if delivered and index == 0:
-        return wellknown.AGENT_SCRIPT  # copied in once the pod runs (agent receive-script)
-    return f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
 
 
 def _check_identity(alloc: JobAllocation, payload: JobPayload) -> None:
@@ -275,7 +244,7 @@ def _pod(
 ) -> dict[str, Any]:
     """Node `index`'s pod; `env` is what its container gets beyond the Secret's shared variables."""
     node = alloc.nodes[index]
-    script_path = _script_path(index, delivered)
+    script_file = script_path(index, delivered)
     labels = _labels(alloc, cfg)
     annotations = {
         **expand_annotations(part.pod_annotations, payload.environment),
@@ -331,7 +300,7 @@ def _pod(
     agent = cfg.pods.agent_image
     if delivered and index == 0 and not part.simulated and not payload.allocation:
         annotations[wellknown.ANNOTATION_SCRIPT_DELIVERY] = "exec"  # a simulated pod has no exec
-    command = [*interpreter_of(payload.script), script_path, *payload.arguments]
+    command = [*interpreter_of(payload.script), script_file, *payload.arguments]
     if agent:
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
         volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
