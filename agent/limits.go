@@ -9,8 +9,8 @@ package main
 // root nor able to act between Go's fork and exec, and lowering its own limits for a moment would
 // let them bite the agent (a fork past RLIMIT_NPROC, a thread or a heap past RLIMIT_AS, fds past
 // RLIMIT_NOFILE in its relays). So the script or task is started through a second, short-lived
-// agent (`agent with-limits PATH -- ARGV`) that sets them on itself and execs the program: its
-// pid, group and terminal become the program's.
+// agent (`agent with-limits script|task PATH -- ARGV`) that sets them on itself and execs the
+// program: its pid, group and terminal become the program's.
 
 import (
 	"errors"
@@ -46,9 +46,9 @@ func jobLimitsGiven() bool {
 	return false
 }
 
-// throughLimits is argv started through `agent with-limits` where the job has limits or a
-// umask to set (path: the program, as found), else argv itself.
-func throughLimits(path string, argv []string) (string, []string) {
+// throughLimits is argv started through `agent with-limits script|task` where the job has
+// limits or a umask to set (path: the program, as found), else argv itself.
+func throughLimits(kind, path string, argv []string) (string, []string) {
 	if !jobLimitsGiven() {
 		return path, argv
 	}
@@ -56,10 +56,10 @@ func throughLimits(path string, argv []string) (string, []string) {
 	if err != nil {
 		return path, argv // without them rather than not at all
 	}
-	return self, append([]string{self, "with-limits", path, "--"}, argv...)
+	return self, append([]string{self, "with-limits", kind, path, "--"}, argv...)
 }
 
-// withLimits is `agent with-limits PATH -- ARGV`: take SLURM_RLIMIT_* out of the environment
+// withLimits is `agent with-limits KIND PATH -- ARGV`: take SLURM_RLIMIT_* out of the environment
 // (slurmstepd does: the job never sees them), set their soft limits and SLURM_UMASK's umask on
 // this process, and become the program. As slurmstepd: a soft limit above the pod's hard one is
 // lowered to it, unless srun --propagate asked for it (the `U` mark: then it stays as it is);
@@ -104,15 +104,14 @@ func withLimits(path string, argv []string, keepUmask bool, notFound, notRunnabl
 	os.Exit(notRunnable)
 }
 
-// withLimitsMain parses `with-limits PATH -- ARGV` (os.Args[2:]) and names the failure as the
-// script's start (run) or a task's (task_wait.go) does.
+// withLimitsMain parses `with-limits script|task PATH -- ARGV` (os.Args[2:]) and names the
+// failure as the script's start (run) or a task's (task_wait.go) does.
 func withLimitsMain(args []string) {
-	if len(args) < 3 || args[1] != "--" {
-		fail("usage: slurm-k8s-bridge-agent with-limits PATH -- ARGV...")
+	if len(args) < 4 || args[2] != "--" || (args[0] != "script" && args[0] != "task") {
+		fail("usage: slurm-k8s-bridge-agent with-limits script|task PATH -- ARGV...")
 	}
-	path, argv := args[0], args[2:]
-	if os.Getenv("SLURM_K8S_BRIDGE_TASK_LIMITS") != "" {
-		_ = os.Unsetenv("SLURM_K8S_BRIDGE_TASK_LIMITS")
+	path, argv := args[1], args[3:]
+	if args[0] == "task" {
 		withLimits(path, argv, true, 2, 2, func(err error) {
 			fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
 		})

@@ -189,6 +189,17 @@ func main() {
 
 func fail(message string) { failWith(exitFailed, message) }
 
+// secretKeys are the payload Secret's keys that are files, not variables: the script and the job
+// user's /etc/passwd and /etc/group. The Secret is the container's envFrom too, so the pod's own
+// env sets each to its file's path; the job's own environment never had them.
+var secretKeys = []string{"SLURM_K8S_BRIDGE_SCRIPT", "SLURM_K8S_BRIDGE_PASSWD", "SLURM_K8S_BRIDGE_GROUP"}
+
+func unsetSecretKeys() {
+	for _, key := range secretKeys {
+		_ = os.Unsetenv(key)
+	}
+}
+
 // failWith ends the agent with `code`, one the daemon tells apart (exitcodes.go).
 func failWith(code int, message string) {
 	fmt.Fprintln(os.Stderr, "slurm-k8s-bridge-agent: "+message)
@@ -266,12 +277,7 @@ func (f *frames) relay(tag byte, from io.Reader, done chan<- struct{}) {
 }
 
 func run(pidfile string, merged bool, argv []string) int {
-	// The payload Secret's script key, which the pod's env sets to the script's path so that the
-	// script never becomes a variable: the job's own environment never had it.
-	_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT")
-	// The same for the job user's /etc/passwd and /etc/group (mounted from the Secret's keys).
-	_ = os.Unsetenv("SLURM_K8S_BRIDGE_PASSWD")
-	_ = os.Unsetenv("SLURM_K8S_BRIDGE_GROUP")
+	unsetSecretKeys() // the payload Secret's file keys: never the script's variables
 	// Before any process of the job exists (ending.go).
 	tellEnding := undumpable()
 	interval := usageInterval() // the bridge's, not the job's: read, then gone from its environment
@@ -305,7 +311,7 @@ func run(pidfile string, merged bool, argv []string) int {
 	stops := make(chan os.Signal, 8)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 	if cmd.Err == nil {
-		cmd.Path, cmd.Args = throughLimits(cmd.Path, cmd.Args)
+		cmd.Path, cmd.Args = throughLimits("script", cmd.Path, cmd.Args)
 	}
 	if err := cmd.Start(); err != nil {
 		// As a shell reports a missing interpreter: 127 not found, 126 not executable.

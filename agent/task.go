@@ -72,8 +72,8 @@ func task(pidfile, encodedEnv string, argv []string) {
 	if env["SLURM_K8S_BRIDGE_TASK_MULTI_PROG"] != "" {
 		argv = multiProgLine(argv[0], env["SLURM_PROCID"])
 	}
-	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD", "SLURM_K8S_BRIDGE_SCRIPT", // the payload Secret's keys (see run)
-		"SLURM_K8S_BRIDGE_PASSWD", "SLURM_K8S_BRIDGE_GROUP",
+	unsetSecretKeys()
+	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD",
 		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
 		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT",
 		"SLURM_K8S_BRIDGE_TASK_UNSET"} {

@@ -26,13 +26,9 @@ func runTask(path string, argv []string, pidfile string, usageFd int) int {
 	// With a terminal (srun --pty), the task's group is the terminal's foreground one: ^C, job
 	// control and the shell's reads are the task's, as when it was the exec's process itself.
 	terminal := isTerminal(0)
-	program, args := throughLimits(path, argv)
-	env := os.Environ()
-	if program != path {
-		env = append(env, "SLURM_K8S_BRIDGE_TASK_LIMITS=1") // its failure is told as a task's
-	}
+	program, args := throughLimits("task", path, argv)
 	pid, err := syscall.ForkExec(program, args, &syscall.ProcAttr{
-		Env: env, Files: []uintptr{0, 1, 2},
+		Env: os.Environ(), Files: []uintptr{0, 1, 2},
 		Sys: &syscall.SysProcAttr{Setpgid: true, Foreground: terminal, Ctty: 0},
 	})
 	if err != nil {

@@ -110,7 +110,11 @@ class SupplementalGroups:
     async def of(self, alloc: JobAllocation) -> tuple[int, ...]:
         if self.mode == "none":
             return ()
-        return (await self.resolve(alloc)).groups
+        return self.given(await self.resolve(alloc))
+
+    def given(self, resolution: Resolution) -> tuple[int, ...]:
+        """The supplementary gids the pods get of `resolution` (none in mode `none`)."""
+        return () if self.mode == "none" else resolution.groups
 
     async def resolve(self, alloc: JobAllocation) -> Resolution:
         """The job user's NSS answer (groups, home), cached; empty when NSS cannot tell."""

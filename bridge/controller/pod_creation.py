@@ -64,7 +64,7 @@ class PodCreation:
         if session.user is None:
             session.user = await self.groups.resolve(alloc)
         resolved = session.user
-        groups = resolved.groups if self.groups.mode != "none" else ()
+        groups = self.groups.given(resolved)
         home = resolved.home
         try:
             strict: set[str] = set()

@@ -247,17 +247,26 @@ async def test_mode_none_or_no_user_name_looks_nothing_up() -> None:
 
 # -- the reconciler passes them in -----------------------------------------------------------------------
 
-async def test_created_pods_carry_the_groups_of_slurms_user_not_the_payloads() -> None:
-    from .test_reconcile_acts_on_both_views import FakeKube, FakeSlurm, _attach, _see
+def _reconciler(nss: FakeNss, *, resolve_first_node: bool, policy: str, ttl_s: float = 60.0,
+                ) -> tuple[Reconciler, Any, PodCache]:
+    """A reconciler over in-memory Slurm and Kubernetes whose NSS is `nss`, with job 42 seen."""
+    from .test_reconcile_acts_on_both_views import FakeKube, FakeSlurm, _see
 
     cache = PodCache()
     kube = FakeKube(cache)
-    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=False)},
-                 pods=PodsConfig(supplemental_groups_policy="Strict"))
+    part = PartitionConfig(default_image="img:1", resolve_first_node=resolve_first_node)
+    cfg = config(partitions={"k8s": part}, pods=PodsConfig(supplemental_groups_policy=policy))
     reconciler = Reconciler(cfg, FakeSlurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
-    nss = FakeNss()
-    reconciler.creation.groups = SupplementalGroups(lookup=nss)
+    reconciler.creation.groups = SupplementalGroups(lookup=nss, ttl_s=ttl_s)
     _see(reconciler, allocation())
+    return reconciler, kube, cache
+
+
+async def test_created_pods_carry_the_groups_of_slurms_user_not_the_payloads() -> None:
+    from .test_reconcile_acts_on_both_views import _attach
+
+    nss = FakeNss()
+    reconciler, kube, _ = _reconciler(nss, resolve_first_node=False, policy="Strict")
     queue = _attach(reconciler)
     # Whatever the waiter claims about its user (it writes the payload) does not matter.
     reconciler.sessions.of_job(42)[-1].payload = replace(payload(), environment={"USER": "root"})
@@ -273,16 +282,10 @@ async def test_created_pods_carry_the_groups_of_slurms_user_not_the_payloads() -
 async def test_the_pods_made_after_the_first_ones_address_get_the_same_nss_answer() -> None:
     """A multi-node run's later pods are made once the first has its address: NSS failing (or
     answering otherwise) by then must not give them other groups, or no passwd entry."""
-    from .test_reconcile_acts_on_both_views import FakeKube, FakeSlurm, _attach, _pod, _see
+    from .test_reconcile_acts_on_both_views import _attach, _pod
 
-    cache = PodCache()
-    kube = FakeKube(cache)
-    cfg = config(partitions={"k8s": PartitionConfig(default_image="img:1", resolve_first_node=True)},
-                 pods=PodsConfig(supplemental_groups_policy=""))
-    reconciler = Reconciler(cfg, FakeSlurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
     nss = FakeNss()
-    reconciler.creation.groups = SupplementalGroups(lookup=nss, ttl_s=0)
-    _see(reconciler, allocation())
+    reconciler, kube, cache = _reconciler(nss, resolve_first_node=True, policy="", ttl_s=0)
     _attach(reconciler)
 
     await reconciler.reconcile(42)
