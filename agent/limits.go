@@ -21,7 +21,7 @@ import (
 )
 
 // slurmLimits are the limits Slurm propagates, by its names, then the others the waiter passes on
-// (internal/earlysignals/limits.go), by Linux's; their numbers are those of <sys/resource.h> on
+// (internal/startlimits), by Linux's; their numbers are those of <sys/resource.h> on
 // amd64 and arm64. DATA, AS and NPROC come last: once they are set, this process allocates as
 // little as it can before its exec.
 var slurmLimits = []struct {

@@ -20,9 +20,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"slurm-k8s-bridge/agent/internal/startlimits"
 )
 
 type stepRequest struct {
@@ -147,7 +150,7 @@ func ask(dir, name string, request stepRequest) string {
 func srunClient(args []string) {
 	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
 	cwd, _ := os.Getwd()
-	key := ask(dir, "srun", stepRequest{Argv: args, Cwd: cwd, Env: environ()})
+	key := ask(dir, "srun", stepRequest{Argv: args, Cwd: cwd, Env: withOwnLimits(environ())})
 	signals := make(chan os.Signal, 8)
 	signal.Notify(signals, forwardedToSrun...)
 	go func() {
@@ -171,6 +174,23 @@ func srunClient(args []string) {
 		}
 	}()
 	awaitResult(dir, key)
+}
+
+// withOwnLimits is env with this srun's soft limits and umask, as native srun puts them in a
+// step's environment: SLURM_RLIMIT_<NAME> for each limit Slurm propagates (over one the script
+// set), SLURM_UMASK unless the script set one. The script may have changed them since the job
+// started; the waiter passes these on to the step's tasks (internal/waiter/step_limits.go).
+func withOwnLimits(env map[string]string) map[string]string {
+	for _, entry := range startlimits.StartLimits() {
+		name, value, _ := strings.Cut(entry, "=")
+		limit, isLimit := strings.CutPrefix(name, "SLURM_RLIMIT_")
+		if isLimit && startlimits.Propagated(limit) {
+			env[name] = value
+		} else if _, set := env[name]; name == "SLURM_UMASK" && !set {
+			env[name] = value
+		}
+	}
+	return env
 }
 
 // awaitResult waits for the output and exit code of request `key` and exits with that code.

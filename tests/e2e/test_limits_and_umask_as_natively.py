@@ -1,7 +1,9 @@
 """The soft resource limits and the umask of the submitting shell reach a bridged job's script and
 its srun tasks as slurmstepd gives them to a native job (PropagateResourceLimits, SLURM_UMASK):
 `ulimit -a`, `umask` and the mode of a file the job makes are the same in `native` and `k8s`, for
-an array's tasks at once; and the SLURM_RLIMIT_* variables are gone from the job's environment."""
+an array's tasks at once; and the SLURM_RLIMIT_* variables are gone from the job's environment.
+What the script itself sets before an srun reaches that step's tasks, as srun propagates its own
+(and only what its --propagate names)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ umask
 env | grep -c '^SLURM_RLIMIT_'
 made="made-$SLURM_ARRAY_TASK_ID-$SLURM_JOB_PARTITION"; : > "$made"; stat -c %a "$made"
 srun -n1 bash -c 'echo "step: $(ulimit -S -n) $(ulimit -S -s) $(ulimit -S -c) $(umask)"'
+# What the script sets before its srun reaches the step's tasks, as srun propagates its own.
+ulimit -S -n 256 && ulimit -S -s 2048 && ulimit -S -c 1000 && umask 077
+srun -n1 bash -c 'echo "changed: $(ulimit -S -n) $(ulimit -S -s) $(ulimit -S -c) $(umask)"'
+(ulimit -S -n 300; srun --propagate=NOFILE -n1 bash -c 'echo "propagate=NOFILE: $(ulimit -S -n)"')
 """
 TASKS = 3
 # What the submitting shell sets: each differs from the sandbox's defaults.
@@ -53,7 +59,8 @@ def test_ulimit_umask_and_a_made_files_mode_are_the_submitting_shells_as_nativel
     native = (directory / "native-0.out").read_text()
     lines = native.splitlines()
     assert "open files                          (-n) 512" in lines and "0027" in lines, native
-    assert lines[-3:] == ["0", "640", "step: 512 4096 0 0027"], native
+    assert lines[-5:] == ["0", "640", "step: 512 4096 0 0027", "changed: 256 2048 1000 0077",
+                          "propagate=NOFILE: 300"], native
     for task in range(TASKS):
         bridged = (directory / f"k8s-{task}.out").read_text()
         assert bridged == (directory / f"native-{task}.out").read_text(), (task, bridged)

@@ -25,7 +25,7 @@ func SafeEnvironment() []string {
 var startEnviron []string
 
 // startLimits are SLURM_RLIMIT_<NAME>=<soft> entries of the limits the waiter started with and
-// its SLURM_UMASK (internal/earlysignals), as Main was given them.
+// its SLURM_UMASK (internal/startlimits), as Main was given them.
 var startLimits []string
 
 // WithLimits is env with the waiter's start limits and umask: the pods' agent gives the job's

@@ -149,10 +149,15 @@ func (s *scriptSteps) start(data, token string, io any) {
 		argv[i] = pyStr(arg)
 	}
 	options, _, err := SplitSrunArgs(argv)
+	var limitEnv []string
 	if err == nil {
 		var hostIO []string
 		hostIO, err = HostIOOptions(io)
-		options = append(options, hostIO...)
+		requestEnv, _ := request.Get("env")
+		environ, _ := requestEnv.(Object)
+		var limitOptions []string
+		limitEnv, limitOptions = stepLimits(environ, options)
+		options = append(append(options, hostIO...), limitOptions...)
 	}
 	if err != nil {
 		_ = WriteAll(2, []byte(err.Error()+"\n"))
@@ -181,6 +186,7 @@ func (s *scriptSteps) start(data, token string, io any) {
 	command := append([]string{srun, "--jobid=" + os.Getenv("SLURM_JOB_ID")}, options...)
 	command = append(append(append(command, "--chdir=/"), s.ownCommand...), "task", key)
 	env := append(srunEnvironment(Environ()), stepToken+"="+token) // the SPANK guard checks it
+	env = append(env, limitEnv...)
 	s.mu.Lock()
 	s.active++
 	s.mu.Unlock()

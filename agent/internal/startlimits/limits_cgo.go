@@ -1,4 +1,13 @@
-package earlysignals
+//go:build cgo
+
+// Package startlimits has a process's soft resource limits and umask as they were when it
+// started, before the Go runtime raised its own soft RLIMIT_NOFILE to the hard one (it does so
+// before any Go code runs, and keeps the value it found to itself). The waiter passes on what
+// slurmstepd set for it; the pod's srun passes on what its caller, the batch script, set.
+//
+// A C constructor reads them, so the binary must be linked with cgo; without cgo (a test build)
+// limits_nocgo.go reads them late, and leaves out an RLIMIT_NOFILE the runtime raised.
+package startlimits
 
 /*
 #include <sys/resource.h>
@@ -15,7 +24,7 @@ static int start_known[LIMIT_COUNT];
 static unsigned start_umask;
 
 // Before the Go runtime starts, which raises its own soft RLIMIT_NOFILE to the hard one: the
-// limits as slurmstepd set them for the job.
+// limits as the process was started with them.
 __attribute__((constructor)) static void keep_start_limits(void)
 {
 	struct rlimit limit;
@@ -40,18 +49,16 @@ import (
 	"strconv"
 )
 
-// limitNames are Slurm's names of the limits it propagates (SLURM_RLIMIT_<NAME>), then Linux's
-// names of the rest: a native job has those of slurmd, which the pods' runtime need not share
-// (`ulimit -a` shows them all).
-var limitNames = []string{"CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NPROC", "NOFILE", "MEMLOCK", "AS",
-	"LOCKS", "SIGPENDING", "MSGQUEUE", "NICE", "RTPRIO", "RTTIME"}
+// exactNofile: StartLimits always has RLIMIT_NOFILE's first value.
+const exactNofile = true
 
 // StartLimits are SLURM_RLIMIT_<NAME>=<soft limit> entries for each limit, and SLURM_UMASK=<umask>,
-// as the process had them at its start: slurmstepd set them from sbatch's or srun's SLURM_RLIMIT_*
-// and SLURM_UMASK, and took those out of a batch script's environment. The job's processes in the
-// pods get the same (the agent sets them, then takes these variables out again as slurmstepd does).
+// as the process had them at its start. For the waiter, slurmstepd set them from sbatch's or srun's
+// SLURM_RLIMIT_* and SLURM_UMASK, and took those out of a batch script's environment; the job's
+// processes in the pods get the same (the agent sets them, then takes these variables out again
+// as slurmstepd does).
 func StartLimits() []string {
-	var entries []string
+	entries := make([]string, 0, len(limitNames)+1)
 	for i, name := range limitNames {
 		if C.limit_known(C.int(i)) != 0 {
 			entries = append(entries, "SLURM_RLIMIT_"+name+"="+strconv.FormatUint(uint64(C.limit_soft(C.int(i))), 10))
