@@ -17,6 +17,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -181,7 +182,11 @@ func srunClient(args []string) {
 // set), SLURM_UMASK unless the script set one. The script may have changed them since the job
 // started; the waiter passes these on to the step's tasks (internal/waiter/step_limits.go).
 func withOwnLimits(env map[string]string) map[string]string {
-	for _, entry := range startlimits.StartLimits() {
+	entries := startlimits.StartLimits()
+	if nofile := callersNofile(entries); nofile != "" {
+		entries = append(entries, "SLURM_RLIMIT_NOFILE="+nofile)
+	}
+	for _, entry := range entries {
 		name, value, _ := strings.Cut(entry, "=")
 		limit, isLimit := strings.CutPrefix(name, "SLURM_RLIMIT_")
 		if isLimit && startlimits.Propagated(limit) {
@@ -191,6 +196,30 @@ func withOwnLimits(env map[string]string) map[string]string {
 		}
 	}
 	return env
+}
+
+// callersNofile is the soft RLIMIT_NOFILE this srun was started with when entries (StartLimits of
+// an agent built without cgo) lack it because the Go runtime raised it before any Go code ran: a
+// child gets it back (os/exec restores it), so a shell's `ulimit -S -n` tells it. "" when entries
+// have it, or without a shell in the image (then the waiter passes the job's start value on).
+func callersNofile(entries []string) string {
+	for _, entry := range entries {
+		if strings.HasPrefix(entry, "SLURM_RLIMIT_NOFILE=") {
+			return ""
+		}
+	}
+	out, err := exec.Command("/bin/sh", "-c", "ulimit -S -n").Output()
+	value := strings.TrimSpace(string(out))
+	if err != nil {
+		return ""
+	}
+	if value == "unlimited" {
+		return strconv.FormatUint(^uint64(0), 10)
+	}
+	if _, err := strconv.ParseUint(value, 10, 64); err != nil {
+		return ""
+	}
+	return value
 }
 
 // awaitResult waits for the output and exit code of request `key` and exits with that code.

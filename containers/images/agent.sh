@@ -16,15 +16,13 @@ hash=$(cat "$IMAGES_SRC/agent.sh" "$IMAGES_SRC/mkimage.py" "$SBX_REPO"/agent/go.
   "$SBX_REPO"/agent/internal/startlimits/*.go | sha256sum | cut -c1-12)
 dir="$SBX_CACHE/images/agent-$hash"
 if ! [ -s "$dir/agent.digest" ]; then
-  # With cgo, linked statically (the C library's archive, as the waiter's): the pod's srun reads
-  # its caller's limits in a C constructor, before the Go runtime raises its RLIMIT_NOFILE
-  # (agent/internal/startlimits). Go's own resolver and user lookup: nothing of the C library's NSS.
-  export PATH="/usr/local/go/bin:$PATH" CGO_ENABLED=1 GOFLAGS=-buildvcs=false
+  # Without cgo: the agent is the first process of every job's container, in any image and under
+  # the pod's seccomp profile (a static glibc's threads need clone3, which older profiles refuse).
+  export PATH="/usr/local/go/bin:$PATH" CGO_ENABLED=0 GOFLAGS=-buildvcs=false
   command -v go >/dev/null || die "go not found (the machine image ships it in /usr/local/go)"
   mkdir -p "$dir"
   tmp=$(mktemp -d "$dir/build.XXXX")
-  (cd "$SBX_REPO/agent" && go build -trimpath -tags netgo,osusergo \
-    -ldflags '-s -w -linkmode external -extldflags -static' -o "$tmp/root/slurm-k8s-bridge-agent" .)
+  (cd "$SBX_REPO/agent" && go build -trimpath -ldflags "-s -w" -o "$tmp/root/slurm-k8s-bridge-agent" .)
   python3 "$IMAGES_SRC/mkimage.py" --rootfs "$tmp/root" --name "$REF" \
     --entrypoint '["/slurm-k8s-bridge-agent"]' --out "$dir/agent.tar" >"$dir/agent.digest.new"
   cp "$tmp/root/slurm-k8s-bridge-agent" "$dir/slurm-k8s-bridge-agent"

@@ -25,7 +25,7 @@ srun -n1 bash -c 'echo "step: $(ulimit -S -n) $(ulimit -S -s) $(ulimit -S -c) $(
 # What the script sets before its srun reaches the step's tasks, as srun propagates its own.
 ulimit -S -n 256 && ulimit -S -s 2048 && ulimit -S -c 1000 && umask 077
 srun -n1 bash -c 'echo "changed: $(ulimit -S -n) $(ulimit -S -s) $(ulimit -S -c) $(umask)"'
-(ulimit -S -n 300; srun --propagate=NOFILE -n1 bash -c 'echo "propagate=NOFILE: $(ulimit -S -n)"')
+(ulimit -S -n 300; srun --propagate=NOFILE -n1 bash -c 'echo "propagate=NOFILE: $(ulimit -S -n) $(umask)"')
 """
 TASKS = 3
 # What the submitting shell sets: each differs from the sandbox's defaults.
@@ -60,7 +60,7 @@ def test_ulimit_umask_and_a_made_files_mode_are_the_submitting_shells_as_nativel
     lines = native.splitlines()
     assert "open files                          (-n) 512" in lines and "0027" in lines, native
     assert lines[-5:] == ["0", "640", "step: 512 4096 0 0027", "changed: 256 2048 1000 0077",
-                          "propagate=NOFILE: 300"], native
+                          "propagate=NOFILE: 300 0077"], native
     for task in range(TASKS):
         bridged = (directory / f"k8s-{task}.out").read_text()
         assert bridged == (directory / f"native-{task}.out").read_text(), (task, bridged)

@@ -5,8 +5,9 @@
 // before any Go code runs, and keeps the value it found to itself). The waiter passes on what
 // slurmstepd set for it; the pod's srun passes on what its caller, the batch script, set.
 //
-// A C constructor reads them, so the binary must be linked with cgo; without cgo (a test build)
-// limits_nocgo.go reads them late, and leaves out an RLIMIT_NOFILE the runtime raised.
+// A C constructor reads them in the waiter, linked with cgo. The agent is built without (it runs
+// in every job's container, under its seccomp profile): limits_nocgo.go reads them late and leaves
+// out an RLIMIT_NOFILE the runtime raised, which the pod's srun asks a shell for.
 package startlimits
 
 /*

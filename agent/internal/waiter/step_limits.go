@@ -1,6 +1,8 @@
 package waiter
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
 
 	"slurm-k8s-bridge/agent/internal/startlimits"
@@ -25,7 +27,7 @@ func stepLimits(requestEnv Object, options []string) (env, extraOptions []string
 			sent[name] = value
 		}
 	}
-	if mask := lookup(requestEnv, "SLURM_UMASK"); isUmask(mask) {
+	if mask := umaskOf(lookup(requestEnv, "SLURM_UMASK")); mask != "" {
 		env = append(env, "SLURM_UMASK="+mask)
 	}
 	if len(sent) == 0 {
@@ -88,28 +90,18 @@ func propagateOption(options []string) (map[string]bool, bool, bool) {
 	return chosen, asked, true
 }
 
-// isCount: a limit as srun writes one (decimal, at most an unsigned 64-bit number's digits).
+// isCount: a limit as srun writes one (decimal, an unsigned 64-bit number).
 func isCount(value string) bool {
-	if value == "" || len(value) > 20 {
-		return false
-	}
-	for _, c := range value {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
+	_, err := strconv.ParseUint(value, 10, 64)
+	return err == nil
 }
 
-// isUmask: a umask as srun writes one (0 and three octal digits).
-func isUmask(value string) bool {
-	if len(value) != 4 || value[0] != '0' {
-		return false
+// umaskOf is a umask as srun writes one ("0%o%o%o"), from an octal number as slurmstepd reads
+// it (strtol, base 8); "" for anything else.
+func umaskOf(value string) string {
+	mask, err := strconv.ParseUint(value, 8, 32)
+	if err != nil || mask > 0o777 {
+		return ""
 	}
-	for _, c := range value[1:] {
-		if c < '0' || c > '7' {
-			return false
-		}
-	}
-	return true
+	return fmt.Sprintf("%04o", mask)
 }
