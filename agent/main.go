@@ -144,7 +144,13 @@ func main() {
 		if len(os.Args) < 6 || os.Args[4] != "--" || (os.Args[3] != "split" && os.Args[3] != "merged") {
 			fail("usage: slurm-k8s-bridge-agent run PIDFILE split|merged -- ARGV...")
 		}
-		os.Exit(run(os.Args[2], os.Args[3] == "merged", os.Args[5:]))
+		code, told := run(os.Args[2], os.Args[3] == "merged", os.Args[5:])
+		if told {
+			// The daemon knows the script's end from its frame: the job's steps end as their
+			// slurmstepd ends them (tasks_left.go), not with this process.
+			waitForTasksLeft()
+		}
+		os.Exit(code)
 	case "wait":
 		hold()
 	case "install-on-node":
@@ -276,7 +282,9 @@ func (f *frames) relay(tag byte, from io.Reader, done chan<- struct{}) {
 	}
 }
 
-func run(pidfile string, merged bool, argv []string) int {
+// run runs the batch script and returns the code to exit with, and whether the script's end was
+// told in the ending frame.
+func run(pidfile string, merged bool, argv []string) (int, bool) {
 	unsetSecretKeys() // the payload Secret's file keys: never the script's variables
 	// Before any process of the job exists (ending.go).
 	tellEnding := undumpable()
@@ -287,7 +295,7 @@ func run(pidfile string, merged bool, argv []string) int {
 		_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING")
 		if !waitForFile(pending, scriptDeliveryTimeout) {
 			fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: the job script never arrived in %s\n", pending)
-			return 1
+			return 1, false
 		}
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -317,9 +325,9 @@ func run(pidfile string, merged bool, argv []string) int {
 		// As a shell reports a missing interpreter: 127 not found, 126 not executable.
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
 		if os.IsNotExist(err) || errors.Is(err, exec.ErrNotFound) {
-			return 127
+			return 127, false
 		}
-		return 126
+		return 126, false
 	}
 	// The script holds the write ends now; ours would keep the pipes open after it exits.
 	_ = stdoutW.Close()
@@ -328,11 +336,13 @@ func run(pidfile string, merged bool, argv []string) int {
 	}
 	pid := cmd.Process.Pid
 	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(pid)+"\n"), 0o644)
-	var stopped atomic.Bool
+	var stopped, reaped atomic.Bool
 	go func() {
 		for sig := range stops {
 			stopped.Store(true)
-			_ = syscall.Kill(-pid, sig.(syscall.Signal))
+			if !reaped.Load() { // once reaped, its number may be another process's
+				_ = syscall.Kill(-pid, sig.(syscall.Signal))
+			}
 		}
 	}()
 	outDone, errDone := make(chan struct{}), make(chan struct{})
@@ -357,6 +367,7 @@ func run(pidfile string, merged bool, argv []string) int {
 	sampler.finish(&rusage)
 	// What the script left running goes with it, as slurmstepd ends a batch step.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	reaped.Store(true)
 	deadline := time.After(drainAfterExit)
 	for _, done := range []chan struct{}{outDone, errDone} {
 		select {
@@ -369,16 +380,18 @@ func run(pidfile string, merged bool, argv []string) int {
 		_, _ = out.out.Write(endingFrame(status, stopped.Load()))
 	}
 	if status.Signaled() {
-		return 128 + int(status.Signal())
+		return 128 + int(status.Signal()), tellEnding
 	}
-	return status.ExitStatus()
+	return status.ExitStatus(), tellEnding
 }
 
-// hold waits for the kubelet's SIGTERM (or SIGINT) and exits 0: the node was only held for the job.
+// hold waits for the kubelet's SIGTERM (or SIGINT) and exits 0 once no step task runs here: the
+// node was only held for the job.
 func hold() {
 	stops := make(chan os.Signal, 1)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT)
 	<-stops
+	waitForTasksLeft()
 	os.Exit(0)
 }
 

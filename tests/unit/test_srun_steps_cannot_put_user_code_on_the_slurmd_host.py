@@ -136,7 +136,8 @@ def test_no_command_is_srun_s_fatal_error(argv: list[str]) -> None:
 
 # -- 2. srun_environment: the job's layout, nothing that steers srun or the loader -----------------
 # The compiled waiter's (agent/internal/waiter/steps.go), run by its test program (steps_test.go).
-# What the Python waiter gave srun of the batch environment, which the Go one must give too.
+# What the Python waiter gave srun of the batch environment, which the Go one must give too, and the
+# run's SLURM_RESTART_COUNT (a requeued job's tasks see it, as natively).
 SRUN_LAYOUT_VARIABLES = frozenset({
     "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
     "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET",
@@ -145,7 +146,7 @@ SRUN_LAYOUT_VARIABLES = frozenset({
     "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION",
     "SLURM_JOB_NAME", "SLURM_DISTRIBUTION", "SLURM_OVERCOMMIT", "SLURM_THREADS_PER_CORE",
     "SLURM_TRES_PER_TASK", "SLURM_TRES_BIND", "SLURM_GPU_BIND", "SLURM_GPUS_PER_SOCKET",
-    "SLURM_CPUS_PER_GPU",
+    "SLURM_CPUS_PER_GPU", "SLURM_RESTART_COUNT",
 })
 SAFE_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 

@@ -78,6 +78,9 @@ func (w *Waiter) post(action string, body []byte, timeout time.Duration) error {
 	return w.client.PostClose(w.path(action), body, timeout)
 }
 
+// SlurmSignalled: slurmstepd sent the batch step sig (before it is acted on).
+func (w *Waiter) SlurmSignalled(sig syscall.Signal) { w.steps.slurmSignalled(sig) }
+
 // ForwardSignal passes a signal on to the script in the pods.
 func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
 

@@ -78,6 +78,7 @@ func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []stri
 	waiter := NewWaiter(client, script, environment, workDir, arguments, ownCommand)
 	handle := func(sig os.Signal) {
 		number := sig.(syscall.Signal)
+		waiter.SlurmSignalled(number)
 		if number == syscall.SIGTERM || number == syscall.SIGINT {
 			// Silent, as a native batch script is: slurmstepd reports a cancel or a time limit.
 			if !waiter.CancelRequested() {

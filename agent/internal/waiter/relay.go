@@ -108,6 +108,8 @@ type stepOutputRelay struct {
 	seq       uint64
 	delivered bool
 	gone      bool
+	// termedBySlurm: slurmstepd has just sent the process a TERM itself (nil: never).
+	termedBySlurm func() bool
 }
 
 func newStepOutputRelay(client *Client, key string) *stepOutputRelay {
@@ -312,7 +314,11 @@ func runRelayed(cmd *exec.Cmd, relay *stepOutputRelay, started func(*exec.Cmd), 
 			terminated = true
 		}
 		if relay.gone && !terminated {
-			_ = cmd.Process.Signal(syscall.SIGTERM) // the script's srun is gone: so is the step, as natively
+			// The script's srun is gone: so is the step, as natively. Not twice: the script's srun
+			// goes with a cancel, whose TERM slurmstepd sent this srun already.
+			if relay.termedBySlurm == nil || !relay.termedBySlurm() {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+			}
 			terminated = true
 		}
 	}

@@ -28,8 +28,9 @@ var stepSignals = setOf(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall
 // SrunPaths are where Slurm's srun is looked for, never on the job's PATH.
 var SrunPaths = []string{"/usr/bin/srun", "/usr/local/bin/srun", "/opt/slurm/bin/srun"}
 
-// srunLayoutVariables are what Slurm's srun gets of the batch environment: the job's layout.
-// Many other SLURM_* variables are srun options that would run or place the user's things here.
+// srunLayoutVariables are what Slurm's srun gets of the batch environment: the job's layout, and
+// the run's SLURM_RESTART_COUNT (a requeued job's tasks see it, as natively). Many other SLURM_*
+// variables are srun options that would run or place the user's things here.
 var srunLayoutVariables = map[string]bool{}
 
 func init() {
@@ -40,7 +41,7 @@ func init() {
 		"SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_CLUSTER_NAME",
 		"SLURM_JOB_PARTITION", "SLURM_JOB_NAME", "SLURM_DISTRIBUTION", "SLURM_OVERCOMMIT",
 		"SLURM_THREADS_PER_CORE", "SLURM_TRES_PER_TASK", "SLURM_TRES_BIND", "SLURM_GPU_BIND",
-		"SLURM_GPUS_PER_SOCKET", "SLURM_CPUS_PER_GPU"} {
+		"SLURM_GPUS_PER_SOCKET", "SLURM_CPUS_PER_GPU", "SLURM_RESTART_COUNT"} {
 		srunLayoutVariables[name] = true
 	}
 }
@@ -117,11 +118,58 @@ type scriptSteps struct {
 	started    map[string]bool
 	active     int
 	sruns      map[string]*exec.Cmd
+	// When slurmstepd last sent the batch step each signal, and which of those each step's
+	// srun in the pod has passed back already (signalBack).
+	fromSlurm  map[syscall.Signal]time.Time
+	passedBack map[string]time.Time
 }
+
+// echoWindow is how long after slurmstepd signalled the batch step the same signal from the
+// pod's srun is that one coming back, not the script's own.
+const echoWindow = 3 * time.Second
 
 func newScriptSteps(client *Client, ownCommand []string, post postAction) *scriptSteps {
 	return &scriptSteps{client: client, ownCommand: ownCommand, post: post, started: map[string]bool{},
-		sruns: map[string]*exec.Cmd{}}
+		sruns: map[string]*exec.Cmd{}, fromSlurm: map[syscall.Signal]time.Time{}, passedBack: map[string]time.Time{}}
+}
+
+// slurmSignalled: slurmstepd sent the batch step sig. A TERM or INT cancels the job (cli.go): the
+// waiter and the sruns it runs are that step's processes, so each srun got it from slurmstepd
+// too, and in the pod the cancel reaches the script's whole process group, its srun too, which
+// passes it back. Other signals reach only the script there: one from its srun is the script's.
+func (s *scriptSteps) slurmSignalled(sig syscall.Signal) {
+	if sig != syscall.SIGTERM && sig != syscall.SIGINT {
+		return
+	}
+	s.mu.Lock()
+	s.fromSlurm[sig] = time.Now()
+	s.mu.Unlock()
+}
+
+// recentlyFromSlurm: slurmstepd sent the batch step sig within the echo window.
+func (s *scriptSteps) recentlyFromSlurm(sig syscall.Signal) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, sent := s.fromSlurm[sig]
+	return sent && time.Since(at) <= echoWindow
+}
+
+// signalBack reports whether sig from step key's srun in the pod is slurmstepd's own coming back:
+// the waiter passed it on to the script, whose process group holds that srun, which passes what it
+// gets on to Slurm's srun. Natively srun gets it once; each step's srun passes it back once.
+func (s *scriptSteps) signalBack(key string, sig syscall.Signal) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, sent := s.fromSlurm[sig]
+	if !sent || time.Since(at) > echoWindow {
+		return false
+	}
+	mark := key + ":" + strconv.Itoa(int(sig))
+	if s.passedBack[mark].Equal(at) {
+		return false
+	}
+	s.passedBack[mark] = at
+	return true
 }
 
 // start runs Slurm's srun for the script's srun; io are the step's file options as the daemon
@@ -195,6 +243,7 @@ func (s *scriptSteps) start(data, token string, io any) {
 
 func (s *scriptSteps) run(key string, command, env []string) {
 	relay := newStepOutputRelay(s.client, key)
+	relay.termedBySlurm = func() bool { return s.recentlyFromSlurm(syscall.SIGTERM) }
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Env = env
 	code, err := runRelayed(cmd, relay, func(cmd *exec.Cmd) {
@@ -223,6 +272,9 @@ func (s *scriptSteps) signal(key string, sig any) {
 	cmd := s.sruns[key]
 	s.mu.Unlock()
 	if cmd == nil || !ok || number < 1 || number > 64 || stepSignals&setOf(syscall.Signal(number)) == 0 {
+		return
+	}
+	if s.signalBack(key, syscall.Signal(number)) {
 		return
 	}
 	if cmd.ProcessState == nil {

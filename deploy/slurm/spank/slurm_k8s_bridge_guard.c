@@ -170,7 +170,7 @@ static int partition_is_bridged(const struct settings *settings, const char *par
 /* The job's partition from slurmctld (never from the job's environment, which the user sets).
  * Returns 1 bridged, 0 not, -1 unknown (slurmctld or the settings unreachable). */
 static int job_is_bridged(uint32_t job_id, const struct settings *settings, char *partition,
-			  size_t partition_len)
+			  size_t partition_len, uint32_t *restarts)
 {
 	job_info_msg_t *info = NULL;
 	slurm_step_id_t which = SLURM_STEP_ID_INITIALIZER;
@@ -187,6 +187,7 @@ static int job_is_bridged(uint32_t job_id, const struct settings *settings, char
 	snprintf(partition, partition_len, "%s",
 		 info->job_array[0].partition ? info->job_array[0].partition : "");
 	bridged = partition_is_bridged(settings, info->job_array[0].partition);
+	*restarts = info->job_array[0].restart_cnt;
 	slurm_free_job_info_msg(info);
 	return bridged;
 }
@@ -357,14 +358,17 @@ static void hmac_sha256_hex(const uint8_t *key, size_t key_len, const char *msg,
 /* The step token the daemon gave the waiter for this step (env SLURM_K8S_BRIDGE_STEP_TOKEN) must
  * be HMAC-SHA256(step key file, "<job id>:<restart count>:<step key>"): a user who launches a task proxy step
  * by hand (srun --jobid, with --task-prolog or --container, which would run their code on this
- * host) has no token, and cannot read the key file (root only, read here in slurmstepd). */
+ * host) has no token, and cannot read the key file (root only, read here in slurmstepd).
+ *
+ * The restart count is the job's, as slurmctld has it (the run the daemon signed for): Slurm's
+ * S_SLURM_RESTART_COUNT is 0 in every step's slurmstepd (its field is never filled in), which
+ * made each srun of a requeued job's script a refused user step. */
 static int step_token_is_valid(spank_t sp, const struct settings *settings, uint32_t job_id,
-			       const char *step_key)
+			       uint32_t run, const char *step_key)
 {
 	char token[128] = "", want[65], msg[128];
 	uint8_t key[256];
 	size_t key_len;
-	uint32_t run = 0;
 	struct stat info;
 	FILE *file;
 
@@ -387,8 +391,6 @@ static int step_token_is_valid(spank_t sp, const struct settings *settings, uint
 		key_len--;
 	if (key_len < 16)
 		return 0;
-	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &run) != ESPANK_SUCCESS)
-		return 0;
 	if (strlen(step_key) > 19 ||
 	    (size_t) snprintf(msg, sizeof(msg), "%u:%u:%s", job_id, run, step_key) >= sizeof(msg))
 		return 0;
@@ -400,7 +402,8 @@ static int step_token_is_valid(spank_t sp, const struct settings *settings, uint
  * is validated to be plain words), then "task" and a step key of digits? Such a step is what the
  * waiter launches for a `srun` of the script; its tasks only stream what the daemon runs in the
  * job's pods. Its environment is held like the batch step's. */
-static int is_task_proxy(spank_t sp, const struct settings *settings, uint32_t job_id, int remote)
+static int is_task_proxy(spank_t sp, const struct settings *settings, uint32_t job_id, uint32_t restarts,
+			 int remote)
 {
 	int argc = 0, word = 0;
 	char **argv = NULL;
@@ -426,7 +429,7 @@ static int is_task_proxy(spank_t sp, const struct settings *settings, uint32_t j
 		char token[8];
 		return spank_getenv(sp, "SLURM_K8S_BRIDGE_STEP_TOKEN", token, sizeof(token)) != ESPANK_ENV_NOEXIST;
 	}
-	return step_token_is_valid(sp, settings, job_id, argv[word + 1]);
+	return step_token_is_valid(sp, settings, job_id, restarts, argv[word + 1]);
 }
 
 /* slurmstepd of a user's step, once its tasks are forked: every execve/execveat fails (EPERM).
@@ -494,7 +497,7 @@ static int exec_user_step_proxy(spank_t sp)
 /* Refuse a step of a bridged job (both contexts); 0 lets it through. */
 static int guard_step(spank_t sp, const char *where)
 {
-	uint32_t job_id = 0, step_id = 0;
+	uint32_t job_id = 0, step_id = 0, restarts = 0;
 	char partition[NAME_LEN];
 	struct settings *settings;
 	int bridged, rc = -1;
@@ -511,7 +514,7 @@ static int guard_step(spank_t sp, const char *where)
 	if (!settings)
 		return -1;
 	bridged = load_settings(settings) == 0 ? job_is_bridged(job_id, settings, partition,
-								  sizeof(partition)) : -1;
+								  sizeof(partition), &restarts) : -1;
 	if (bridged == 0) {
 		rc = 0;
 	} else if (bridged < 0) {
@@ -527,7 +530,7 @@ static int guard_step(spank_t sp, const char *where)
 				    "another way, e.g. a reservation or an Alternate partition): not started "
 				    "[%s]", job_id, partition, where);
 		}
-	} else if (is_task_proxy(sp, settings, job_id, spank_context() == S_CTX_REMOTE)) {
+	} else if (is_task_proxy(sp, settings, job_id, restarts, spank_context() == S_CTX_REMOTE)) {
 		batch_of_bridged_job = 1; /* hold the environment, as for the waiter */
 		rc = 0;
 	} else if (program_is_allowed(sp)) {
