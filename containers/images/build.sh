@@ -4,7 +4,7 @@
 # into the given containerd sockets (skipped when already there).
 #
 #   sandbox.local/busybox:1        busybox-static, applets linked in /bin etc.
-#   sandbox.local/debian-python:12 debootstrap minbase bookworm + python3-minimal
+#   sandbox.local/debian-python:12 debootstrap minbase bookworm + python3 (its whole standard library)
 #   sandbox.local/pause:1          pod sandbox ("pause") image, busybox layer
 #
 # There is no registry: pods must say imagePullPolicy: IfNotPresent (or Never).
@@ -21,7 +21,7 @@ DEB_DIR="$SBX_CACHE/images/debs"
 mkdir -p "$IMG_DIR" "$DEB_DIR"
 
 # image list: file-stem reference
-IMAGES="busybox-1:sandbox.local/busybox:1 pause-1:sandbox.local/pause:1 debian-python-12:sandbox.local/debian-python:12"
+IMAGES="busybox-1:sandbox.local/busybox:1 pause-1:sandbox.local/pause:1 debian-python-12-stdlib:sandbox.local/debian-python:12"
 
 apt_ready=0
 need_cmd() { # need_cmd CMD PACKAGE
@@ -68,7 +68,9 @@ build_debian_python() {
   need_cmd debootstrap debootstrap
   tmp=$(mktemp -d "$IMG_DIR/debian-python.XXXX")
   mkdir -p "$SBX_CACHE/images/debootstrap-debs"
-  debootstrap --variant=minbase --include=python3-minimal \
+  # python3, not python3-minimal: a researcher's script imports shutil, json, subprocess... as on
+  # the hosts (submitit's job does).
+  debootstrap --variant=minbase --include=python3 \
     --cache-dir="$SBX_CACHE/images/debootstrap-debs" \
     "$PY_SUITE" "$tmp/root" "$SBX_DEBIAN_MIRROR" >"$tmp/debootstrap.log" 2>&1 ||
     { tail -20 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
@@ -77,14 +79,14 @@ build_debian_python() {
     usr/share/man/* usr/share/info/* usr/share/locale/* var/log/* dev/* run/* tmp/* \
     var/cache/debconf/*-old var/lib/dpkg/*-old)
   mkimage --rootfs "$tmp/root" --name sandbox.local/debian-python:12 --cmd '["python3"]' \
-    --env LANG=C.UTF-8 --out "$IMG_DIR/debian-python-12.tar" >"$IMG_DIR/debian-python-12.digest"
+    --env LANG=C.UTF-8 --out "$IMG_DIR/debian-python-12-stdlib.tar" >"$IMG_DIR/debian-python-12-stdlib.digest"
   rm -rf "$tmp"
 }
 
 start=$SECONDS
 need_cmd python3 python3-minimal
 [ -s "$IMG_DIR/busybox-1.digest" ] && [ -s "$IMG_DIR/pause-1.digest" ] || { say "building busybox and pause images"; build_busybox; }
-[ -s "$IMG_DIR/debian-python-12.digest" ] || { say "building debian-python image (debootstrap)"; build_debian_python; }
+[ -s "$IMG_DIR/debian-python-12-stdlib.digest" ] || { say "building debian-python image (debootstrap)"; build_debian_python; }
 [ $((SECONDS - start)) -gt 1 ] && say "images built in $((SECONDS - start))s into $IMG_DIR"
 
 # Import into each containerd whose digest differs (or is missing).
