@@ -11,6 +11,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -198,6 +199,9 @@ func withOwnLimits(env map[string]string) map[string]string {
 	return env
 }
 
+// nofileAskLimit bounds the shell callersNofile asks.
+const nofileAskLimit = 2 * time.Second
+
 // callersNofile is the soft RLIMIT_NOFILE this srun was started with when entries (StartLimits of
 // an agent built without cgo) lack it because the Go runtime raised it before any Go code ran: a
 // child gets it back (os/exec restores it), so a shell's `ulimit -S -n` tells it. "" when entries
@@ -208,7 +212,14 @@ func callersNofile(entries []string) string {
 			return ""
 		}
 	}
-	out, err := exec.Command("/bin/sh", "-c", "ulimit -S -n").Output()
+	// Bounded, and without the script's environment (an exported BASH_FUNC_ulimit%%, an
+	// LD_PRELOAD profiler): only the shell's builtin answers.
+	ctx, cancel := context.WithTimeout(context.Background(), nofileAskLimit)
+	defer cancel()
+	command := exec.CommandContext(ctx, "/bin/sh", "-c", "ulimit -S -n")
+	command.Env = []string{"PATH=/usr/bin:/bin"}
+	command.WaitDelay = time.Second
+	out, err := command.Output()
 	value := strings.TrimSpace(string(out))
 	if err != nil {
 		return ""

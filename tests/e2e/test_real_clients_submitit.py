@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.e2e.sandbox import Sandbox, at_once
+from tests.e2e.sandbox import Sandbox, at_once, wait_until
 
 CLIENT = Path(__file__).with_name("submitit_client.py")
 JOBS = Path(__file__).with_name("submitit_jobs.py")
@@ -69,6 +69,15 @@ def _sacct(bridge: Sandbox, job_id: str) -> list[str]:
     return sorted(line.replace(job_id, "J", 1) for line in out.splitlines())
 
 
+def _ended(bridge: Sandbox, job_id: str) -> list[str] | None:
+    """_sacct once every row has ended (an End time, no RUNNING, COMPLETING or PENDING)."""
+    out = bridge.slurm("sacct", "-o", "State,End", "--parsable2", "-n", "-j", job_id).stdout
+    if not out.strip() or any(end in ("", "Unknown") or state in ("RUNNING", "COMPLETING", "PENDING")
+                              for state, _, end in (line.partition("|") for line in out.splitlines())):
+        return None
+    return _sacct(bridge, job_id)
+
+
 def test_submitit_functions_arrays_failures_and_a_requeued_checkpoint_as_natively(bridge: Sandbox) -> None:
     library = _library(bridge)
     reports = at_once({p: functools.partial(_run, bridge, library, p) for p in ("native", "k8s")})
@@ -82,4 +91,7 @@ def test_submitit_functions_arrays_failures_and_a_requeued_checkpoint_as_nativel
     assert bridged["counter"] == [2, "1"], bridged
     for kind in ("one", "failing", "counter"):
         ids = (native["ids"][kind], bridged["ids"][kind])  # type: ignore[index]
-        assert _sacct(bridge, ids[1]) == _sacct(bridge, ids[0]), kind
+        # submitit has its result once the pickle is written; Slurm may still be ending the job.
+        rows = [wait_until(f"job {job_id} ended", functools.partial(_ended, bridge, job_id), timeout=120)
+                for job_id in ids]
+        assert rows[1] == rows[0], kind

@@ -13,6 +13,7 @@ import os
 import pwd
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.e2e.sandbox import Sandbox, at_once, wait_until, write_script
@@ -51,9 +52,11 @@ def _steps(bridge: Sandbox, job_id: int) -> list[str] | None:
 _last_seen: dict[int, list[str]] = {}
 
 
-def _settled(bridge: Sandbox, job_id: int) -> list[str] | None:
-    """_steps once two looks 1.5 s apart agree: slurmctld records a cancelled step's end before
-    its slurmstepd reports how it ended."""
+def _settled(bridge: Sandbox, job_id: int, output: Callable[[], str]) -> list[str] | None:
+    """_steps once srun wrote its last line (how the task ended) and two looks 1.5 s apart agree:
+    slurmctld records a cancelled step's end before its slurmstepd reports how it ended."""
+    if "srun: error:" not in output():
+        return None
     rows = _steps(bridge, job_id)
     before, _last_seen[job_id] = _last_seen.get(job_id), rows or []
     return rows if rows and rows == before else None
@@ -87,8 +90,9 @@ def test_scancel_gives_a_steps_task_its_term_and_kill_wait_as_natively(bridge: S
     seen = {}
     for partition, ids in jobs.items():
         for job_id in ids:
-            rows = wait_until(f"{partition} job {job_id} over", functools.partial(_settled, bridge, job_id),
-                              timeout=120, interval=1.5)
+            output = functools.partial(_output, str(directory), partition, job_id)
+            settled = functools.partial(_settled, bridge, job_id, output)
+            rows = wait_until(f"{partition} job {job_id} over", settled, timeout=120, interval=1.5)
             seen[partition, job_id] = (rows, _normal(_output(str(directory), partition, job_id)))
     native = [seen["native", job_id] for job_id in jobs["native"]]
     assert all(case == native[0] for case in native), native

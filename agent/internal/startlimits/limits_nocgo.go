@@ -11,8 +11,8 @@ import (
 // exactNofile: StartLimits always has RLIMIT_NOFILE's first value.
 const exactNofile = false
 
-// StartLimits without cgo (a test build; what ships is linked with it): the limits as they are
-// now. The Go runtime raised a soft RLIMIT_NOFILE below the hard one to one below it before any Go
+// StartLimits without cgo (the agent's build; the waiter is linked with it): the limits as they
+// are now. The Go runtime raised a soft RLIMIT_NOFILE below the hard one to one below it before any Go
 // code ran, so one there is left out: the first value is not known.
 func StartLimits() []string {
 	entries := make([]string, 0, len(limitNames)+1)
