@@ -2,6 +2,7 @@
 """Create the missing simulated (kwok) Node objects, straight over the API.
 
 Usage: simnodes.py [--delete] PKI_DIR APISERVER_PORT NAME...
+       simnodes.py --delete-set SET PKI_DIR APISERVER_PORT
 
 kubectl posts one object per request after a discovery round trip and costs
 ~10 s for 1,000 nodes here; four keep-alive connections do it in ~2 s.
@@ -11,6 +12,9 @@ fake pod CIDR from 10.128.0.0/9, and an InternalIP only: without a Hostname
 address the apiserver (--kubelet-preferred-address-types=Hostname) fails
 `kubectl logs` on a simulated pod at once instead of dialling a fake IP.
 With --delete, deletes those nodes the same way (kubectl deletes 1,000 one by one in ~100 s).
+With SIMNODES_SET=SET in the environment, the nodes made are labelled
+slurm-k8s-bridge.sandbox/set=SET, and --delete-set SET deletes them all in one request: the API
+server removes 1,000 in ~4 s, where one DELETE each takes ~100 s here.
 """
 import http.client
 import json
@@ -19,10 +23,14 @@ import ssl
 import sys
 import threading
 import time
+import urllib.parse
 
+SET_LABEL = "slurm-k8s-bridge.sandbox/set"
 delete = sys.argv[1:2] == ["--delete"]
-args = sys.argv[2:] if delete else sys.argv[1:]
+delete_set = sys.argv[2] if sys.argv[1:2] == ["--delete-set"] else None
+args = sys.argv[3:] if delete_set else sys.argv[2:] if delete else sys.argv[1:]
 pki, port, names = args[0], int(args[1]), args[2:]
+node_set = os.environ.get("SIMNODES_SET", "")
 
 
 def connect():
@@ -52,13 +60,15 @@ def node(name):
     i = int(name[4:])
     net = "10.%d.%d" % (128 + (i >> 8), i & 255)
     res = {"cpu": "64", "memory": "256Gi", "pods": "1000", "ephemeral-storage": "1Ti"}
+    labels = {"slurm-k8s-bridge/bridged": "true", "type": "kwok", "kubernetes.io/hostname": name,
+              "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    if node_set:
+        labels[SET_LABEL] = node_set
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {"slurm-k8s-bridge/bridged": "true", "type": "kwok",
-                       "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64"},
+            "labels": labels,
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {"podCIDR": net + ".0/24", "podCIDRs": [net + ".0/24"],
@@ -108,6 +118,15 @@ def deleter(batch):
             errors.append("%s: HTTP %d %s" % (name, r.status, body[:200]))
 
 
+if delete_set:
+    c = connect()
+    c.request("DELETE", "/api/v1/nodes?labelSelector=" + urllib.parse.quote(f"{SET_LABEL}={delete_set}"))
+    r = c.getresponse()
+    body = r.read()
+    if r.status != 200:
+        sys.exit("delete nodes of set %s: HTTP %d %s" % (delete_set, r.status, body[:200]))
+    print(len(json.loads(body).get("items") or []))
+    sys.exit(0)
 if delete:
     missing = [n for n in names if n in existing()]
 else:
