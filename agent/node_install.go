@@ -51,7 +51,7 @@ func installOnNode(root string, stay bool) {
 		fail(err.Error())
 	}
 	refuseUnsafe(dir)
-	dest := filepath.Join(dir, "slurm-k8s-bridge-agent")
+	dest := filepath.Join(dir, agentBinary)
 	if installed, err := digestOf(dest); err != nil || installed != version {
 		copySelf(dest)
 	}

@@ -45,11 +45,6 @@ static unsigned umask_at_start(void) { return start_umask; }
 */
 import "C"
 
-import (
-	"fmt"
-	"strconv"
-)
-
 // exactNofile: StartLimits always has RLIMIT_NOFILE's first value.
 const exactNofile = true
 
@@ -62,8 +57,8 @@ func StartLimits() []string {
 	entries := make([]string, 0, len(limitNames)+1)
 	for i, name := range limitNames {
 		if C.limit_known(C.int(i)) != 0 {
-			entries = append(entries, "SLURM_RLIMIT_"+name+"="+strconv.FormatUint(uint64(C.limit_soft(C.int(i))), 10))
+			entries = append(entries, limitEntry(name, uint64(C.limit_soft(C.int(i)))))
 		}
 	}
-	return append(entries, fmt.Sprintf("SLURM_UMASK=%04o", uint(C.umask_at_start())))
+	return append(entries, umaskEntry(uint(C.umask_at_start())))
 }

@@ -2,11 +2,7 @@
 
 package startlimits
 
-import (
-	"fmt"
-	"strconv"
-	"syscall"
-)
+import "syscall"
 
 // exactNofile: StartLimits always has RLIMIT_NOFILE's first value.
 const exactNofile = false
@@ -24,9 +20,9 @@ func StartLimits() []string {
 		if name == "NOFILE" && limit.Max > 0 && limit.Cur == limit.Max-1 {
 			continue
 		}
-		entries = append(entries, "SLURM_RLIMIT_"+name+"="+strconv.FormatUint(limit.Cur, 10))
+		entries = append(entries, limitEntry(name, limit.Cur))
 	}
 	mask := syscall.Umask(0)
 	syscall.Umask(mask)
-	return append(entries, fmt.Sprintf("SLURM_UMASK=%04o", mask))
+	return append(entries, umaskEntry(uint(mask)))
 }

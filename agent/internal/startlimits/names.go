@@ -1,5 +1,10 @@
 package startlimits
 
+import (
+	"fmt"
+	"strconv"
+)
+
 // limitNames are Slurm's names of the limits it propagates (SLURM_RLIMIT_<NAME>, its
 // slurm_rlimits_info list), then Linux's names of the rest: a native job has those of slurmd,
 // which the pods' runtime need not share (`ulimit -a` shows them all). limitResources are their
@@ -15,12 +20,22 @@ var (
 // PropagateResourceLimits name them); the rest only the bridge passes on.
 const SlurmPropagates = 10
 
+// SlurmNames are the names of the limits Slurm propagates (its slurm_rlimits_info list).
+func SlurmNames() []string { return limitNames[:SlurmPropagates:SlurmPropagates] }
+
 // Propagated reports whether name (SLURM_RLIMIT_<name>) is one Slurm propagates.
 func Propagated(name string) bool {
-	for _, known := range limitNames[:SlurmPropagates] {
+	for _, known := range SlurmNames() {
 		if name == known {
 			return true
 		}
 	}
 	return false
 }
+
+// limitEntry and umaskEntry are StartLimits' entries, as srun writes the variables.
+func limitEntry(name string, soft uint64) string {
+	return "SLURM_RLIMIT_" + name + "=" + strconv.FormatUint(soft, 10)
+}
+
+func umaskEntry(mask uint) string { return fmt.Sprintf("SLURM_UMASK=%04o", mask) }

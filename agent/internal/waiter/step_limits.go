@@ -72,11 +72,8 @@ func propagateOption(options []string) (map[string]bool, bool, bool) {
 	case "NONE":
 		return chosen, asked, true
 	case "ALL":
-		for _, entry := range startLimits {
-			if name, _, ok := strings.Cut(strings.TrimPrefix(entry, "SLURM_RLIMIT_"), "="); ok &&
-				startlimits.Propagated(name) {
-				chosen[name] = true
-			}
+		for _, name := range startlimits.SlurmNames() {
+			chosen[name] = true
 		}
 		return chosen, asked, true
 	}

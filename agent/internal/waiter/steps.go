@@ -150,8 +150,15 @@ func (s *scriptSteps) slurmSignalled(sig syscall.Signal) {
 func (s *scriptSteps) recentlyFromSlurm(sig syscall.Signal) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	_, recent := s.fromSlurmWithin(sig)
+	return recent
+}
+
+// fromSlurmWithin is when slurmstepd last sent sig, and whether that is within the echo window
+// (s.mu held).
+func (s *scriptSteps) fromSlurmWithin(sig syscall.Signal) (time.Time, bool) {
 	at, sent := s.fromSlurm[sig]
-	return sent && time.Since(at) <= echoWindow
+	return at, sent && time.Since(at) <= echoWindow
 }
 
 // signalBack reports whether sig from step key's srun in the pod is slurmstepd's own coming back:
@@ -160,8 +167,8 @@ func (s *scriptSteps) recentlyFromSlurm(sig syscall.Signal) bool {
 func (s *scriptSteps) signalBack(key string, sig syscall.Signal) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	at, sent := s.fromSlurm[sig]
-	if !sent || time.Since(at) > echoWindow {
+	at, recent := s.fromSlurmWithin(sig)
+	if !recent {
 		return false
 	}
 	mark := key + ":" + strconv.Itoa(int(sig))
