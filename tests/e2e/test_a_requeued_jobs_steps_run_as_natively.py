@@ -25,8 +25,9 @@ SCRIPT = """#!/bin/bash
 echo "run ${SLURM_RESTART_COUNT:-0}"
 if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
   scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-  sleep 120
-  echo "never"
+  # exec: natively the shell waiting on a child sometimes outlived the requeue's TERM (bash said
+  # "Terminated", went on, and its srun found the job pending): the shell is not what is compared.
+  exec sleep 120
 fi
 srun -n1 bash -c 'echo "step of run $SLURM_RESTART_COUNT"'
 echo "srun said $?"
