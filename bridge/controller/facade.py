@@ -122,9 +122,9 @@ class ApiFacade:
     def current_run(self, job_id: int) -> int | None:
         return self.pods.current_run(job_id)
 
-    def current_step(self, job_id: int, key: str) -> Step | None:
-        """Step `key` of the job's current run (keys start again at 1 in each run)."""
-        return self.steps.current(job_id, key)
+    def step_run(self, job_id: int, key: str) -> int | None:
+        """The run whose step `key` is open (controller.steps)."""
+        return self.steps.open_run(job_id, key)
 
     def step_of(self, job_id: int, key: str) -> Step | None:
         return self.steps.of_any_run(job_id, key)
@@ -159,8 +159,8 @@ class ApiFacade:
                 return node.gpu_indices
         return None
 
-    def task_pod_of_index(self, job_id: int, index: int) -> str | None:
-        pod = self.pods.of_index(job_id, index)
+    def task_pod_of_index(self, job_id: int, index: int, run: int | None = None) -> str | None:
+        pod = self.pods.of_index(job_id, index, run)
         return None if pod is None else pod.name
 
     # -- payload Secrets ---------------------------------------------------------------------------

@@ -20,9 +20,10 @@ class RunPods:
         view = self._jobs.get(job_id)
         return view.alloc.run if view is not None and view.alloc is not None else None
 
-    def of_index(self, job_id: int, index: int) -> PodView | None:
-        """The current run's pod for node `index` (0: the batch script's)."""
-        run = self.current_run(job_id)
+    def of_index(self, job_id: int, index: int, run: int | None = None) -> PodView | None:
+        """Run `run`'s pod for node `index` (0: the batch script's); by default the current run's."""
+        if run is None:
+            run = self.current_run(job_id)
         for pod in map(pod_view, self._cache.pods_of(job_id)):
             if pod.run == run and pod.index == index:
                 return pod

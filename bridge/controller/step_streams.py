@@ -19,7 +19,6 @@ from typing import Protocol
 import structlog
 
 from bridge.clients.kube.actions import KubeActions
-from bridge.controller.steps import Step
 from bridge.controller.tasks import until_started
 from bridge.core import agent_protocol
 
@@ -29,7 +28,7 @@ STEP_OUTPUT_FEED_FRAMES = 8
 """Frames (each at most the waiter's MAX_OUTPUT_FRAME) waiting for the pod, per step: a slow reader
 there holds Slurm's srun, not the daemon's memory."""
 
-StreamId = tuple[int, int | None, str]
+StreamId = tuple[int, int, str]
 """(job id, run, step key)."""
 Feed = asyncio.Queue[bytes | None]
 Answer = dict[str, object]
@@ -37,10 +36,8 @@ FrameReader = Callable[[Feed, "asyncio.Future[int]"], Awaitable[Answer]]
 """Reads the waiter's frames into the feed until the end frame, or until the relay ends first."""
 
 
-class CurrentSteps(Protocol):
-    def current_step(self, job_id: int, key: str) -> Step | None: ...
-
-    def current_run(self, job_id: int) -> int | None: ...
+class OpenSteps(Protocol):
+    def step_run(self, job_id: int, key: str) -> int | None: ...
 
     def close_step(self, job_id: int, key: str) -> None: ...
 
@@ -50,15 +47,15 @@ class AlreadyStreaming(Exception):
 
 
 class StepStreams:
-    def __init__(self, kube: KubeActions, steps: CurrentSteps) -> None:
+    def __init__(self, kube: KubeActions, steps: OpenSteps) -> None:
         self._kube = kube
         self._steps = steps
         self._open: set[StreamId] = set()
 
     @contextmanager
-    def claim(self, job_id: int, key: str) -> Iterator[None]:
-        """Hold the one stream of the current run's step `key`; AlreadyStreaming if it is held."""
-        stream_id = (job_id, self._steps.current_run(job_id), key)
+    def claim(self, job_id: int, run: int, key: str) -> Iterator[None]:
+        """Hold the one stream of run `run`'s step `key`; AlreadyStreaming if it is held."""
+        stream_id = (job_id, run, key)
         if stream_id in self._open:
             raise AlreadyStreaming(f"step {key} of job {job_id} already streams its output")
         self._open.add(stream_id)
@@ -71,12 +68,12 @@ class StepStreams:
         """The streams open now (a copy)."""
         return set(self._open)
 
-    async def relay(self, job_id: int, key: str, pod: str, read_frames: FrameReader) -> Answer:
+    async def relay(self, job_id: int, run: int, key: str, pod: str, read_frames: FrameReader) -> Answer:
         """{"done": true} once the script's srun took every frame and the end; {"gone": ...} when
         it is gone (the waiter then ends the step); {"failed": ...} when the relay broke (the
         waiter writes the rest to the job's files and reports the end by step-done)."""
         feed: Feed = asyncio.Queue(maxsize=STEP_OUTPUT_FEED_FRAMES)
-        relay = asyncio.ensure_future(self._feed(job_id, key, pod, feed))
+        relay = asyncio.ensure_future(self._feed(job_id, run, key, pod, feed))
         try:
             answer = await read_frames(feed, relay)
             if answer.get("done"):
@@ -98,12 +95,12 @@ class StepStreams:
         finally:
             relay.cancel()
 
-    async def _feed(self, job_id: int, key: str, pod: str, feed: Feed) -> int:
+    async def _feed(self, job_id: int, run: int, key: str, pod: str, feed: Feed) -> int:
         """`agent step-output KEY` in the batch pod, fed from `feed`; its exit code. An exec
         refused before it opened took nothing from the feed, so it is tried again (as a task's)."""
         return await until_started(
             lambda: self._kube.exec_feeding(pod, agent_protocol.step_output_command(key), feed),
-            lambda: self._steps.current_step(job_id, key) is not None,
+            lambda: self._steps.step_run(job_id, key) == run,
             log.bind(job_id=job_id, pod=pod, step_key=key, what="step-output"))
 
 

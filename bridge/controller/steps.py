@@ -201,12 +201,13 @@ class Steps:
         except BridgeError as error:
             bound.warning("step.done_not_told", key=key, error=str(error))
 
-    def current(self, job_id: int, key: str) -> Step | None:
-        """Step `key` of the job's current run (keys start again at 1 in each run)."""
-        run = self._pods.current_run(job_id)
-        for session in self._sessions.of_job(job_id):
-            if session.run == run and key in session.steps:
-                return session.steps.get(key)
+    def open_run(self, job_id: int, key: str) -> int | None:
+        """The run whose step `key` is open (the newest: keys start again at 1 in each run). A
+        step's output and end go to its own run's pod, also once a requeue made the next run the
+        current one: an in-pod `scontrol requeue` is answered while its run stops, as natively."""
+        for session in reversed(self._sessions.of_job(job_id)):
+            if key in session.steps:
+                return session.run
         return None
 
     def of_any_run(self, job_id: int, key: str) -> Step | None:
@@ -222,9 +223,10 @@ class Steps:
             session.steps.end(key)
 
     async def finish(self, job_id: int, key: str, code: int) -> None:
-        """Tell the script's srun how the step ended (Slurm's srun exit code)."""
+        """Tell the script's srun how the step ended (Slurm's srun exit code), in its run's pod."""
+        run = self.open_run(job_id, key)
         self.close(job_id, key)
-        pod = self._pods.of_index(job_id, 0)
+        pod = self._pods.of_index(job_id, 0, run)
         if pod is None:
             return
         await self._kube.exec_in_pod(pod.name, agent_protocol.step_done_command(key, code))

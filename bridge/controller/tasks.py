@@ -117,9 +117,10 @@ class Tasks:
     def __init__(self, kube: KubeActions, steps: OpenSteps) -> None:
         self._kube = kube
         self._steps = steps
-        # Tasks whose run in the pod has begun, and signals that reached a task's proxy before
-        # that (slurmctld signals a step as soon as it exists: --signal=SIG@T, scancel -s).
-        self._running: set[TaskId] = set()
+        # Tasks whose run in the pod has begun, with that pod, and signals that reached a task's
+        # proxy before that (slurmctld signals a step as soon as it exists: --signal=SIG@T,
+        # scancel -s).
+        self._running: dict[TaskId, str] = {}
         self._early: dict[TaskId, tuple[float, list[int]]] = {}
         self._early_jobs: dict[int, int] = {}
         self._early_users: dict[int, int] = {}
@@ -140,7 +141,7 @@ class Tasks:
         (srun --input=FILE), fed to the agent, which reads that much."""
         job_id, key, procid = task_id
         pidfile = agent_protocol.task_pidfile(key, procid)
-        self._running.add(task_id)
+        self._running[task_id] = pod
         early = self._forget_early_signals(task_id)
         if early:
             # `agent signal ... group` waits for the task's pid file, so these may race its start.
@@ -179,10 +180,14 @@ class Tasks:
             self._in_background(self._deliver(pod, pidfile, [int(signal.SIGKILL)], job_id))
             raise
         finally:
-            self._running.discard(task_id)
+            if self._running.get(task_id) == pod:
+                del self._running[task_id]
 
-    def is_running(self, task_id: TaskId) -> bool:
-        return task_id in self._running
+    def running_in(self, task_id: TaskId) -> str | None:
+        """The pod the task runs in, once its run there has begun: its signals go there, also
+        when its run is no longer the job's current one (a requeue stops it, and slurmstepd's
+        TERM for it comes after Slurm's record moved on to the next run)."""
+        return self._running.get(task_id)
 
     async def signal(self, pod: str, pidfile: str, signum: int) -> None:
         """Signal a task's process group in its pod; an exec that failed before it could have run

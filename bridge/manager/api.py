@@ -261,8 +261,7 @@ class Api:
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
         if len(procid) > 9 or len(key) > 19:
             raise web.HTTPBadRequest(text="task-signal needs the step key and SLURM_PROCID of a task")
-        return await pass_signal(self.tasks, (job_id, key, procid), signum, uid,
-                                 lambda: self.reconciler.task_pod(job_id, body.node), body.node)
+        return await pass_signal(self.tasks, (job_id, key, procid), signum, uid)
 
     async def finish_background(self, timeout_s: float) -> int:
         """controller.tasks' background work (kills of tasks whose proxies went away) ends, or is
@@ -298,17 +297,18 @@ class Api:
             key = parse(StepOutputHeader, header).key
         except ValueError:
             raise web.HTTPBadRequest(text="step-output needs the step's key") from None
-        if self.reconciler.current_step(job_id, key) is None:
-            raise web.HTTPNotFound(text=f"job {job_id} has no open step {key} in its current run")
+        run = self.reconciler.step_run(job_id, key)
+        if run is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
         try:
-            with self.step_streams.claim(job_id, key):
-                pod = self.reconciler.task_pod_of_index(job_id, 0)
+            with self.step_streams.claim(job_id, run, key):
+                pod = self.reconciler.task_pod_of_index(job_id, 0, run)
                 if pod is None:
                     raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod for its script")
                 response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
                 await response.prepare(request)
                 await response.write(b'{"accepted": true}\n')
-                answer = await self.step_streams.relay(job_id, key, pod, lambda feed, relay: (
+                answer = await self.step_streams.relay(job_id, run, key, pod, lambda feed, relay: (
                     self._relay_frames(request, stream_key, feed, relay)))
         except AlreadyStreaming as error:
             # One stream per step: the pod's srun takes one relay, and each holds daemon memory.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
 
 import structlog
 from aiohttp import web
@@ -41,22 +40,18 @@ class TaskStream:
         return self.response
 
 
-async def pass_signal(
-    tasks: Tasks, task_id: TaskId, signum: int, uid: int, pod_of: Callable[[], str | None], node: str,
-) -> web.Response:
-    """Signal `signum` (from a proxy of job user `uid`) to task `task_id` in its pod, `pod_of()`;
+async def pass_signal(tasks: Tasks, task_id: TaskId, signum: int, uid: int) -> web.Response:
+    """Signal `signum` (from a proxy of job user `uid`) to task `task_id` in the pod it runs in;
     kept for the task's start while its proxy has not asked to run it yet (natively the task would
     exist and get it). The answer for the proxy."""
     job_id, key, procid = task_id
     name = f"{key}.{procid}"
-    if not tasks.is_running(task_id):
+    pod = tasks.running_in(task_id)
+    if pod is None:
         if not tasks.keep_early_signal(task_id, signum, uid):
             raise web.HTTPServiceUnavailable(text="too many signals waiting for tasks to start")
         log.info("task.signal_kept", job_id=job_id, step_key=key, procid=procid, signal=signum)
         return web.json_response({"kept": name}, status=202)
-    pod = pod_of()
-    if pod is None:
-        raise web.HTTPNotFound(text=f"job {job_id} has no pod on node {node}")
     try:
         await tasks.signal(pod, agent_protocol.task_pidfile(key, procid), signum)
     except ExecOutcomeUnknown as error:

@@ -149,8 +149,7 @@ class UserStepsApi:
             raise web.HTTPBadRequest(text=f"signal {signum} is not passed on")
         if not PROCID.fullmatch(body.procid):
             raise web.HTTPBadRequest(text="user-task-signal needs the SLURM_PROCID of a task")
-        return await pass_signal(self._tasks, (job_id, key, body.procid), signum, uid,
-                                 lambda: self._api.reconciler.task_pod(job_id, body.node), body.node)
+        return await pass_signal(self._tasks, (job_id, key, body.procid), signum, uid)
 
 
 def _task_body(raw: bytes) -> UserTaskBody:

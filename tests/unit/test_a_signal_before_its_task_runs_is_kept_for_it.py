@@ -43,6 +43,7 @@ class AgentInPod:
     def __init__(self, failing_execs: int = 0, failure: Exception | None = None) -> None:
         self.running: set[str] = set()
         self.signalled: list[tuple[str, int]] = []
+        self.signalled_in: list[str] = []
         self.got_signal = asyncio.Event()
         self.failing_execs = failing_execs
         self.failure = failure
@@ -57,6 +58,7 @@ class AgentInPod:
             output = f"slurm-k8s-bridge-agent: the script has not started: {pidfile}\n"
             raise ExecCommandFailed(f"exited {EXIT_NOT_STARTED}: {output}", EXIT_NOT_STARTED, output)
         self.signalled.append((pidfile, signum))
+        self.signalled_in.append(pod)
         self.got_signal.set()
         return ""
 
@@ -76,6 +78,8 @@ class Reconciler:
         self.cfg = config()
         self.tasks = Tasks(kube, self)  # type: ignore[arg-type]
         self.step_streams = StepStreams(kube, self)  # type: ignore[arg-type]
+        self.current_pod: str | None = "slurm-42-0"
+        """The current run's pod on kube1: a requeue moves Slurm's record on to the next run."""
 
     async def read_job(self, job_id: int) -> JobAllocation:
         return allocation(job_id=job_id)
@@ -90,7 +94,7 @@ class Reconciler:
         return STEP if key == "7" else None
 
     def task_pod(self, job_id: int, node: str) -> str | None:
-        return f"slurm-{job_id}-0" if node == "kube1" else None
+        return self.current_pod if node == "kube1" else None
 
     def node_gpus(self, _job_id: int, _node: str) -> tuple[int, ...] | None:
         return ()
@@ -103,10 +107,10 @@ async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[in
     return response.status, await response.text()
 
 
-async def _served(tmp_path: Path, kube: AgentInPod) -> TestClient:
+async def _served(tmp_path: Path, kube: AgentInPod, reconciler: Reconciler | None = None) -> TestClient:
     script = tmp_path / "unmunge.py"
     script.write_text(UNMUNGE_OK)
-    api = Api(Reconciler(kube), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
+    api = Api(reconciler or Reconciler(kube), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
               (sys.executable, str(script)))
     return TestClient(TestServer(api.app()))
 
@@ -140,6 +144,31 @@ async def test_a_signal_to_a_running_task_goes_straight_to_it(tmp_path: Path) ->
     assert sent[0] == 200, sent
     assert status == 200
     assert kube.signalled == [(task_pidfile("7", "0"), USR1)]
+
+
+@pytest.mark.parametrize("next_pod", [None, "slurm-42-r1-0"], ids=["no-pod-yet", "next-runs-pod"])
+async def test_a_task_whose_run_a_requeue_ended_gets_its_signal_in_its_own_pod(
+    tmp_path: Path, next_pod: str | None
+) -> None:
+    # `scontrol requeue` from a task: Slurm's record moves on to run 1 at once, then slurmstepd
+    # sends run 0's tasks their TERM. Natively the task's trap runs; the bridge once looked for
+    # the task's pod in the current run, refused the signal ("no pod on node"), and the task was
+    # killed when its pod's grace ended (0:9 in sacct, where native shows the trap's exit).
+    kube = AgentInPod()
+    reconciler = Reconciler(kube)
+    async with await _served(tmp_path, kube, reconciler) as client:
+        run = asyncio.ensure_future(_post(client, "/v1/jobs/42/task",
+                                          {"key": "7", "node": "kube1", "env": {"SLURM_PROCID": "0"}}))
+        while task_pidfile("7", "0") not in kube.running:
+            await asyncio.sleep(0.01)
+        reconciler.current_pod = next_pod
+        sent = await _post(client, "/v1/jobs/42/task-signal",
+                           {"key": "7", "procid": "0", "node": "kube1", "signal": int(signal.SIGTERM)})
+        status, _ = await run
+
+    assert sent[0] == 200, sent
+    assert status == 200
+    assert kube.signalled_in == ["slurm-42-0"]
 
 
 RUNTIME_FAILED = ExecCommandFailed("exited 1: OCI runtime exec failed", 1, "", ran=False)

@@ -82,14 +82,11 @@ class Reconciler:
     def is_bridged(self, _alloc: JobAllocation) -> bool:
         return True
 
-    def current_run(self, _job_id: int) -> int:
-        return 0
+    def step_run(self, _job_id: int, key: str) -> int | None:
+        return 0 if key in self.open_steps else None
 
-    def current_step(self, _job_id: int, key: str) -> dict[str, Any] | None:
-        return {"argv": [], "env": {}, "cwd": "/"} if key in self.open_steps else None
-
-    def task_pod_of_index(self, job_id: int, index: int) -> str | None:
-        return f"slurm-{job_id}-{index}"
+    def task_pod_of_index(self, job_id: int, index: int, run: int | None = None) -> str | None:
+        return f"slurm-{job_id}-{index}" if not run else f"slurm-{job_id}-r{run}-{index}"
 
     def close_step(self, _job_id: int, key: str) -> None:
         self.closed.append(key)
@@ -334,7 +331,7 @@ async def test_a_second_stream_for_a_step_that_streams_is_refused(tmp_path: Path
     api = Api(Reconciler(PodAgent()), Metrics(), lambda _: None, lambda: True,  # type: ignore[arg-type]
               (sys.executable, str(script)))
     header = b'{"key": "7"}\n'
-    with api.step_streams.claim(42, "7"):  # the step's output streams already
+    with api.step_streams.claim(42, 0, "7"):  # the step's output streams already
         async with TestClient(TestServer(api.app())) as client:
             response = await client.post(PATH, data=header, headers={
                 "X-Munge-Credential": request_digest("POST", PATH, 42, header) + " " + "ab" * 32})

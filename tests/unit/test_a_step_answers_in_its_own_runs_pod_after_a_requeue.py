@@ -1,0 +1,81 @@
+"""A step's output and end go to the pod of the run that opened it, also once a requeue made the
+next run the current one. `scontrol requeue` from inside a task is answered by the waiter after
+Slurm's record has already moved to run 1: natively the command returns at once and the task goes
+on until slurmstepd's TERM. The bridge looked the step up in the current run, so the answer was
+dropped (404 "no open step") and the in-pod command waited until its pod was killed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.jobstore import JobStore
+from bridge.controller.run_pods import RunPods
+from bridge.controller.sessions import SessionRegistry
+from bridge.controller.steps import Steps
+from bridge.core import wellknown
+from bridge.core.pod_identity import pod_name
+from tests.unit.builders import allocation
+
+
+class _Slurm:
+    async def read_job(self, job_id: int) -> None:
+        return None
+
+
+class _Kube:
+    def __init__(self) -> None:
+        self.execs: list[tuple[str, list[str]]] = []
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        self.execs.append((pod, command))
+        return ""
+
+
+def _pod(job_id: int, run: int, index: int) -> dict[str, Any]:
+    return {"metadata": {
+        "name": pod_name(job_id, index, run), "namespace": "slurm-jobs", "uid": f"uid-{run}-{index}",
+        "labels": {wellknown.LABEL_JOB_ID: str(job_id), wellknown.LABEL_RUN: str(run)},
+        "annotations": {wellknown.ANNOTATION_NODE_INDEX: str(index)},
+    }}
+
+
+def _requeued_job() -> tuple[Steps, _Kube, SessionRegistry]:
+    """Job 42: run 0 has step 2 (an in-pod scontrol) open and its pod still there; Slurm's record
+    already says run 1, whose pod exists too (as after a fast restart)."""
+    jobs = JobStore(_Slurm())  # type: ignore[arg-type]
+    jobs.record(allocation(run=0))
+    cache = PodCache()
+    cache.apply("ADDED", _pod(42, 0, 0))
+    sessions = SessionRegistry()
+    kube = _Kube()
+    steps = Steps(kube, RunPods(jobs, cache), sessions, b"k" * 32, lambda work: None)  # type: ignore[arg-type]
+    steps.open_command(sessions.open(42, 0), "2", "scontrol", "/home/alice")
+    jobs.record(allocation(run=1))
+    cache.apply("ADDED", _pod(42, 1, 0))
+    sessions.open(42, 1)
+    return steps, kube, sessions
+
+
+def test_an_old_runs_open_step_is_found_in_that_run() -> None:
+    steps, _, _ = _requeued_job()
+    assert steps.open_run(42, "2") == 0
+    assert steps.open_run(42, "3") is None
+
+
+def test_an_old_runs_step_end_goes_to_that_runs_pod_not_the_next_runs() -> None:
+    steps, kube, _ = _requeued_job()
+    asyncio.run(steps.finish(42, "2", 0))
+    assert [pod for pod, _ in kube.execs] == ["slurm-42-0"]
+    assert steps.open_run(42, "2") is None
+
+
+def test_the_newest_run_with_the_key_open_wins() -> None:
+    steps, kube, sessions = _requeued_job()
+    run1 = sessions.get(42, 1)
+    assert run1 is not None
+    steps.open_command(run1, "2", "squeue", "/home/alice")
+    assert steps.open_run(42, "2") == 1
+    asyncio.run(steps.finish(42, "2", 0))
+    assert [pod for pod, _ in kube.execs] == ["slurm-42-r1-0"]
