@@ -318,6 +318,7 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	// Caught before the start, so none is lost in between; forwarded once the script runs.
 	stops := make(chan os.Signal, 8)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	stopRequests(filepath.Dir(pidfile))
 	if cmd.Err == nil {
 		cmd.Path, cmd.Args = throughLimits("script", cmd.Path, cmd.Args)
 	}
@@ -338,8 +339,17 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(pid)+"\n"), 0o644)
 	var stopped, reaped atomic.Bool
 	go func() {
+		termed := false
 		for sig := range stops {
 			stopped.Store(true)
+			if sig == syscall.SIGTERM {
+				// The daemon's stop (stopRequests) and then the kubelet's are one stop: the
+				// script gets one TERM, as slurmstepd sends one before KillWait's SIGKILL.
+				if termed {
+					continue
+				}
+				termed = true
+			}
 			if !reaped.Load() { // once reaped, its number may be another process's
 				_ = syscall.Kill(-pid, sig.(syscall.Signal))
 			}

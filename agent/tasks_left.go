@@ -58,12 +58,23 @@ const agentBinary = "slurm-k8s-bridge-agent"
 // the agent meanwhile (a task whose `agent task` died leaves its processes to the first one).
 func waitForTasksLeft() {
 	deadline := time.Now().Add(tasksLeftLimit)
+	waited := false
 	for taskAgentsRunning() > 0 && time.Now().Before(deadline) {
+		waited = true
 		reapOrphans()
 		time.Sleep(tasksLeftPoll)
 	}
 	reapOrphans()
+	if waited {
+		// A task's last lines are still on their way out of its exec (the runtime copies them
+		// after the process ended); the container's end would cut them.
+		time.Sleep(execDrainTime)
+	}
 }
+
+// execDrainTime is how long the agent stays after the last task ended, so that its output leaves
+// the runtime's exec stream before the container ends.
+const execDrainTime = 250 * time.Millisecond
 
 // reapOrphans collects every child that has ended, without waiting for one that has not.
 func reapOrphans() {

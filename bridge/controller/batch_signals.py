@@ -11,6 +11,7 @@ Called by the reconciler, which asks the work queue for the retry `deliver` want
 
 from __future__ import annotations
 
+import signal
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +113,25 @@ class BatchSignals:
             if sending is not None:
                 _signal_done(session, signum, sending)
         return None
+
+    async def stop_script(self, job_id: int, run: int) -> None:
+        """SIGTERM to the agent that runs run `run`'s script, which passes it on to the script's
+        process group as it does the kubelet's (agent/stop.go). The waiter asks as slurmstepd
+        signals it, when slurmstepd signals the steps' tasks too: natively the script and the
+        tasks get their TERM at once. The pods' deletion, which follows, stays the stop that
+        counts, but a kubelet still starting the pod takes its time to act on it, and meanwhile
+        the script would go on past a step that ended. Only logged when it fails."""
+        pod = self._pods.of_index(job_id, 0, run)
+        if pod is None or not pod.runs_agent or pod.container_ended:
+            return
+        bound = log.bind(job_id=job_id, pod=pod.name, run=run)
+        try:
+            await self._kube.exec_in_pod(
+                pod.name, agent_protocol.signal_command(wellknown.AGENT_RUN_PIDFILE, int(signal.SIGTERM)))
+        except BridgeError as error:
+            bound.info("stop.not_sent", error=str(error)[:200])
+            return
+        bound.info("stop.sent")
 
     async def _signal_once(self, job_id: int, signum: int) -> str:
         """One delivery of `signum` to the script in the first node's pod of the job's current

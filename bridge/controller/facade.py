@@ -10,6 +10,7 @@ A mixin of the Reconciler, which wires the subsystems it names here.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from bridge.core.model import JobAllocation, JobPayload
@@ -37,6 +38,10 @@ class ApiFacade:
     steps: Steps
     batch_signals: BatchSignals
     payload_secrets: PayloadSecrets
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        """Work nobody awaits (the Reconciler's)."""
+        raise NotImplementedError
 
     # -- jobs ------------------------------------------------------------------------------------
     def is_bridged(self, alloc: JobAllocation) -> bool:
@@ -91,10 +96,12 @@ class ApiFacade:
         return None
 
     def request_cancel(self, job_id: int) -> None:
-        """The waiter asks to stop its run (it got SIGTERM); the job's next reconcile stops it."""
+        """The waiter asks to stop its run (it got SIGTERM); the job's next reconcile stops it,
+        and the script is told at once (BatchSignals.stop_script)."""
         session = self.cancel_session(job_id)
         if session is not None:
             session.request_cancel()
+            self._spawn(self.batch_signals.stop_script(job_id, session.run))
 
     def current_session(self, job_id: int) -> JobSession | None:
         """The session of the job's current run (as the store last read it), if its waiter

@@ -101,6 +101,10 @@ AGENT_BINARY: Final = "slurm-k8s-bridge-agent"
 AGENT_PIDFILE: Final = AGENT_DIR + "/script.pid"
 """Where the agent writes the script's pid, for `agent signal`."""
 
+AGENT_RUN_PIDFILE: Final = AGENT_DIR + "/agent.pid"
+"""Where the agent running the script writes its own pid: the daemon's SIGTERM for it stops the run
+as the kubelet's does (agent/stop.go)."""
+
 INIT_CONTAINER_NAME: Final = "slurm-k8s-bridge-agent"
 
 AGENT_SCRIPT: Final = AGENT_DIR + "/slurm_script"

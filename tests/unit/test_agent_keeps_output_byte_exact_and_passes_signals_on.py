@@ -379,6 +379,31 @@ def test_sigterm_to_the_agent_reaches_the_trap_and_the_background_child(agent: P
     assert is_gone(pid)
 
 
+def test_the_daemons_stop_and_the_kubelets_term_reach_the_script_once(agent: Path, tmp_path: Path) -> None:
+    """The daemon stops a run's script with `agent signal agent.pid 15` as it deletes the pod, and
+    the kubelet's SIGTERM follows: one stop, so the script's trap runs once (slurmstepd sends one
+    TERM before KillWait's SIGKILL). A second TERM while the trap runs would run it again."""
+    ready = tmp_path / "ready"
+    script = (
+        "trap 'echo trapped; sleep 1; echo trap done; exit 3' TERM\n"
+        f": > {shlex.quote(str(ready))}\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    with started(agent, tmp_path, script) as proc:
+        wait_for(lambda: ready.exists() and (tmp_path / "agent.pid").exists(), "the script, the agent's pid")
+        assert int((tmp_path / "agent.pid").read_text()) == proc.pid
+        stop = subprocess.run([str(agent), "signal", str(tmp_path / "agent.pid"), "15"],
+                              capture_output=True, timeout=10, check=False)
+        time.sleep(0.3)  # the trap runs
+        proc.send_signal(signal.SIGTERM)  # the kubelet's, after the deletion
+        out, err = proc.communicate(timeout=10)
+
+    assert stop.returncode == 0, stop.stderr
+    assert proc.returncode == 3, err
+    output = stream(out, "o").replace(b"Terminated\n", b"")  # the shell's word for its killed sleep
+    assert output == b"trapped\ntrap done\n"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_wait_holds_until_stopped_and_exits_0(agent: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen([str(agent), "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,0 +1,76 @@
+"""When slurmstepd stops a run (scancel, a requeue, the time limit), it signals the batch script
+and the steps' tasks at once. The bridge's tasks get theirs through their proxies; the script got
+its TERM only from the kubelet, once it acted on the pod's deletion, which a kubelet still starting
+the pod put off: the script went on past its srun (a line more in the output, the batch step
+COMPLETED where native shows CANCELLED 0:15). The waiter's cancel now also has the daemon send the
+agent that runs the script its SIGTERM at once (agent/stop.go), in that run's pod only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bridge.clients.kube.cache import PodCache
+from bridge.controller.metrics import Metrics
+from bridge.controller.reconcile import Reconciler
+from bridge.core import agent_protocol, wellknown
+from bridge.core.pod_identity import pod_name
+
+from .builders import allocation, config
+
+
+class _Slurm:
+    async def read_job(self, job_id: int) -> None:
+        return None
+
+
+class _Kube:
+    def __init__(self) -> None:
+        self.execs: list[tuple[str, list[str]]] = []
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        self.execs.append((pod, command))
+        return ""
+
+
+def _pod(run: int, index: int, *, ended: bool = False) -> dict[str, Any]:
+    state = {"terminated": {"exitCode": 0}} if ended else {"running": {"startedAt": "2026-12-06T10:00:00Z"}}
+    return {
+        "metadata": {
+            "name": pod_name(42, index, run), "namespace": "slurm-jobs", "uid": f"u{run}{index}",
+            "labels": {wellknown.LABEL_JOB_ID: "42", wellknown.LABEL_RUN: str(run)},
+            "annotations": {wellknown.ANNOTATION_NODE_INDEX: str(index),
+                            wellknown.ANNOTATION_OUTPUT: wellknown.OUTPUT_FRAMED},
+        },
+        "status": {"phase": "Running", "containerStatuses": [{"name": "job", "state": state}]},
+    }
+
+
+async def _cancel(pods: list[dict[str, Any]], run: int = 0) -> list[tuple[str, list[str]]]:
+    kube, cache = _Kube(), PodCache()
+    for pod in pods:
+        cache.apply("ADDED", pod)
+    reconciler = Reconciler(config(), _Slurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
+    reconciler.jobs.record(allocation(run=run))
+    reconciler.sessions.open(42, run)
+    reconciler.request_cancel(42)
+    await asyncio.sleep(0.05)
+    return kube.execs
+
+
+STOP = agent_protocol.signal_command(wellknown.AGENT_RUN_PIDFILE, 15)
+
+
+def test_the_waiters_cancel_sends_the_scripts_agent_its_term_at_once() -> None:
+    execs = asyncio.run(_cancel([_pod(0, 0), _pod(0, 1)]))
+    assert execs == [("slurm-42-0", STOP)]
+
+
+def test_only_the_cancelled_runs_script_is_stopped() -> None:
+    # Run 1's waiter cancels: run 0's pod (still going) is not that run's.
+    execs = asyncio.run(_cancel([_pod(0, 0), _pod(1, 0)], run=1))
+    assert execs == [("slurm-42-r1-0", STOP)]
+
+
+def test_a_script_that_has_ended_is_not_signalled() -> None:
+    assert asyncio.run(_cancel([_pod(0, 0, ended=True)])) == []
