@@ -375,16 +375,16 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 		}
 	}
 	sampler.finish(&rusage)
+	if stopped.Load() {
+		// Stopped (scancel, a requeue, the time limit): slurmstepd gives every process of the
+		// batch step its TERM, then KillWait. The script's srun, TERMed with it, goes on telling
+		// how its step ends, through the script's pipes, which close once it is done.
+		waitForPipes(stoppedGroupLimit, outDone, errDone)
+	}
 	// What the script left running goes with it, as slurmstepd ends a batch step.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	reaped.Store(true)
-	deadline := time.After(drainAfterExit)
-	for _, done := range []chan struct{}{outDone, errDone} {
-		select {
-		case <-done:
-		case <-deadline:
-		}
-	}
+	waitForPipes(drainAfterExit, outDone, errDone)
 	out.mu.Lock() // no frame may be cut by the exit, nor follow the ending
 	if tellEnding {
 		_, _ = out.out.Write(endingFrame(status, stopped.Load()))
@@ -393,6 +393,22 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 		return 128 + int(status.Signal()), tellEnding
 	}
 	return status.ExitStatus(), tellEnding
+}
+
+// stoppedGroupLimit bounds how long a stopped script's process group may outlive it (Slurm's
+// default KillWait is 30 s; the pod's grace period ends it sooner).
+const stoppedGroupLimit = tasksLeftLimit
+
+// waitForPipes returns once every one of done is closed, or after limit.
+func waitForPipes(limit time.Duration, done ...chan struct{}) {
+	deadline := time.After(limit)
+	for _, closed := range done {
+		select {
+		case <-closed:
+		case <-deadline:
+			return
+		}
+	}
 }
 
 // hold waits for the kubelet's SIGTERM (or SIGINT) and exits 0 once no step task runs here: the

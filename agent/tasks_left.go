@@ -65,7 +65,7 @@ func waitForTasksLeft() {
 		time.Sleep(tasksLeftPoll)
 	}
 	reapOrphans()
-	if waited {
+	if waited || tasksRanHere() {
 		// A task's last lines are still on their way out of its exec (the runtime copies them
 		// after the process ended); the container's end would cut them.
 		time.Sleep(execDrainTime)
@@ -85,4 +85,15 @@ func reapOrphans() {
 			return
 		}
 	}
+}
+
+// tasksRanHere: a step's task ran in this container (`agent task` keeps its pid file in the
+// agent's tasks directory), perhaps ending just before the agent looked.
+func tasksRanHere() bool {
+	self, err := os.Executable()
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(filepath.Dir(self), "tasks"))
+	return err == nil
 }

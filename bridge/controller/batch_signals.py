@@ -12,6 +12,7 @@ Called by the reconciler, which asks the work queue for the retry `deliver` want
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,11 @@ SIGNAL_AFTER_START_S = 1.0
 for its first lines, its traps, to run: natively the script has run since the job started)."""
 SIGNAL_RETRY_MAX_S = 10.0
 """The longest wait between two tries of a signal whose exec failed."""
+NOT_STARTING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
+                          "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+"""A job container waiting for one of these runs no script: stop_script leaves it alone."""
+MAX_STOPS_AT_ONCE = 32
+"""stop_script's execs under way at once; beyond, a run is left to its pods' deletion alone."""
 
 
 class SignalBook:
@@ -56,6 +62,8 @@ class BatchSignals:
     def __init__(self, kube: KubeActions, pods: RunPods) -> None:
         self._kube = kube
         self._pods = pods
+        self._stopping = 0
+        """stop_script's execs under way."""
 
     def take(self, session: JobSession, signum: int, seq: int | None = None, offered: bool = False) -> bool:
         """Keep `signum` for the run's batch script; True when the job should be reconciled to
@@ -114,7 +122,7 @@ class BatchSignals:
                 _signal_done(session, signum, sending)
         return None
 
-    async def stop_script(self, job_id: int, run: int) -> None:
+    async def stop_script(self, job_id: int, run: int, node_is_dead: Callable[[str], bool]) -> None:
         """SIGTERM to the agent that runs run `run`'s script, which passes it on to the script's
         process group as it does the kubelet's (agent/stop.go). The waiter asks as slurmstepd
         signals it, when slurmstepd signals the steps' tasks too: natively the script and the
@@ -122,15 +130,25 @@ class BatchSignals:
         counts, but a kubelet still starting the pod takes its time to act on it, and meanwhile
         the script would go on past a step that ended. Only logged when it fails."""
         pod = self._pods.of_index(job_id, 0, run)
-        if pod is None or not pod.runs_agent or pod.container_ended:
+        if (pod is None or not pod.runs_agent or not pod.node_name or pod.container_ended
+                or pod.waiting_reason in NOT_STARTING or node_is_dead(pod.node_name)):
+            # Nothing runs a script there, or will soon. One still being started is asked: its
+            # kubelet may not have reported it running yet, and it is the one slow to stop.
             return
         bound = log.bind(job_id=job_id, pod=pod.name, run=run)
+        if self._stopping >= MAX_STOPS_AT_ONCE:
+            # A wave of cancels (scancel -u, a time limit for thousands): the deletions stop them.
+            bound.info("stop.left_to_the_kubelet")
+            return
+        self._stopping += 1
         try:
             await self._kube.exec_in_pod(
                 pod.name, agent_protocol.signal_command(wellknown.AGENT_RUN_PIDFILE, int(signal.SIGTERM)))
         except BridgeError as error:
             bound.info("stop.not_sent", error=str(error)[:200])
             return
+        finally:
+            self._stopping -= 1
         bound.info("stop.sent")
 
     async def _signal_once(self, job_id: int, signum: int) -> str:

@@ -10,7 +10,7 @@ A mixin of the Reconciler, which wires the subsystems it names here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from bridge.core.model import JobAllocation, JobPayload
@@ -38,6 +38,7 @@ class ApiFacade:
     steps: Steps
     batch_signals: BatchSignals
     payload_secrets: PayloadSecrets
+    node_is_dead: Callable[[str], bool]
 
     def _spawn(self, work: Awaitable[None]) -> None:
         """Work nobody awaits (the Reconciler's)."""
@@ -100,8 +101,10 @@ class ApiFacade:
         and the script is told at once (BatchSignals.stop_script)."""
         session = self.cancel_session(job_id)
         if session is not None:
+            first = not session.cancel_requested
             session.request_cancel()
-            self._spawn(self.batch_signals.stop_script(job_id, session.run))
+            if first:  # a waiter asking again (or its owner posting again) adds nothing
+                self._spawn(self.batch_signals.stop_script(job_id, session.run, self.node_is_dead))
 
     def current_session(self, job_id: int) -> JobSession | None:
         """The session of the job's current run (as the store last read it), if its waiter

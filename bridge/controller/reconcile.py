@@ -374,6 +374,7 @@ class Reconciler(ApiFacade):
             bound.info("session.ended", slurm_state=state)
             self.metrics.inc("sessions_ended_total")
             self.sessions.end(session, event)
+            self.tasks.forget_job(session.job_id)
         else:
             session.finish(event)  # kept (and re-sent on re-attach) until Slurm shows the run over
 

@@ -140,7 +140,7 @@ class Steps:
             bound.warning("step.refused", key=key, reason=refusal)
             event.clear()
             event.update(type="message", text=f"srun: error: {refusal}")
-            self._spawn(self._finish_refused(session.job_id, key, bound))
+            self._spawn(self._finish_refused(session.job_id, session.run, key, bound))
             return
         try:
             args = parse_srun_args(argv)
@@ -152,7 +152,7 @@ class Steps:
             bound.warning("step.refused", key=key, reason=str(error))
             event.clear()
             event.update(type="heartbeat")
-            self._spawn(self._finish_refused(session.job_id, key, bound, str(error),
+            self._spawn(self._finish_refused(session.job_id, session.run, key, bound, str(error),
                                              refused_exit_code(error)))
             return
         book.answer(key, {"argv": argv, "cwd": str(request.get("cwd") or ""), "env": env})
@@ -175,11 +175,11 @@ class Steps:
         session.steps.answer(key, {"argv": [], "cwd": cwd, "env": {}, "command": command})
 
     async def _finish_refused(
-        self, job_id: int, key: str, bound: Any, reason: str = "", code: int = 1,
+        self, job_id: int, run: int, key: str, bound: Any, reason: str = "", code: int = 1,
     ) -> None:
         """Tell the script's srun that its refused step ended (`code`), with `reason` on its stderr,
         trying a few times: else it waits for ever. Nobody awaits this, so its failure is logged here."""
-        pod = self._pods.of_index(job_id, 0) if reason else None
+        pod = self._pods.of_index(job_id, 0, run) if reason else None
         if pod is not None:
             frames = _output_frame(2, f"{reason}\n".encode()) + _output_frame(0, str(code).encode())
             try:
@@ -210,6 +210,13 @@ class Steps:
                 return session.run
         return None
 
+    def answered_run(self, job_id: int, key: str) -> int | None:
+        """The newest run that answered key `key`, whether its step is open or has ended."""
+        for session in reversed(self._sessions.of_job(job_id)):
+            if session.steps.was_answered(key):
+                return session.run
+        return None
+
     def of_any_run(self, job_id: int, key: str) -> Step | None:
         """Step `key` of the newest run that has it open."""
         for session in reversed(self._sessions.of_job(job_id)):
@@ -223,10 +230,11 @@ class Steps:
             session.steps.end(key)
 
     async def finish(self, job_id: int, key: str, code: int) -> None:
-        """Tell the script's srun how the step ended (Slurm's srun exit code), in its run's pod."""
-        run = self.open_run(job_id, key)
+        """Tell the script's srun how the step ended (Slurm's srun exit code), in the pod of the
+        run that answered the key: also when told again (the last try failed), the step closed."""
+        run = self.answered_run(job_id, key)
         self.close(job_id, key)
-        pod = self._pods.of_index(job_id, 0, run)
+        pod = None if run is None else self._pods.of_index(job_id, 0, run)
         if pod is None:
             return
         await self._kube.exec_in_pod(pod.name, agent_protocol.step_done_command(key, code))

@@ -231,6 +231,14 @@ class Tasks:
             kept.append(signum)
         return True
 
+    def forget_job(self, job_id: int) -> None:
+        """A run of the job is over: what was kept for its tasks that never ran goes (step keys
+        start again at 1 in the next run, whose tasks must not get them)."""
+        if not self._early_jobs.get(job_id):
+            return
+        for task_id in [task_id for task_id in self._early if task_id[0] == job_id]:
+            self._forget_early_signals(task_id)
+
     def _forget_early_signals(self, task_id: TaskId) -> list[int]:
         _, kept = self._early.pop(task_id, (0.0, []))
         if kept:

@@ -255,3 +255,34 @@ def test_one_users_kept_signals_are_bounded_across_their_jobs(monkeypatch: Any) 
 
     assert alices == [True, True, True, False]
     assert bobs and again
+
+
+class _QuickTask:
+    """A task that ends at once; the signals sent into the pod are recorded."""
+
+    def __init__(self) -> None:
+        self.signalled: list[list[str]] = []
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        self.signalled.append(command)
+        return ""
+
+    async def exec_stream(
+        self, pod: str, command: list[str], terminal: object = None
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        yield 0, b"0"
+
+
+async def test_a_signal_kept_for_a_requeued_runs_task_does_not_reach_the_next_runs() -> None:
+    # Step keys start again at 1 in each run: a TERM kept for run 0's task 1.0 (its proxy got it
+    # before its run in the pod began, then the requeue ended that run) must not be delivered to
+    # run 1's task 1.0 when it starts.
+    kube = _QuickTask()
+    tasks = Tasks(kube, Reconciler(kube))  # type: ignore[arg-type]
+    assert tasks.keep_early_signal((42, "1", "0"), int(signal.SIGTERM), 1000)
+    tasks.forget_job(42)  # run 0's session ended
+    code = await tasks.run((42, "1", "0"), "slurm-42-r1-0", ["agent", "task"],
+                           lambda _fd, _data: asyncio.sleep(0))
+    await tasks.finish_background(5)
+    assert code == b"0"
+    assert kube.signalled == []

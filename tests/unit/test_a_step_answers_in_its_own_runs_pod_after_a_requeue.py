@@ -79,3 +79,12 @@ def test_the_newest_run_with_the_key_open_wins() -> None:
     assert steps.open_run(42, "2") == 1
     asyncio.run(steps.finish(42, "2", 0))
     assert [pod for pod, _ in kube.execs] == ["slurm-42-r1-0"]
+
+
+def test_a_step_end_told_again_goes_to_the_same_runs_pod() -> None:
+    # The waiter tells a step's end again when the last try failed (a kubelet's 500): the step is
+    # closed by then, and the retry must not go to the current run's pod, nor nowhere.
+    steps, kube, _ = _requeued_job()
+    asyncio.run(steps.finish(42, "2", 0))
+    asyncio.run(steps.finish(42, "2", 0))
+    assert [pod for pod, _ in kube.execs] == ["slurm-42-0", "slurm-42-0"]

@@ -33,8 +33,14 @@ class _Kube:
         return ""
 
 
-def _pod(run: int, index: int, *, ended: bool = False) -> dict[str, Any]:
-    state = {"terminated": {"exitCode": 0}} if ended else {"running": {"startedAt": "2026-12-06T10:00:00Z"}}
+def _pod(
+    run: int, index: int, *, ended: bool = False, waiting: str = "", node: str = "kube1",
+) -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {"startedAt": "2026-12-06T10:00:00Z"}}
+    if ended:
+        state = {"terminated": {"exitCode": 0}}
+    elif waiting:
+        state = {"waiting": {"reason": waiting}}
     return {
         "metadata": {
             "name": pod_name(42, index, run), "namespace": "slurm-jobs", "uid": f"u{run}{index}",
@@ -42,18 +48,20 @@ def _pod(run: int, index: int, *, ended: bool = False) -> dict[str, Any]:
             "annotations": {wellknown.ANNOTATION_NODE_INDEX: str(index),
                             wellknown.ANNOTATION_OUTPUT: wellknown.OUTPUT_FRAMED},
         },
+        "spec": {"nodeName": node},
         "status": {"phase": "Running", "containerStatuses": [{"name": "job", "state": state}]},
     }
 
 
-async def _cancel(pods: list[dict[str, Any]], run: int = 0) -> list[tuple[str, list[str]]]:
+async def _cancel(pods: list[dict[str, Any]], run: int = 0, times: int = 1) -> list[tuple[str, list[str]]]:
     kube, cache = _Kube(), PodCache()
     for pod in pods:
         cache.apply("ADDED", pod)
     reconciler = Reconciler(config(), _Slurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
     reconciler.jobs.record(allocation(run=run))
     reconciler.sessions.open(42, run)
-    reconciler.request_cancel(42)
+    for _ in range(times):
+        reconciler.request_cancel(42)
     await asyncio.sleep(0.05)
     return kube.execs
 
@@ -74,3 +82,18 @@ def test_only_the_cancelled_runs_script_is_stopped() -> None:
 
 def test_a_script_that_has_ended_is_not_signalled() -> None:
     assert asyncio.run(_cancel([_pod(0, 0, ended=True)])) == []
+
+
+def test_a_pod_still_being_started_is_asked_too() -> None:
+    # The kubelet may not have reported the container running yet: that pod is the slow one.
+    execs = asyncio.run(_cancel([_pod(0, 0, waiting="ContainerCreating")]))
+    assert execs == [("slurm-42-0", STOP)]
+
+
+def test_the_waiters_cancel_told_again_stops_once() -> None:
+    assert len(asyncio.run(_cancel([_pod(0, 0)], times=3))) == 1
+
+
+def test_a_pod_that_runs_no_script_or_has_no_node_is_not_asked() -> None:
+    assert asyncio.run(_cancel([_pod(0, 0, waiting="ImagePullBackOff")])) == []
+    assert asyncio.run(_cancel([_pod(0, 0, node="")])) == []

@@ -379,6 +379,25 @@ def test_sigterm_to_the_agent_reaches_the_trap_and_the_background_child(agent: P
     assert is_gone(pid)
 
 
+def test_a_stopped_scripts_srun_outlives_it_and_says_how_its_step_ended(agent: Path, tmp_path: Path) -> None:
+    """On a stop, slurmstepd TERMs every process of the batch step and gives them KillWait: the
+    script dies at once, its srun goes on until its step has ended and says so. Killing the
+    script's process group as soon as the script died (as after a script's own end) cut those
+    lines: the task's last words and srun's 'forcing job termination'."""
+    ready = tmp_path / "ready"
+    srun = ("trap 'echo srun got TERM; sleep 0.5; echo srun: step ended; exit 3' TERM; "
+            f": > {shlex.quote(str(ready))}; while :; do sleep 0.05; done")
+    script = f"sh -c {shlex.quote(srun)} &\nwait\necho 'no line after a stop'\n"
+    with started(agent, tmp_path, script) as proc:
+        wait_for(ready.exists, "the script's srun")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    output = stream(out, "o").replace(b"Terminated\n", b"")
+    assert output == b"srun got TERM\nsrun: step ended\n"
+
+
 def test_the_daemons_stop_and_the_kubelets_term_reach_the_script_once(agent: Path, tmp_path: Path) -> None:
     """The daemon stops a run's script with `agent signal agent.pid 15` as it deletes the pod, and
     the kubelet's SIGTERM follows: one stop, so the script's trap runs once (slurmstepd sends one
