@@ -41,7 +41,6 @@ class PodCounter:
         self.samples: list[int] = []
         self.uids: dict[str, set[str]] = {}
         """Pod name -> every uid seen under it (two uids = the pod was created twice)."""
-        self.snapshots: list[list[str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -54,7 +53,6 @@ class PodCounter:
                 check=False,
             ).stdout.splitlines()
             active = 0
-            self.snapshots.append(out)
             for line in out:
                 name, uid, phase, exit_code = line.split()
                 self.uids.setdefault(name, set()).add(uid)
