@@ -284,9 +284,9 @@ func (s *scriptSteps) signal(key string, sig any) {
 	if s.signalBack(key, syscall.Signal(number)) {
 		return
 	}
-	if cmd.ProcessState == nil {
-		_ = cmd.Process.Signal(syscall.Signal(number))
-	}
+	// Not cmd.ProcessState, which cmd.Wait writes meanwhile: os.Process knows itself whether it
+	// has been waited for, and then signals nothing.
+	_ = cmd.Process.Signal(syscall.Signal(number))
 }
 
 // done tells the daemon the step ended with code (the script's srun exits with it).
