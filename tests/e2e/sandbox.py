@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,20 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 60.0, 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+STEPD_CANCEL_LINE = re.compile(
+    r"^\[[\d\-T:.]+\] error: \*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ (.*) \*\*\*$", re.MULTILINE)
+SRUN_TASK_NODE = re.compile(r"srun: error: \S+: task")
+
+
+def cancelled_lines_alike(text: str) -> list[str]:
+    """A cancelled job's file as lines, sorted, with slurmstepd's "*** JOB|STEP ... CANCELLED ***"
+    and srun's "srun: error: NODE: task" lines freed of the job, node and time that differ between
+    partitions: slurmstepd's and srun's lines interleave with the tasks' in no fixed order,
+    natively too."""
+    text = SRUN_TASK_NODE.sub("srun: error: <node>: task", STEPD_CANCEL_LINE.sub(r"<\1 cancelled \2>", text))
+    return sorted(text.splitlines())
 
 
 def at_once(variants: Mapping[str, Callable[[], T]]) -> dict[str, T]:

@@ -15,11 +15,10 @@ from __future__ import annotations
 import functools
 import os
 import pwd
-import re
 import time
 from pathlib import Path
 
-from tests.e2e.sandbox import Sandbox, at_once, wait_until, write_script
+from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
 
 JOBS = 2
 HEAD = """#!/bin/bash
@@ -45,16 +44,6 @@ TASK_REQUEUES = HEAD + f"""if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then
 fi
 echo done
 """
-STEPD_LINE = re.compile(r"^\[[\d\-T:.]+\] error: \*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ (.*) \*\*\*$",
-                        re.MULTILINE)
-SRUN_NODE = re.compile(r"srun: error: \S+: task")
-
-
-def _normal(text: str) -> list[str]:
-    """The file's lines with what names the job and node made alike, sorted: slurmstepd's and
-    srun's lines interleave with the task's in no fixed order, natively too."""
-    text = SRUN_NODE.sub("srun: error: <node>: task", STEPD_LINE.sub(r"<\1 cancelled \2>", text))
-    return sorted(text.splitlines())
 
 
 _last_seen: dict[int, list[str]] = {}
@@ -95,7 +84,7 @@ def test_a_requeue_from_the_script_or_a_task_stops_both_as_natively(bridge: Sand
             output = directory / f"{partition}-{job_id}.out"
             settled = functools.partial(_both_runs, bridge, job_id, output)
             rows = wait_until(f"{partition} job {job_id} ({kind}) twice", settled, timeout=300, interval=1.5)
-            seen.setdefault((partition, kind), []).append((rows, _normal(output.read_text())))
+            seen.setdefault((partition, kind), []).append((rows, cancelled_lines_alike(output.read_text())))
     for kind in scripts:
         native = seen["native", kind]
         assert all(case == native[0] for case in native), (kind, native)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import functools
 import os
 import pwd
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.sandbox import Sandbox, at_once, wait_until, write_script
+from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
 
 JOBS = 3
 # The task traps TERM, says so, and ends 3 two seconds later (KillWait is 10 s on the sandbox).
@@ -25,17 +24,6 @@ TASK = ("python3 -c 'import signal, sys, time\n"
         "    print(\"task ends\", flush=True); sys.exit(3)\n"
         "signal.signal(signal.SIGTERM, term)\nprint(\"task runs\", flush=True)\ntime.sleep(300)'")
 CANCELLED = f"#!/bin/bash\n#SBATCH --time=5\nsrun -n1 {TASK}\necho 'srun said' $?\n"
-# slurmstepd's and srun's own lines name the job, the node and the time.
-STEPD_LINE = re.compile(r"^\[[\d\-T:.]+\] error: \*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ (.*) \*\*\*$",
-                        re.MULTILINE)
-SRUN_NODE = re.compile(r"srun: error: \S+: task")
-
-
-def _normal(text: str) -> list[str]:
-    """The file's lines, slurmstepd's with what names the job made alike, sorted: slurmstepd's and
-    srun's lines interleave with the task's in no fixed order, natively too."""
-    text = SRUN_NODE.sub("srun: error: <node>: task", STEPD_LINE.sub(r"<\1 cancelled \2>", text))
-    return sorted(text.splitlines())
 
 
 def _steps(bridge: Sandbox, job_id: int) -> list[str] | None:
@@ -93,7 +81,7 @@ def test_scancel_gives_a_steps_task_its_term_and_kill_wait_as_natively(bridge: S
             output = functools.partial(_output, str(directory), partition, job_id)
             settled = functools.partial(_settled, bridge, job_id, output)
             rows = wait_until(f"{partition} job {job_id} over", settled, timeout=120, interval=1.5)
-            seen[partition, job_id] = (rows, _normal(_output(str(directory), partition, job_id)))
+            seen[partition, job_id] = (rows, cancelled_lines_alike(output()))
     native = [seen["native", job_id] for job_id in jobs["native"]]
     assert all(case == native[0] for case in native), native
     assert "task got TERM" in native[0][1], native[0]

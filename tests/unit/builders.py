@@ -117,3 +117,21 @@ token_file = "{token}"
 [waiter]
 step_key_file = "{key_file}"
 """ + tables)
+
+
+class NoSlurmJobs:
+    """A Slurm client that knows no job: the job store's own reads find nothing."""
+
+    async def read_job(self, job_id: int) -> None:
+        return None
+
+
+class RecordedExecs:
+    """Kubernetes as the daemon's one-shot execs see it: each (pod, command) recorded, none fails."""
+
+    def __init__(self) -> None:
+        self.execs: list[tuple[str, list[str]]] = []
+
+    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
+        self.execs.append((pod, command))
+        return ""

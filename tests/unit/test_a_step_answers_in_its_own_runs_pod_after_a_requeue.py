@@ -16,21 +16,7 @@ from bridge.controller.sessions import SessionRegistry
 from bridge.controller.steps import Steps
 from bridge.core import wellknown
 from bridge.core.pod_identity import pod_name
-from tests.unit.builders import allocation
-
-
-class _Slurm:
-    async def read_job(self, job_id: int) -> None:
-        return None
-
-
-class _Kube:
-    def __init__(self) -> None:
-        self.execs: list[tuple[str, list[str]]] = []
-
-    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
-        self.execs.append((pod, command))
-        return ""
+from tests.unit.builders import NoSlurmJobs, RecordedExecs, allocation
 
 
 def _pod(job_id: int, run: int, index: int) -> dict[str, Any]:
@@ -41,15 +27,15 @@ def _pod(job_id: int, run: int, index: int) -> dict[str, Any]:
     }}
 
 
-def _requeued_job() -> tuple[Steps, _Kube, SessionRegistry]:
+def _requeued_job() -> tuple[Steps, RecordedExecs, SessionRegistry]:
     """Job 42: run 0 has step 2 (an in-pod scontrol) open and its pod still there; Slurm's record
     already says run 1, whose pod exists too (as after a fast restart)."""
-    jobs = JobStore(_Slurm())  # type: ignore[arg-type]
+    jobs = JobStore(NoSlurmJobs())  # type: ignore[arg-type]
     jobs.record(allocation(run=0))
     cache = PodCache()
     cache.apply("ADDED", _pod(42, 0, 0))
     sessions = SessionRegistry()
-    kube = _Kube()
+    kube = RecordedExecs()
     steps = Steps(kube, RunPods(jobs, cache), sessions, b"k" * 32, lambda work: None)  # type: ignore[arg-type]
     steps.open_command(sessions.open(42, 0), "2", "scontrol", "/home/alice")
     jobs.record(allocation(run=1))

@@ -16,21 +16,7 @@ from bridge.controller.reconcile import Reconciler
 from bridge.core import agent_protocol, wellknown
 from bridge.core.pod_identity import pod_name
 
-from .builders import allocation, config
-
-
-class _Slurm:
-    async def read_job(self, job_id: int) -> None:
-        return None
-
-
-class _Kube:
-    def __init__(self) -> None:
-        self.execs: list[tuple[str, list[str]]] = []
-
-    async def exec_in_pod(self, pod: str, command: list[str]) -> str:
-        self.execs.append((pod, command))
-        return ""
+from .builders import NoSlurmJobs, RecordedExecs, allocation, config
 
 
 def _pod(
@@ -54,10 +40,10 @@ def _pod(
 
 
 async def _cancel(pods: list[dict[str, Any]], run: int = 0, times: int = 1) -> list[tuple[str, list[str]]]:
-    kube, cache = _Kube(), PodCache()
+    kube, cache = RecordedExecs(), PodCache()
     for pod in pods:
         cache.apply("ADDED", pod)
-    reconciler = Reconciler(config(), _Slurm(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
+    reconciler = Reconciler(config(), NoSlurmJobs(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
     reconciler.jobs.record(allocation(run=run))
     reconciler.sessions.open(42, run)
     for _ in range(times):
