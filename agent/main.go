@@ -290,6 +290,8 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	tellEnding := undumpable()
 	interval := usageInterval() // the bridge's, not the job's: read, then gone from its environment
 	_ = os.Unsetenv("SLURM_K8S_BRIDGE_USAGE_INTERVAL")
+	grace := stopGrace()
+	_ = os.Unsetenv("SLURM_K8S_BRIDGE_STOP_GRACE")
 	if pending := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING"); pending != "" {
 		// A script too big for an annotation: the daemon copies it in (receive-script).
 		_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT_PENDING")
@@ -338,9 +340,11 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	pid := cmd.Process.Pid
 	_ = os.WriteFile(pidfile, []byte(strconv.Itoa(pid)+"\n"), 0o644)
 	var stopped, reaped atomic.Bool
+	var stoppedAt atomic.Int64 // the first stop's time, Unix nanoseconds
 	go func() {
 		termed := false
 		for sig := range stops {
+			stoppedAt.CompareAndSwap(0, time.Now().UnixNano())
 			stopped.Store(true)
 			if sig == syscall.SIGTERM {
 				// The daemon's stop (stopRequests) and then the kubelet's are one stop: the
@@ -379,7 +383,7 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 		// Stopped (scancel, a requeue, the time limit): slurmstepd gives every process of the
 		// batch step its TERM, then KillWait. The script's srun, TERMed with it, goes on telling
 		// how its step ends, through the script's pipes, which close once it is done.
-		waitForPipes(stoppedGroupLimit, outDone, errDone)
+		waitForStoppedGroup(pid, time.Unix(0, stoppedAt.Load()), grace, outDone, errDone)
 	}
 	// What the script left running goes with it, as slurmstepd ends a batch step.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
@@ -395,9 +399,46 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	return status.ExitStatus(), tellEnding
 }
 
-// stoppedGroupLimit bounds how long a stopped script's process group may outlive it (Slurm's
-// default KillWait is 30 s; the pod's grace period ends it sooner).
+// stoppedGroupLimit bounds how long a stopped script's process group may outlive its stop
+// (Slurm's default KillWait).
 const stoppedGroupLimit = tasksLeftLimit
+
+// waitForStoppedGroup returns once the stopped script's pipes are closed (whatever held them has
+// ended), once no process of its group is left (what holds them was never TERMed: a `setsid`
+// child), or before the pod's grace ends: the kubelet's SIGKILL would leave no time for the
+// ending frame, and the job would end as killed (0:9) where the script ended by its TERM.
+func waitForStoppedGroup(pgid int, since time.Time, grace time.Duration, done ...chan struct{}) {
+	deadline := since.Add(min(stoppedGroupLimit, grace-drainAfterExit-time.Second))
+	for time.Now().Before(deadline) {
+		if allClosed(done) || syscall.Kill(-pgid, 0) == syscall.ESRCH {
+			return
+		}
+		time.Sleep(tasksLeftPoll)
+	}
+}
+
+func allClosed(done []chan struct{}) bool {
+	for _, closed := range done {
+		select {
+		case <-closed:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// stopGrace is the pod's grace period ([pods] termination_grace_s, in SLURM_K8S_BRIDGE_STOP_GRACE
+// when not the default): the kubelet SIGKILLs what is left that long after its SIGTERM.
+func stopGrace() time.Duration {
+	seconds, err := strconv.Atoi(os.Getenv("SLURM_K8S_BRIDGE_STOP_GRACE"))
+	if err != nil || seconds < 0 {
+		return defaultStopGrace
+	}
+	return time.Duration(seconds) * time.Second
+}
+
+const defaultStopGrace = 10 * time.Second // wellknown.DEFAULT_TERMINATION_GRACE_S
 
 // waitForPipes returns once every one of done is closed, or after limit.
 func waitForPipes(limit time.Duration, done ...chan struct{}) {

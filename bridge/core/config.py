@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from bridge.core import wellknown
 from bridge.core.attach_command import DEFAULT_ATTACH_COMMAND, SHELL_SPECIAL, attach_command_problem
 from bridge.core.config_errors import ConfigError, KeyProblem, config_error
 from bridge.core.config_sections import (
@@ -171,7 +172,8 @@ class BridgeConfig:
                                description="Kubernetes node health carried over to Slurm.")
     workloads: WorkloadsConfig = Field(default_factory=WorkloadsConfig, description=(
         "Kubernetes workloads scheduled by Slurm: the managed namespaces."))
-    termination_grace_s: StrictInt = Field(default=10, ge=0, description=(
+    termination_grace_s: StrictInt = Field(
+        default=wellknown.DEFAULT_TERMINATION_GRACE_S, ge=0, description=(
         "Seconds between SIGTERM and SIGKILL when a job's pods are deleted (scancel, time limit), as "
         "KillWait is for a native step: a script's TERM trap gets this long. Keep it below slurm.conf's "
         "KillWait (Slurm kills the waiter after KillWait)."))

@@ -233,6 +233,8 @@ def container_environment(
         env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
         if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:
             env[wellknown.ENV_USAGE_INTERVAL] = str(cfg.pods.usage_interval_s)
+        if index == 0 and cfg.termination_grace_s != wellknown.DEFAULT_TERMINATION_GRACE_S:
+            env[wellknown.ENV_STOP_GRACE] = str(cfg.termination_grace_s)
     env[wellknown.SECRET_SCRIPT_KEY] = script_path(index, delivered)
     return env
 

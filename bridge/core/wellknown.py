@@ -129,6 +129,12 @@ ENV_USAGE_INTERVAL: Final = "SLURM_K8S_BRIDGE_USAGE_INTERVAL"
 not its default of 30 (agent/usage.go). The agent unsets it before the script runs."""
 DEFAULT_USAGE_INTERVAL_S: Final = 30
 
+ENV_STOP_GRACE: Final = "SLURM_K8S_BRIDGE_STOP_GRACE"
+"""The pods' grace period (termination_grace_s), when not its default, for the first pod's agent: a
+stopped script's process group may outlive it only until shortly before the kubelet's SIGKILL
+(agent/main.go). The agent unsets it before the script runs."""
+DEFAULT_TERMINATION_GRACE_S: Final = 10
+
 ANNOTATION_SCRIPT_DELIVERY: Final = PREFIX + "script-delivery"
 """`exec` on a pod whose script the daemon copies in once it runs (too big for an annotation)."""
 

@@ -398,6 +398,41 @@ def test_a_stopped_scripts_srun_outlives_it_and_says_how_its_step_ended(agent: P
     assert output == b"srun got TERM\nsrun: step ended\n"
 
 
+@pytest.mark.parametrize("holder", ["(trap '' TERM; exec sleep 300)", "setsid sleep 300"],
+                         ids=["ignores-term", "never-termed"])
+def test_a_stopped_scripts_group_is_waited_for_only_within_the_pods_grace(
+    agent: Path, tmp_path: Path, holder: str
+) -> None:
+    """What holds the script's pipes but outlives the stop (a process that ignores TERM, one in a
+    session of its own that never got it) is not waited for past the pod's grace less the drain:
+    the kubelet's SIGKILL would cut the ending frame, and the job would end as killed (0:9), where
+    the script ended by its TERM (0:15)."""
+    ready, held = tmp_path / "ready", tmp_path / "holder.pid"
+    script = f"{holder} &\necho $! > {shlex.quote(str(held))}\n: > {shlex.quote(str(ready))}\nwait\n"
+    env = {**os.environ, "SLURM_K8S_BRIDGE_STOP_GRACE": "4"}  # waits at most 4 - 2 - 1 s
+    pidfile = tmp_path / "script.pid"
+    proc = subprocess.Popen([str(agent), "run", str(pidfile), "merged", "--", "/bin/sh", "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    try:
+        wait_for(ready.exists, "the script")
+        time.sleep(0.2)
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+        if held.exists() and not is_gone(holder_pid := int(held.read_text())):
+            kill_quietly(holder_pid)
+
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert frame_lines(out)[-1].startswith(b"x "), "the ending frame is written"
+    # Bounded by the grace (1 s of waiting, then up to drainAfterExit for the pipes), not 30 s.
+    assert took < 4, took
+
+
 def test_the_daemons_stop_and_the_kubelets_term_reach_the_script_once(agent: Path, tmp_path: Path) -> None:
     """The daemon stops a run's script with `agent signal agent.pid 15` as it deletes the pod, and
     the kubelet's SIGTERM follows: one stop, so the script's trap runs once (slurmstepd sends one
