@@ -379,16 +379,21 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 		}
 	}
 	sampler.finish(&rusage)
+	drain := drainAfterExit
 	if stopped.Load() {
 		// Stopped (scancel, a requeue, the time limit): slurmstepd gives every process of the
 		// batch step its TERM, then KillWait. The script's srun, TERMed with it, goes on telling
-		// how its step ends, through the script's pipes, which close once it is done.
-		waitForStoppedGroup(pid, time.Unix(0, stoppedAt.Load()), grace, outDone, errDone)
+		// how its step ends, through the script's pipes, which close once it is done. All of it
+		// before the kubelet's SIGKILL, which would leave no ending frame: the job would end as
+		// killed (0:9) where the script ended by its TERM.
+		deadline := time.Unix(0, stoppedAt.Load()).Add(min(stoppedGroupLimit, grace-stopReserve))
+		waitForStoppedGroup(pid, deadline, outDone, errDone)
+		drain = min(drain, max(0, time.Until(deadline.Add(stopReserve/2))))
 	}
 	// What the script left running goes with it, as slurmstepd ends a batch step.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	reaped.Store(true)
-	waitForPipes(drainAfterExit, outDone, errDone)
+	waitForPipes(drain, outDone, errDone)
 	out.mu.Lock() // no frame may be cut by the exit, nor follow the ending
 	if tellEnding {
 		_, _ = out.out.Write(endingFrame(status, stopped.Load()))
@@ -403,12 +408,14 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 // (Slurm's default KillWait).
 const stoppedGroupLimit = tasksLeftLimit
 
+// stopReserve is what a stop leaves of the pod's grace for the script's group to be killed, the
+// pipes drained and the ending frame written.
+const stopReserve = time.Second
+
 // waitForStoppedGroup returns once the stopped script's pipes are closed (whatever held them has
 // ended), once no process of its group is left (what holds them was never TERMed: a `setsid`
-// child), or before the pod's grace ends: the kubelet's SIGKILL would leave no time for the
-// ending frame, and the job would end as killed (0:9) where the script ended by its TERM.
-func waitForStoppedGroup(pgid int, since time.Time, grace time.Duration, done ...chan struct{}) {
-	deadline := since.Add(min(stoppedGroupLimit, grace-drainAfterExit-time.Second))
+// child), or at deadline.
+func waitForStoppedGroup(pgid int, deadline time.Time, done ...chan struct{}) {
 	for time.Now().Before(deadline) {
 		if allClosed(done) || syscall.Kill(-pgid, 0) == syscall.ESRCH {
 			return

@@ -379,13 +379,17 @@ def test_sigterm_to_the_agent_reaches_the_trap_and_the_background_child(agent: P
     assert is_gone(pid)
 
 
-def test_a_stopped_scripts_srun_outlives_it_and_says_how_its_step_ended(agent: Path, tmp_path: Path) -> None:
+def test_a_stopped_scripts_srun_outlives_it_and_says_how_its_step_ended(
+    agent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a stop, slurmstepd TERMs every process of the batch step and gives them KillWait: the
     script dies at once, its srun goes on until its step has ended and says so. Killing the
     script's process group as soon as the script died (as after a script's own end) cut those
     lines: the task's last words and srun's 'forcing job termination'."""
+    # The sandbox's grace: its step's tasks take 3 s to end after their TERM, within it.
+    monkeypatch.setenv("SLURM_K8S_BRIDGE_STOP_GRACE", "5")
     ready = tmp_path / "ready"
-    srun = ("trap 'echo srun got TERM; sleep 0.5; echo srun: step ended; exit 3' TERM; "
+    srun = ("trap 'echo srun got TERM; sleep 3; echo srun: step ended; exit 3' TERM; "
             f": > {shlex.quote(str(ready))}; while :; do sleep 0.05; done")
     script = f"sh -c {shlex.quote(srun)} &\nwait\necho 'no line after a stop'\n"
     with started(agent, tmp_path, script) as proc:
@@ -409,7 +413,7 @@ def test_a_stopped_scripts_group_is_waited_for_only_within_the_pods_grace(
     the script ended by its TERM (0:15)."""
     ready, held = tmp_path / "ready", tmp_path / "holder.pid"
     script = f"{holder} &\necho $! > {shlex.quote(str(held))}\n: > {shlex.quote(str(ready))}\nwait\n"
-    env = {**os.environ, "SLURM_K8S_BRIDGE_STOP_GRACE": "4"}  # waits at most 4 - 2 - 1 s
+    env = {**os.environ, "SLURM_K8S_BRIDGE_STOP_GRACE": "4"}  # waits until 3 s after the stop
     pidfile = tmp_path / "script.pid"
     proc = subprocess.Popen([str(agent), "run", str(pidfile), "merged", "--", "/bin/sh", "-c", script],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
@@ -429,7 +433,7 @@ def test_a_stopped_scripts_group_is_waited_for_only_within_the_pods_grace(
 
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert frame_lines(out)[-1].startswith(b"x "), "the ending frame is written"
-    # Bounded by the grace (1 s of waiting, then up to drainAfterExit for the pipes), not 30 s.
+    # Before the kubelet would kill it (the grace, from the stop), not 30 s after.
     assert took < 4, took
 
 
