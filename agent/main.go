@@ -388,7 +388,8 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 		// killed (0:9) where the script ended by its TERM.
 		deadline := time.Unix(0, stoppedAt.Load()).Add(min(stoppedGroupLimit, grace-stopReserve))
 		waitForStoppedGroup(pid, deadline, outDone, errDone)
-		drain = min(drain, max(0, time.Until(deadline.Add(stopReserve/2))))
+		// At least a moment: the relays may still be reading what the pipes hold.
+		drain = min(drain, max(minimumDrain, time.Until(deadline.Add(stopReserve/2))))
 	}
 	// What the script left running goes with it, as slurmstepd ends a batch step.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
@@ -411,6 +412,9 @@ const stoppedGroupLimit = tasksLeftLimit
 // stopReserve is what a stop leaves of the pod's grace for the script's group to be killed, the
 // pipes drained and the ending frame written.
 const stopReserve = time.Second
+
+// minimumDrain is the least a stop leaves the output relays once the script's group is killed.
+const minimumDrain = 200 * time.Millisecond
 
 // waitForStoppedGroup returns once the stopped script's pipes are closed (whatever held them has
 // ended), once no process of its group is left (what holds them was never TERMed: a `setsid`
@@ -442,7 +446,8 @@ func stopGrace() time.Duration {
 	if err != nil || seconds < 0 {
 		return defaultStopGrace
 	}
-	return time.Duration(seconds) * time.Second
+	// Beyond stoppedGroupLimit it changes nothing; capped before it could overflow.
+	return time.Duration(min(seconds, 3600)) * time.Second
 }
 
 const defaultStopGrace = 10 * time.Second // wellknown.DEFAULT_TERMINATION_GRACE_S

@@ -697,9 +697,10 @@ def test_a_task_gets_them_too(agent: Path, tmp_path: Path) -> None:
 
 def test_a_tasks_environment_has_none_of_the_payload_secrets_keys(agent: Path, tmp_path: Path) -> None:
     """srun's tasks (and user steps') start from the container's environment: the Secret's keys for
-    the script and the user's files are taken out there too."""
+    the script and the user's files, and what the first pod's agent reads, are taken out there too."""
     env = {**os.environ, "SLURM_K8S_BRIDGE_SCRIPT": "/slurm-k8s-bridge/slurm_script",
-           "SLURM_K8S_BRIDGE_PASSWD": "/etc/passwd", "SLURM_K8S_BRIDGE_GROUP": "/etc/group", "KEPT": "yes"}
+           "SLURM_K8S_BRIDGE_PASSWD": "/etc/passwd", "SLURM_K8S_BRIDGE_GROUP": "/etc/group", "KEPT": "yes",
+           "SLURM_K8S_BRIDGE_USAGE_INTERVAL": "5", "SLURM_K8S_BRIDGE_STOP_GRACE": "5"}
     encoded = base64.b64encode(b"{}").decode()
     result = subprocess.run([str(agent), "task", str(tmp_path / "t.pid"), encoded, "--", "/bin/sh", "-c",
                              'env | grep -c "^SLURM_K8S_BRIDGE_"; echo "$KEPT"'],
