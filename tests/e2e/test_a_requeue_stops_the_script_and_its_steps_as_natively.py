@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
 
-JOBS = 2
+JOBS = 3
 HEAD = """#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append
@@ -86,10 +86,15 @@ def test_a_requeue_from_the_script_or_a_task_stops_both_as_natively(bridge: Sand
             rows = wait_until(f"{partition} job {job_id} ({kind}) twice", settled, timeout=300, interval=1.5)
             seen.setdefault((partition, kind), []).append((rows, cancelled_lines_alike(output.read_text())))
     for kind in scripts:
+        # Natively, now and then, the requeue's kill takes the script's srun before its task's trap
+        # has spoken, and slurmctld records the step COMPLETED 0:0 (2 of 16 native jobs in two
+        # runs): the bridge is held to native's whole runs, which agree.
         native = seen["native", kind]
-        assert all(case == native[0] for case in native), (kind, native)
-        rows, lines = native[0]
+        whole = [case for case in native if "task got TERM" in case[1]]
+        assert whole, (f"no native {kind} job ran its task's trap", native)
+        assert all(case == whole[0] for case in whole), (kind, whole)
+        rows, lines = whole[0]
         assert "J.0|FAILED|3:0" in rows and "J.batch|CANCELLED|0:15" in rows, (kind, rows)
-        assert "task got TERM" in lines and not any(line.startswith("srun said") for line in lines), lines
+        assert not any(line.startswith("srun said") for line in lines), lines
         for case in seen["k8s", kind]:
-            assert case == native[0], (kind, case, native[0])
+            assert case == whole[0], (kind, case, whole[0])
