@@ -58,14 +58,12 @@ const agentBinary = "slurm-k8s-bridge-agent"
 // the agent meanwhile (a task whose `agent task` died leaves its processes to the first one).
 func waitForTasksLeft() {
 	deadline := time.Now().Add(tasksLeftLimit)
-	waited := false
 	for taskAgentsRunning() > 0 && time.Now().Before(deadline) {
-		waited = true
 		reapOrphans()
 		time.Sleep(tasksLeftPoll)
 	}
 	reapOrphans()
-	if waited || tasksRanHere() {
+	if tasksRanHere() { // also true of every task waited for above
 		// A task's last lines are still on their way out of its exec (the runtime copies them
 		// after the process ended); the container's end would cut them.
 		time.Sleep(execDrainTime)

@@ -205,10 +205,8 @@ class Steps:
         """The run whose step `key` is open (the newest: keys start again at 1 in each run). A
         step's output and end go to its own run's pod, also once a requeue made the next run the
         current one: an in-pod `scontrol requeue` is answered while its run stops, as natively."""
-        for session in reversed(self._sessions.of_job(job_id)):
-            if key in session.steps:
-                return session.run
-        return None
+        session = self._newest_open(job_id, key)
+        return None if session is None else session.run
 
     def answered_run(self, job_id: int, key: str) -> int | None:
         """The newest run that answered key `key`, whether its step is open or has ended."""
@@ -219,9 +217,13 @@ class Steps:
 
     def of_any_run(self, job_id: int, key: str) -> Step | None:
         """Step `key` of the newest run that has it open."""
+        session = self._newest_open(job_id, key)
+        return None if session is None else session.steps.get(key)
+
+    def _newest_open(self, job_id: int, key: str) -> JobSession | None:
         for session in reversed(self._sessions.of_job(job_id)):
             if key in session.steps:
-                return session.steps.get(key)
+                return session
         return None
 
     def close(self, job_id: int, key: str) -> None:
