@@ -155,7 +155,9 @@ job_settings_config() {
   cat <<TOML
 cluster = "sandbox"
 namespace = "slurm-jobs"
-termination_grace_s = 5
+# A TERM trap gets as long as natively (KillWait=10 in slurm.conf.in), less the second that lets its
+# last lines reach the waiter before slurmstepd kills it at KillWait.
+termination_grace_s = 9
 # The sandbox has no registry: a missing image never appears, fail fast.
 start_failure_grace_s = 10
 TOML

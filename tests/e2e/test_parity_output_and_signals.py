@@ -81,6 +81,10 @@ CASES = [
          sort_lines=True),  # a task's stdout and stderr reach srun apart, natively too
     Case("term_trap_on_cancel",
          "trap 'echo cleaned-up; exit 0' TERM\necho started\nsleep 100 &\nwait\n", action="cancel"),
+    # A trap that takes its time: natively it has KillWait (10 s) before the KILL.
+    Case("slow_term_trap_on_cancel",
+         "trap 'echo cleaning up; sleep 7; echo cleaned-up; exit 3' TERM\necho started\nsleep 100 &\nwait\n",
+         action="cancel"),
     Case("array_outputs", 'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT"\n', array=6),
     # srun across the job's nodes: real steps in sacct, ranks, labels, srun's own messages.
     Case("srun_ranks_with_labels",
@@ -222,8 +226,9 @@ def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...],
     for key, job in jobs.items():
         wait_until(f"{key} final in sacct", lambda j=job: _sacct(sandbox, j), timeout=240)
     # slurmdbd may record a job's end (and its steps as ended with it) before the batch step's
-    # own completion arrives: read again once things have settled.
-    time.sleep(5)
+    # own completion arrives, and a cancelled script's TERM trap may go on for KillWait (10 s):
+    # read again once things have settled.
+    time.sleep(10)
     outcomes: dict[tuple[str, str], Outcome] = {}
     for case in cases:
         suffixes = [".out", ".err"] if case.stderr_file else [".out"]
