@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.sandbox import BRIDGE_UP, Sandbox
+from tests.e2e.sandbox import BRIDGE_UP, Sandbox, one_starter
 
 
 def bridge_ready() -> bool:
@@ -21,13 +21,18 @@ def bridge_ready() -> bool:
         return False
 
 
+def restart_bridge() -> None:
+    # Whatever half-state is left (e.g. the Deployment of `make bridge-deploy`) goes first.
+    subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True)
+    subprocess.run([str(BRIDGE_UP)], check=True)
+
+
 @pytest.fixture(scope="session")
 def bridge(sandbox: Sandbox) -> Sandbox:
     """The sandbox with the bridge daemon, its slurmds and job_submit.lua running."""
-    if not bridge_ready():
-        # Whatever half-state is left (e.g. the Deployment of `make bridge-deploy`) goes first.
-        subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True)
-        subprocess.run([str(BRIDGE_UP)], check=True)
+    with one_starter():
+        if not bridge_ready():
+            restart_bridge()
     return sandbox
 
 
@@ -48,10 +53,13 @@ def bridge_still_up(request: pytest.FixtureRequest) -> None:
     deadline = time.monotonic() + 30  # a replica re-taking its Lease is ready again within it
     while not bridge_ready():
         if time.monotonic() > deadline:
-            tail = DAEMON_LOG.read_text(errors="replace").splitlines()[-15:] if DAEMON_LOG.exists() else []
-            warnings.warn("the bridge daemon no longer acted before " + request.node.nodeid
-                          + ": started again; its log ended with:\n" + "\n".join(tail), stacklevel=1)
-            subprocess.run([str(BRIDGE_UP.with_name("down.sh"))], check=True)
-            subprocess.run([str(BRIDGE_UP)], check=True)
+            with one_starter():
+                if bridge_ready():  # another worker started it meanwhile
+                    return
+                log = DAEMON_LOG.read_text(errors="replace") if DAEMON_LOG.exists() else ""
+                tail = log.splitlines()[-15:]
+                warnings.warn("the bridge daemon no longer acted before " + request.node.nodeid
+                              + ": started again; its log ended with:\n" + "\n".join(tail), stacklevel=1)
+                restart_bridge()
             return
         time.sleep(1)

@@ -5,13 +5,15 @@ Everything here talks to the real daemons started by `make sandbox-up`.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 SANDBOX_SCRIPT = REPO / "containers" / "sandbox" / "sandbox.sh"
 
 T = TypeVar("T")
+
+
+@contextmanager
+def one_starter() -> Iterator[None]:
+    """Test workers running at once (pytest-xdist) start the sandbox or the daemon one at a time:
+    the first starts it, the others then find it up."""
+    with open("/tmp/slurm-k8s-bridge-e2e-start.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def sandbox_env() -> dict[str, str]:

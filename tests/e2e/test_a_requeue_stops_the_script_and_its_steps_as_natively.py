@@ -18,7 +18,11 @@ import pwd
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
+
+pytestmark = pytest.mark.shares_the_cluster
 
 JOBS = 3
 HEAD = """#!/bin/bash

@@ -11,7 +11,11 @@ import os
 import pwd
 import re
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, at_once, wait_until, write_script
+
+pytestmark = pytest.mark.shares_the_cluster
 
 TASKS = 3
 # slurmstepd's own line in the job's file as the requeue ends its first run: the job, node and time

@@ -25,6 +25,7 @@ def _pods_while_running(bridge: Sandbox, job_id: int, count: int = 1) -> list[di
     return wait_until(f"{count} running pod(s) of job {job_id}", running, timeout=60)
 
 
+@pytest.mark.shares_the_cluster
 def test_exit_code_output_node_and_identity_of_a_failing_job(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "k8s-exit3.sh", _script(
         'echo "host=$(hostname) ids=$(id -u):$(id -g)"\n'
@@ -60,6 +61,7 @@ def test_exit_code_output_node_and_identity_of_a_failing_job(bridge: Sandbox) ->
     ],
     ids=["exit-0", "sigkill", "exit-42"],
 )
+@pytest.mark.shares_the_cluster
 def test_accounting_matches_native_slurm(
     bridge: Sandbox, body: str, expected: tuple[str, str] | None
 ) -> None:
@@ -96,6 +98,7 @@ def test_gpu_indices_follow_slurm_when_another_job_holds_the_first_gpus(bridge: 
     assert (bridge.home("bob") / f"slurm-{second}.out").read_text() == "slurm=2,3 nvidia=2,3\n"
 
 
+@pytest.mark.shares_the_cluster
 def test_two_node_job_gets_a_pod_per_node_runs_its_script_once_and_srun_gives_the_highest_exit_code(
     bridge: Sandbox,
 ) -> None:
@@ -122,6 +125,7 @@ def test_two_node_job_gets_a_pod_per_node_runs_its_script_once_and_srun_gives_th
     ]
 
 
+@pytest.mark.shares_the_cluster
 def test_scancel_removes_the_pods(bridge: Sandbox) -> None:
     """How fast is printed (about 1 s here; `make bench` measures it), never asserted: on these
     shared machines a timed assertion fails for the machine's sake (seen: 2.0 s once)."""
@@ -142,6 +146,7 @@ def test_scancel_removes_the_pods(bridge: Sandbox) -> None:
     assert bridge.wait_job_final(job_id)["State"] == "CANCELLED by 2001"
 
 
+@pytest.mark.shares_the_cluster
 def test_time_limit_ends_the_job_as_timeout_and_removes_the_pods(bridge: Sandbox) -> None:
     script = write_script(bridge, "bob", "overtime.sh", _script("echo started\nsleep 600\n"))
     job_id = bridge.sbatch("-p", "k8s", "--time=1", str(script), user="bob")
@@ -153,6 +158,7 @@ def test_time_limit_ends_the_job_as_timeout_and_removes_the_pods(bridge: Sandbox
     wait_until("the pods to be gone", lambda: not job_pods(bridge, job_id), timeout=15)
 
 
+@pytest.mark.shares_the_cluster
 def test_a_job_without_image_is_refused_at_submit_with_the_reason(bridge: Sandbox) -> None:
     """In a partition without a default image (the sandbox's dra; k8s has one)."""
     script = write_script(bridge, "alice", "no-image.sh", "#!/bin/sh\necho never\n")
@@ -165,6 +171,7 @@ def test_a_job_without_image_is_refused_at_submit_with_the_reason(bridge: Sandbo
     assert "#K8S image=" in result.stderr
 
 
+@pytest.mark.shares_the_cluster
 def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_reason_in_its_output(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "bad-image.sh",
                           "#!/bin/sh\n#K8S image=sandbox.local/no-such-image:1\necho never\n")

@@ -13,6 +13,8 @@ import pytest
 
 from tests.e2e.sandbox import REPO, Sandbox, wait_until
 
+pytestmark = pytest.mark.shares_the_cluster
+
 STATE = Path("/var/lib/slurm-k8s-sandbox")
 
 

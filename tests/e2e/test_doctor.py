@@ -11,6 +11,8 @@ import pytest
 
 from tests.e2e.sandbox import REPO, Sandbox
 
+pytestmark = pytest.mark.shares_the_cluster
+
 STATE = Path("/var/lib/slurm-k8s-sandbox")
 SLURM_CONF = STATE / "slurm" / "etc" / "slurm.conf"
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.sandbox import Sandbox, job_trail, write_script
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_the_cluster]
 
 RENDEZVOUS = r'''import os, socket, time
 rank, port = int(os.environ["SLURM_PROCID"]), 29500

@@ -31,6 +31,8 @@ from bridge.clients.kube.lines import rfc3339_to_ns
 from bridge.core import wellknown
 from tests.e2e.sandbox import Sandbox, wait_until
 
+pytestmark = pytest.mark.shares_the_cluster
+
 SELECTOR = f"{wellknown.LABEL_MANAGED_BY}={wellknown.MANAGER}"
 
 

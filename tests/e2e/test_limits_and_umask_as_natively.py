@@ -13,7 +13,11 @@ import pwd
 import shlex
 import subprocess
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, at_once, wait_until, write_script
+
+pytestmark = pytest.mark.shares_the_cluster
 
 SCRIPT = """#!/bin/bash
 #SBATCH --time=5

@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.sandbox import JOB_NAMESPACE, Sandbox, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_the_cluster]
 
 NAMESPACE = "slurm-admission-e2e"
 SCHEDULER = "slurm-k8s-bridge"

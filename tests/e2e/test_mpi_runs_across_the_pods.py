@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.sandbox import Sandbox, wait_until, write_script
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_the_cluster]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "mpi_hello.sh"
 

@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.sandbox import REPO
+
+pytestmark = pytest.mark.shares_the_cluster
 
 
 def test_pip_install_gives_a_working_command(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.sandbox import Sandbox, job_trail, wait_until, write_script
 from tests.e2e.test_parity_output_and_signals import _sacct
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_the_cluster]
 
 SCRIPT = r"""#!/bin/sh
 #K8S image=sandbox.local/busybox:1

@@ -76,10 +76,12 @@ def a_pods_spec(bridge: Sandbox) -> dict[str, Any]:
         bridge.slurm("scancel", str(job_id))
 
 
+@pytest.mark.shares_the_cluster
 def test_jobs_at_once_run_as_natively_with_the_nodes_agent(bridge: Sandbox) -> None:
     run_four_as_natively(bridge)
 
 
+@pytest.mark.shares_the_cluster
 def test_the_pod_has_no_init_container_and_mounts_the_nodes_agent(bridge: Sandbox) -> None:
     spec = a_pods_spec(bridge)
     assert "initContainers" not in spec
@@ -88,6 +90,7 @@ def test_the_pod_has_no_init_container_and_mounts_the_nodes_agent(bridge: Sandbo
                                                                   "type": "Directory"}
 
 
+@pytest.mark.shares_the_cluster
 def test_a_script_cannot_change_the_nodes_agent(bridge: Sandbox) -> None:
     before = hashlib.sha256(NODE_AGENT.read_bytes()).hexdigest()
     script = write_script(bridge, "alice", "agent-from-hostile.sh", HOSTILE)

@@ -9,9 +9,12 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, wait_until
 
 
+@pytest.mark.shares_the_cluster
 def test_native_batch_job_exit_code_reaches_sacct(sandbox: Sandbox) -> None:
     job_id = sandbox.sbatch("-p", "native", "--wrap", "echo native-out; exit 3", user="alice")
 
@@ -23,6 +26,7 @@ def test_native_batch_job_exit_code_reaches_sacct(sandbox: Sandbox) -> None:
     assert out.read_text() == "native-out\n"  # written by slurmd in the rootfs, read on the host
 
 
+@pytest.mark.shares_the_cluster
 def test_each_test_user_has_an_account_of_its_own(sandbox: Sandbox) -> None:
     out = sandbox.slurm("sacctmgr", "-n", "-P", "show", "assoc", "format=user,account").stdout
     pairs = {tuple(line.split("|")) for line in out.splitlines() if line.split("|")[0] in ("alice", "bob")}
@@ -39,6 +43,7 @@ def test_native_job_sees_the_gpu_indices_slurm_chose(sandbox: Sandbox) -> None:
     assert (sandbox.home("bob") / f"slurm-{job_id}.out").read_text() == "gpus=0,1\n"
 
 
+@pytest.mark.shares_the_cluster
 def test_every_partition_node_has_four_fake_gpus(sandbox: Sandbox) -> None:
     out = sandbox.slurm("sinfo", "-h", "-N", "-o", "%N %P %G").stdout
     rows = [line.split() for line in out.splitlines()]
@@ -48,6 +53,7 @@ def test_every_partition_node_has_four_fake_gpus(sandbox: Sandbox) -> None:
     assert {gres for _, _, gres in rows} == {"gpu:4"}
 
 
+@pytest.mark.shares_the_cluster
 def test_slurmrestd_accepts_a_jwt_and_lists_jobs(sandbox: Sandbox) -> None:
     request = urllib.request.Request(
         f"{sandbox.rest_url}/slurm/v0.0.45/jobs/",
@@ -61,6 +67,7 @@ def test_slurmrestd_accepts_a_jwt_and_lists_jobs(sandbox: Sandbox) -> None:
     assert body["errors"] == []
 
 
+@pytest.mark.shares_the_cluster
 def test_slurmrestd_rejects_a_forged_token(sandbox: Sandbox) -> None:
     request = urllib.request.Request(
         f"{sandbox.rest_url}/slurm/v0.0.45/jobs/",
@@ -74,6 +81,7 @@ def test_slurmrestd_rejects_a_forged_token(sandbox: Sandbox) -> None:
         raise AssertionError("slurmrestd accepted a forged token")
 
 
+@pytest.mark.shares_the_cluster
 def test_kubernetes_lists_real_and_simulated_nodes_ready(sandbox: Sandbox) -> None:
     nodes = sandbox.kubectl_json("get", "nodes")["items"]
     ready = {
@@ -128,6 +136,7 @@ def _run_pod(sandbox: Sandbox, manifest: dict) -> dict:
     return wait_until(f"pod {name} to finish", finished, timeout=90)
 
 
+@pytest.mark.shares_the_cluster
 def test_real_node_runs_a_container_and_reports_its_exit_code_and_log(sandbox: Sandbox) -> None:
     name = f"smoke-{uuid.uuid4().hex[:8]}"
     pod = _run_pod(sandbox, _pod_on_real_node(sandbox, name, "echo hi; exit 7"))
@@ -139,6 +148,7 @@ def test_real_node_runs_a_container_and_reports_its_exit_code_and_log(sandbox: S
     sandbox.kubectl("delete", "pod", name, "--wait=false")
 
 
+@pytest.mark.shares_the_cluster
 def test_real_node_runs_as_a_test_user_and_sees_the_shared_home(sandbox: Sandbox) -> None:
     name = f"smoke-{uuid.uuid4().hex[:8]}"
     marker = sandbox.home("alice") / f"{name}.txt"
@@ -153,6 +163,7 @@ def test_real_node_runs_as_a_test_user_and_sees_the_shared_home(sandbox: Sandbox
     sandbox.kubectl("delete", "pod", name, "--wait=false")
 
 
+@pytest.mark.shares_the_cluster
 def test_pods_reach_the_api_server_and_slurmrestd_through_the_service_network(sandbox: Sandbox) -> None:
     # A bridge replica in a pod talks to both: the API server through the "kubernetes"
     # Service (kube-proxy), slurmrestd at the host's control address.
@@ -173,6 +184,7 @@ def test_pods_reach_the_api_server_and_slurmrestd_through_the_service_network(sa
     sandbox.kubectl("delete", "pod", name, "--wait=false")
 
 
+@pytest.mark.shares_the_cluster
 def test_the_host_reaches_a_service_by_its_cluster_ip(sandbox: Sandbox) -> None:
     # The slurmds' waiters reach the bridge Deployment this way.
     name = f"smoke-{uuid.uuid4().hex[:8]}"
@@ -205,6 +217,7 @@ def test_the_host_reaches_a_service_by_its_cluster_ip(sandbox: Sandbox) -> None:
         sandbox.kubectl("delete", "service,pod", name, "--wait=false", check=False)
 
 
+@pytest.mark.shares_the_cluster
 def test_the_bridged_partitions_come_from_deploy_slurm(sandbox: Sandbox) -> None:
     # One source of truth: what operators copy (deploy/slurm) is what the sandbox runs.
     repo = Path(__file__).resolve().parents[2]

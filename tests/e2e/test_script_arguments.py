@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import functools
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, wait_until, write_script
+
+pytestmark = pytest.mark.shares_the_cluster
 
 SCRIPT = ('#!/bin/sh\n#K8S image=sandbox.local/busybox:1\necho "$#"\n'
           'for a in "$@"; do printf "[%s]\\n" "$a"; done\n')

@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.sandbox import SANDBOX_LOGS, Sandbox, job_trail, write_script
 from tests.e2e.test_parity_output_and_signals import Case, _differences, _run_cases
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_the_cluster]
 
 CHAIN = (
     "cat > next-$SLURM_JOB_ID.sh <<'EOS'\n#!/bin/sh\n#K8S image=sandbox.local/busybox:1\n"

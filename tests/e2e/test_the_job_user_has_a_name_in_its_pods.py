@@ -8,7 +8,11 @@ import functools
 import os
 import pwd
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, at_once, wait_until, write_script
+
+pytestmark = pytest.mark.shares_the_cluster
 
 SCRIPT = """#!/bin/bash
 #SBATCH --time=5

@@ -11,7 +11,11 @@ import pwd
 import re
 import subprocess
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, at_once, wait_until, write_script
+
+pytestmark = pytest.mark.shares_the_cluster
 
 # No #K8S line: only what a native script has. bash's own features, coreutils, the array's
 # variables and an exit code; the host name is left out (native1 against kreal1).

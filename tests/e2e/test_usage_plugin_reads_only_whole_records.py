@@ -17,6 +17,8 @@ import pytest
 
 from tests.e2e.sandbox import REPO, Sandbox
 
+pytestmark = pytest.mark.shares_the_cluster
+
 IN_SLURM_ROOTFS = REPO / "containers" / "slurm" / "in-ns.sh"
 PLUGIN = REPO / "deploy" / "slurm" / "jobacct" / "jobacct_gather_linux_k8s_bridge.c"
 SCRATCH = Path("/var/lib/slurm-k8s-sandbox/scratch")  # the same path in the Slurm rootfs
