@@ -43,7 +43,7 @@ test: venv sandbox-up  ## lint, type check, unit tests, then e2e tests on the sa
 	@# The unit tests and the e2e tests that share the cluster run three at a time (whole modules);
 	@# then, one at a time, the e2e tests that restart the daemon, change the cluster or measure it.
 	$(VENV)/bin/pytest -q --durations=15 -n 3 --dist loadfile -m "not e2e or shares_the_cluster" tests
-	$(VENV)/bin/pytest -q --durations=30 -m "e2e and not shares_the_cluster" tests
+	$(VENV)/bin/pytest -q --durations=60 -m "e2e and not shares_the_cluster" tests
 
 demo: venv sandbox-up
 	@containers/sandbox/demo.sh
