@@ -72,11 +72,14 @@ func task(pidfile, encodedEnv string, argv []string) {
 	if env["SLURM_K8S_BRIDGE_TASK_MULTI_PROG"] != "" {
 		argv = multiProgLine(argv[0], env["SLURM_PROCID"])
 	}
+	if size := env["SLURM_K8S_BRIDGE_TASK_TTY_SIZE"]; size != "" {
+		setWindowSize(0, size)
+	}
 	unsetSecretKeys()
 	for _, key := range []string{"SLURM_K8S_BRIDGE_TASK_CWD",
 		"SLURM_K8S_BRIDGE_TASK_EXACT_ENV", "SLURM_K8S_BRIDGE_TASK_MULTI_PROG",
 		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT",
-		"SLURM_K8S_BRIDGE_TASK_UNSET",
+		"SLURM_K8S_BRIDGE_TASK_UNSET", "SLURM_K8S_BRIDGE_TASK_TTY_SIZE",
 		// The first pod's spec gives them to every exec too: the agent's, never a task's.
 		"SLURM_K8S_BRIDGE_USAGE_INTERVAL", "SLURM_K8S_BRIDGE_STOP_GRACE"} {
 		_ = os.Unsetenv(key)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 )
@@ -67,6 +68,21 @@ func reportTaskUsage(fd int, rusage *syscall.Rusage) {
 		rusage.Utime.Sec*1_000_000+rusage.Utime.Usec, rusage.Stime.Sec*1_000_000+rusage.Stime.Usec,
 		maxRss, maxRss, rusage.Majflt)
 	_, _ = syscall.Write(fd, []byte(line))
+}
+
+// setWindowSize gives the terminal on fd the size "ROWS COLS" (srun --pty's, from the user's
+// terminal) before the task starts: the exec's own resize message may reach the runtime only
+// after the task read its size, where slurmstepd sizes the pty before the task exists.
+func setWindowSize(fd int, size string) {
+	rowsText, colsText, found := strings.Cut(size, " ")
+	rows, rowsErr := strconv.ParseUint(rowsText, 10, 16)
+	cols, colsErr := strconv.ParseUint(colsText, 10, 16)
+	if !found || rowsErr != nil || colsErr != nil || rows == 0 || cols == 0 {
+		return
+	}
+	window := [4]uint16{uint16(rows), uint16(cols), 0, 0}
+	_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCSWINSZ,
+		uintptr(unsafe.Pointer(&window)))
 }
 
 func isTerminal(fd int) bool {

@@ -30,6 +30,9 @@ TASK_STDIN_SIZE = "SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"
 """The task's stdin (--input=FILE) follows on the exec's stdin: this many bytes."""
 TASK_STDERR_TO_STDOUT = "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"
 """Set: the task's stderr is its stdout (one per-task file for both), so their order is the writes'."""
+TASK_TTY_SIZE = "SLURM_K8S_BRIDGE_TASK_TTY_SIZE"
+"""srun --pty's window size, "ROWS COLS": the agent gives the task's terminal that size before the
+task starts (the exec's resize message may come later)."""
 TASK_UNSET = "SLURM_K8S_BRIDGE_TASK_UNSET"
 """Comma-separated names the agent removes from the task's environment (the container's included):
 what slurmstepd unsets for a task, such as the GPU ordinals of a step without GPUs."""

@@ -45,6 +45,8 @@ INPUT_KIND, RESIZE_KIND = 0, 3
 """The proxy's frame kinds (agent/internal/waiter/terminal.go)."""
 INPUT_CHANNEL, RESIZE_CHANNEL = 0, 4
 """The exec protocol's stdin and resize channels."""
+MAX_WINDOW = 0xFFFF
+"""A terminal's rows and columns are 16-bit (struct winsize)."""
 
 
 class UserStepsApi:
@@ -108,6 +110,9 @@ class UserStepsApi:
                step_request.TASK_CWD: body.cwd}
         step_request.set_task_gpus(
             env, body.env.get("SLURM_STEP_GPUS"), self._api.reconciler.node_gpus(job_id, body.node))
+        env.pop(step_request.TASK_TTY_SIZE, None)
+        if terminal is not None and 0 < body.rows <= MAX_WINDOW and 0 < body.cols <= MAX_WINDOW:
+            env[step_request.TASK_TTY_SIZE] = f"{body.rows} {body.cols}"
         encoded = base64.b64encode(json.dumps(env).encode()).decode()
         pidfile = agent_protocol.task_pidfile(key, procid)
         stream = await TaskStream.open(request)
