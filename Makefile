@@ -42,8 +42,11 @@ test: venv sandbox-up  ## lint, type check, unit tests, then e2e tests on the sa
 	$(VENV)/bin/mypy
 	@# The unit tests and the e2e tests that share the cluster run three at a time (whole modules);
 	@# then, one at a time, the e2e tests that restart the daemon, change the cluster or measure it.
-	$(VENV)/bin/pytest -q --durations=15 -n 3 --dist loadfile -m "not e2e or shares_the_cluster" tests
-	$(VENV)/bin/pytest -q --durations=60 -m "e2e and not shares_the_cluster" tests
+	@# The second phase runs even when the first failed: one run reports every failure.
+	status=0; \
+	$(VENV)/bin/pytest -q --durations=15 -n 3 --dist loadfile -m "not e2e or shares_the_cluster" tests || status=$$?; \
+	$(VENV)/bin/pytest -q --durations=60 -m "e2e and not shares_the_cluster" tests || status=$$?; \
+	exit $$status
 
 demo: venv sandbox-up
 	@containers/sandbox/demo.sh

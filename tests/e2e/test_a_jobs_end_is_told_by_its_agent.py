@@ -14,6 +14,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.sandbox import SANDBOX_LOGS, Sandbox, job_trail, wait_until, write_script
 
 BUSYBOX = "#K8S image=sandbox.local/busybox:1\n"
@@ -57,6 +59,7 @@ def test_jobs_at_once_end_with_natives_states_codes_and_bytes(bridge: Sandbox) -
     assert metric("batch_ends_told_by_agent_total") > told_before
 
 
+@pytest.mark.shares_the_cluster
 def test_the_script_cannot_forge_its_agents_ending(bridge: Sandbox) -> None:
     """The job's processes are its user's, without capabilities: the agent's stdout (the log the
     daemon reads) is closed to them, so an "exited 0" written there is refused, and the job ends

@@ -6,16 +6,22 @@ Run with -s for the wall times (printed, never asserted)."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import re
+import select
 import signal
+import struct
 import subprocess
+import termios
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.e2e.sandbox import BRIDGE_UP, REPO, Sandbox, job_pods, wait_until, write_script
+import pytest
+
+from tests.e2e.sandbox import BRIDGE_UP, REPO, Sandbox, at_once, job_pods, wait_until, write_script
 
 STATE = Path("/var/lib/slurm-k8s-sandbox")
 
@@ -69,6 +75,7 @@ def _gone(bridge: Sandbox, job_id: int) -> bool:
     return not job_pods(bridge, job_id)
 
 
+@pytest.mark.shares_the_cluster
 def test_a_bare_srun_runs_in_a_pod_like_native(bridge: Sandbox) -> None:
     results = {}
     for partition in PARTITIONS:
@@ -81,6 +88,7 @@ def test_a_bare_srun_runs_in_a_pod_like_native(bridge: Sandbox) -> None:
     print(f"\nsrun -N1: native {native[2]:.1f}s, k8s {bridged[2]:.1f}s")
 
 
+@pytest.mark.shares_the_cluster
 def test_salloc_with_srun_label_across_two_nodes_matches_native(bridge: Sandbox) -> None:
     outputs = {}
     for partition in PARTITIONS:
@@ -99,6 +107,7 @@ def test_salloc_with_srun_label_across_two_nodes_matches_native(bridge: Sandbox)
     assert outputs["k8s"] == outputs["native"] == ["0: 2001", "0: NODE", "1: 2001", "1: NODE"]
 
 
+@pytest.mark.shares_the_cluster
 def test_srun_jobid_overlap_runs_in_the_jobs_pod_for_its_user_only(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "hold.sh", f"#!/bin/sh\n#K8S image={IMAGE}\nsleep 120\n")
     attached = {}
@@ -119,6 +128,7 @@ def test_srun_jobid_overlap_runs_in_the_jobs_pod_for_its_user_only(bridge: Sandb
     assert attached["k8s"] == (4, "attached\n2001\nIN_POD\n")
 
 
+@pytest.mark.shares_the_cluster
 def test_concurrent_bare_sruns_each_get_their_own_pod_and_exit_code(bridge: Sandbox) -> None:
     count = 6
     started = time.monotonic()
@@ -138,6 +148,7 @@ def _in_slurm_ns(*argv: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
+@pytest.mark.shares_the_cluster
 def test_a_step_with_a_task_epilog_never_runs_it_on_the_slurmd_host(bridge: Sandbox) -> None:
     """slurmstepd runs --task-epilog as the user where the task ran, and SPANK cannot see it: the
     bridged slurmds see the places users write mounted noexec, so it cannot start there; the
@@ -269,6 +280,7 @@ def _drive_terminal(bridge: Sandbox, partition: str, typed: list[tuple[float, by
     return os.waitstatus_to_exitcode(status), bytes(output)
 
 
+@pytest.mark.shares_the_cluster
 def test_srun_pty_gives_a_real_terminal_in_the_pod_like_native(bridge: Sandbox) -> None:
     """tty, stty size, id -u, then exit 5: a pty device, the size the user's terminal has, the
     job's uid and rc 5; what the commands print reads the same in both partitions (pty numbers and
@@ -299,6 +311,51 @@ def test_srun_pty_gives_a_real_terminal_in_the_pod_like_native(bridge: Sandbox) 
     assert sessions["k8s"] == sessions["native"]
 
 
+def _pty_size_at_start(bridge: Sandbox, partition: str) -> bytes:
+    """What `srun --pty stty size` prints under a 33x101 terminal: the size as the task's very
+    first instruction reads it."""
+    master, slave = os.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+        argv = ["runuser", "-u", "alice", "--", "env", f"SLURM_K8S_IMAGE={IMAGE}",
+                "srun", "-p", partition, "-N1", "--pty", "stty", "size"]
+        with subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=bridge.environ(),
+                              cwd=str(bridge.home("alice")), start_new_session=True) as srun:
+            os.close(slave)
+            slave = -1
+            output = bytearray()
+            while True:
+                ready, _, _ = select.select([master], [], [], 120)
+                if not ready:
+                    srun.kill()
+                    break
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    break  # srun's side closed
+                if not data:
+                    break
+                output += data
+            srun.wait(timeout=60)
+        return bytes(output)
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+@pytest.mark.shares_the_cluster
+def test_a_pty_tasks_first_look_at_its_size_sees_the_users_terminal_as_natively(bridge: Sandbox) -> None:
+    """slurmstepd sizes the pty before the task starts; the exec's resize message could reach the
+    runtime after the task read its size (seen: busybox's `stty size` failed, 1 of 3). Four at
+    once in each partition."""
+    runs = {f"{partition}-{n}": functools.partial(_pty_size_at_start, bridge, partition)
+            for partition in PARTITIONS for n in range(4)}
+    printed = at_once(runs)
+    assert all(text == b"33 101\r\n" for text in printed.values()), printed
+
+
+@pytest.mark.shares_the_cluster
 def test_ctrl_c_at_a_bridged_srun_pty_interrupts_a_sleep_and_keeps_the_shell(bridge: Sandbox) -> None:
     """The ^C byte reaches the pod's terminal, whose line discipline interrupts the foreground
     sleep; the shell goes on. (Native srun --pty on this sandbox does not interrupt it: the sleep

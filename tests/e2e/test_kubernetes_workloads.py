@@ -128,6 +128,7 @@ def tag(bridge: Sandbox) -> Iterator[str]:
                            check=False)
 
 
+@pytest.mark.shares_the_cluster
 def test_jobs_are_one_slurm_job_each_under_alices_account_with_their_real_exit_code(
         bridge: Sandbox, tag: str) -> None:
     """Six Jobs of two pods at once: each is ONE Slurm job of alice's, in lab_alice, ending as the same
@@ -236,6 +237,7 @@ def test_a_labelled_gang_spans_two_nodes_and_waits_for_its_last_pod(bridge: Sand
     assert sorted(nodes) == sorted(hostnames(bridge, row["NodeList"])) == ["kreal1", "kreal2"], (nodes, row)
 
 
+@pytest.mark.shares_the_cluster
 def test_scancel_removes_the_pods_and_deleting_the_job_cancels_slurms(bridge: Sandbox, tag: str) -> None:
     """Both directions: `scancel` of a running gang's job deletes its pod (with its grace), and
     `kubectl delete job` of a running Job ends its Slurm job CANCELLED."""
@@ -257,6 +259,7 @@ def test_scancel_removes_the_pods_and_deleting_the_job_cancels_slurms(bridge: Sa
         assert row["State"].startswith("CANCELLED"), f"{row}\n{job_trail(job_id)}"
 
 
+@pytest.mark.shares_the_cluster
 def test_what_slurm_or_the_kubelet_refuses_is_told_on_the_pod(bridge: Sandbox, tag: str) -> None:
     """A forbidden account never becomes a job; more CPUs than any node has pends with Slurm's reason
     (PartitionConfig, as an sbatch job asking that much does); an image the node does not have fails
@@ -286,6 +289,7 @@ def test_what_slurm_or_the_kubelet_refuses_is_told_on_the_pod(bridge: Sandbox, t
     assert "ErrImageNeverPull" in told, told
 
 
+@pytest.mark.shares_the_cluster
 def test_a_pod_never_runs_as_root_privileged_or_as_another_user(bridge: Sandbox, tag: str) -> None:
     """Hostile alice: a pod that is privileged, runs as root (or as the image likes), or mounts the
     host never becomes a job; one that says it runs as bob's uid gets a Slurm job of alice's, and that

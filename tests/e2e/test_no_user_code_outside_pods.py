@@ -43,6 +43,7 @@ def _running(bridge: Sandbox, job_id: int) -> None:
 
 # -- job_submit.lua -------------------------------------------------------------------------------
 
+@pytest.mark.shares_the_cluster
 @pytest.mark.parametrize("planted", [
     f": '{MARKER}'\n",                   # the marker inside a command, as in the issue
     f"true\n{MARKER}\n",                 # the marker as a line of its own (sbatch refuses it in the header)
@@ -56,12 +57,14 @@ def test_a_marker_in_the_users_script_is_inert(bridge: Sandbox, planted: str) ->
     assert _output(bridge, job_id).splitlines()[-1] == "IN_POD"
 
 
+@pytest.mark.shares_the_cluster
 def test_a_wrapped_command_with_the_marker_runs_in_a_pod(bridge: Sandbox) -> None:
     job_id = bridge.sbatch("-p", "k8s", "--wrap", f"{BUSYBOX.strip()}\n{MARKER}\n{PROBE}")
     assert bridge.wait_job_final(job_id)["State"] == "COMPLETED"
     assert _output(bridge, job_id).splitlines()[-1] == "IN_POD"
 
 
+@pytest.mark.shares_the_cluster
 def test_a_job_submitted_through_slurmrestd_is_wrapped_too(bridge: Sandbox) -> None:
     body = {
         "script": "#!/bin/sh\n" + BUSYBOX + MARKER + "\n" + PROBE,
@@ -79,6 +82,7 @@ def test_a_job_submitted_through_slurmrestd_is_wrapped_too(bridge: Sandbox) -> N
     assert _output(bridge, job_id) == "IN_POD\n"
 
 
+@pytest.mark.shares_the_cluster
 @pytest.mark.parametrize(("first", "second"), [("native", "k8s"), ("k8s", "native")])
 def test_moving_a_job_into_or_out_of_a_bridged_partition_is_refused(
     bridge: Sandbox, first: str, second: str
@@ -97,6 +101,7 @@ def test_moving_a_job_into_or_out_of_a_bridged_partition_is_refused(
         bridge.slurm("scancel", str(job_id), check=False)
 
 
+@pytest.mark.shares_the_cluster
 def test_moving_between_bridged_partitions_is_allowed(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "move2.sh", "#!/bin/sh\n" + BUSYBOX + PROBE)
     job_id = bridge.sbatch("-p", "sim", "--hold", str(script))
@@ -109,6 +114,7 @@ def test_moving_between_bridged_partitions_is_allowed(bridge: Sandbox) -> None:
         bridge.slurm("scancel", str(job_id), check=False)
 
 
+@pytest.mark.shares_the_cluster
 @pytest.mark.parametrize("layout", [
     ["-p", "k8s", ":", "-p", "native"],
     ["-p", "native", ":", "-p", "k8s"],
@@ -123,6 +129,7 @@ def test_heterogeneous_jobs_touching_a_bridged_partition_are_refused(
     assert "heterogeneous jobs cannot run there" in result.stderr
 
 
+@pytest.mark.shares_the_cluster
 def test_a_requeued_job_keeps_its_wrapped_script(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "requeue.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
     job_id = bridge.sbatch("-p", "k8s", str(script))
@@ -176,6 +183,7 @@ def _raw_client(
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/home/alice")
 
 
+@pytest.mark.shares_the_cluster
 def test_srun_into_a_running_bridged_job_runs_in_its_pod_never_on_the_slurmd_host(bridge: Sandbox) -> None:
     """srun --jobid N --overlap: the guard turns the step's task into the bridge's proxy, so the
     command runs in the job's pod, by srun with its plugin and by one without (slurmstepd
@@ -197,6 +205,7 @@ def test_srun_into_a_running_bridged_job_runs_in_its_pod_never_on_the_slurmd_hos
         bridge.slurm("scancel", str(job_id), check=False)
 
 
+@pytest.mark.shares_the_cluster
 def test_a_hand_made_task_proxy_step_never_runs_anything_on_the_slurmd_host(bridge: Sandbox) -> None:
     """The one other step the guard admits is the bridge's task proxy, and only with the token the
     daemon signed for that very step: the same command line, started by the user with a task
@@ -240,6 +249,7 @@ def test_a_hand_made_task_proxy_step_never_runs_anything_on_the_slurmd_host(brid
         bridge.slurm("scancel", str(job_id), check=False)
 
 
+@pytest.mark.shares_the_cluster
 def test_srun_into_a_native_job_still_works_with_the_guard(bridge: Sandbox) -> None:
     job_id = bridge.sbatch("-p", "native", "--wrap", "sleep 30")
     try:
@@ -269,6 +279,7 @@ __attribute__((constructor)) static void planted(void) {
 """
 
 
+@pytest.mark.shares_the_cluster
 def test_the_waiter_ignores_what_the_user_plants(bridge: Sandbox, tmp_path: Path) -> None:
     home = bridge.home("alice")
     plant = home / "plant"
@@ -317,6 +328,7 @@ def _elf_program_types(program: bytes) -> list[int]:
 PT_INTERP = 3  # names the dynamic loader: a program with it loads libraries a user's environment can steer
 
 
+@pytest.mark.shares_the_cluster
 def test_the_waiter_is_one_static_program_started_by_absolute_path(bridge: Sandbox) -> None:
     settings = (Path(bridge.env["SLURM_CONF"]).parents[1] / "job_submit_bridge.conf").read_text()
     command = next(line for line in settings.splitlines() if line.startswith("attach_command="))
@@ -353,6 +365,7 @@ def _post(path: str, body: bytes, credential: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+@pytest.mark.shares_the_cluster
 def test_a_captured_attach_credential_is_refused_for_any_other_request(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "cred.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
     first, second = (bridge.sbatch("-p", "k8s", str(script)) for _ in range(2))
@@ -392,6 +405,7 @@ def test_a_captured_attach_credential_is_refused_for_any_other_request(bridge: S
 
 # -- identity in the pod ----------------------------------------------------------------------------
 
+@pytest.mark.shares_the_cluster
 def test_the_pod_has_the_job_users_groups_as_a_native_job_does(bridge: Sandbox) -> None:
     body = "id -G\n"
     native = bridge.sbatch("-p", "native", "--wrap", body)
@@ -438,6 +452,7 @@ int OSSL_provider_init(void) { return 0; }
 """
 
 
+@pytest.mark.shares_the_cluster
 def test_an_openssl_config_of_the_user_is_never_loaded_by_the_waiter(bridge: Sandbox, tmp_path: Path) -> None:
     home = bridge.home("alice")
     marker = home / "pwned-openssl"
@@ -521,12 +536,14 @@ def test_an_unwrapped_script_that_reaches_a_bridged_node_is_never_started(bridge
         bridge.slurm("scontrol", "update", "nodename=kreal2", "state=resume", check=False)
 
 
+@pytest.mark.shares_the_cluster
 def test_an_oci_container_is_refused_in_a_bridged_partition(bridge: Sandbox) -> None:
     result = bridge.slurm("sbatch", "-p", "k8s", "--container=/home/alice", "--wrap",
                           BUSYBOX.strip() + "\n" + PROBE, user="alice", cwd="/home/alice", check=False)
     assert result.returncode != 0 and "--container cannot be used there" in result.stderr
 
 
+@pytest.mark.shares_the_cluster
 def test_a_job_exported_with_none_still_has_home_and_user_like_native(bridge: Sandbox) -> None:
     body = 'echo "$HOME $USER $LOGNAME"\n'
     native = bridge.sbatch("-p", "native", "--export=NONE", "--wrap", body)

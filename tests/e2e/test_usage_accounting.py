@@ -140,6 +140,7 @@ def test_a_bridged_jobs_cpu_and_memory_are_accounted_as_a_native_ones(bridge: Sa
     assert abs(bridged_eff[1] - native_eff[1]) <= 0.2 * native_eff[1], efficiency
 
 
+@pytest.mark.shares_the_cluster
 def test_jobs_at_once_each_get_their_own_figures(bridge: Sandbox) -> None:
     sizes = {n: (2 + 2 * n, 64 * (n + 1)) for n in range(4)}  # (CPU s, MB held)
     with concurrent.futures.ThreadPoolExecutor(len(sizes)) as pool:
@@ -174,6 +175,7 @@ def test_a_daemon_restart_loses_no_usage(bridge: Sandbox, stop: str) -> None:
         assert kilobytes(row["MaxRSS"]) >= 128 * 1024, (job_id, row)
 
 
+@pytest.mark.shares_the_cluster
 def test_a_script_cannot_forge_its_own_figures(bridge: Sandbox) -> None:
     # The frame the agent would send, as the script's own output: it is output, framed as such.
     forged = "u " + base64.b64encode(b"999000000 0 1 99999999999 1 1 0 0 0").decode()

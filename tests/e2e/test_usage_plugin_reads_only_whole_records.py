@@ -78,6 +78,9 @@ int main(int argc, char **argv)
 
 @pytest.fixture(scope="module")
 def harness(sandbox: Sandbox) -> Iterator[tuple[Path, Path]]:
+    # `make bridge-up` makes the scratch directory; this module may run before any daemon did.
+    SCRATCH.mkdir(exist_ok=True)
+    SCRATCH.chmod(0o1777)
     work = Path(tempfile.mkdtemp(dir=SCRATCH, prefix="usage-harness-"))
     usage_dir = work / "usage"
     usage_dir.mkdir(mode=0o755)
