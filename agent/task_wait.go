@@ -72,7 +72,8 @@ func reportTaskUsage(fd int, rusage *syscall.Rusage) {
 
 // setWindowSize gives the terminal on fd the size "ROWS COLS" (srun --pty's, from the user's
 // terminal) before the task starts: the exec's own resize message may reach the runtime only
-// after the task read its size, where slurmstepd sizes the pty before the task exists.
+// after the task read its size, where slurmstepd sizes the pty before the task exists. A
+// terminal already sized got the runtime's resize, the same size or a newer one: kept.
 func setWindowSize(fd int, size string) {
 	rowsText, colsText, found := strings.Cut(size, " ")
 	rows, rowsErr := strconv.ParseUint(rowsText, 10, 16)
@@ -80,7 +81,13 @@ func setWindowSize(fd int, size string) {
 	if !found || rowsErr != nil || colsErr != nil || rows == 0 || cols == 0 {
 		return
 	}
-	window := [4]uint16{uint16(rows), uint16(cols), 0, 0}
+	var window [4]uint16
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCGWINSZ,
+		uintptr(unsafe.Pointer(&window)))
+	if errno != 0 || window[0] != 0 || window[1] != 0 {
+		return
+	}
+	window = [4]uint16{uint16(rows), uint16(cols), 0, 0}
 	_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCSWINSZ,
 		uintptr(unsafe.Pointer(&window)))
 }

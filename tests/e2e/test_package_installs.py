@@ -6,11 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.sandbox import REPO
 
-pytestmark = pytest.mark.shares_the_cluster
+# Not beside others: pip builds the checkout in place (build/, *.egg-info), as the daemon image's
+# build in test_daemon_image does; two at once may clean up each other's staging directory.
 
 
 def test_pip_install_gives_a_working_command(tmp_path: Path) -> None:

@@ -81,9 +81,10 @@ CASES = [
          sort_lines=True),  # a task's stdout and stderr reach srun apart, natively too
     Case("term_trap_on_cancel",
          "trap 'echo cleaned-up; exit 0' TERM\necho started\nsleep 100 &\nwait\n", action="cancel"),
-    # A trap that takes its time: natively it has KillWait (10 s) before the KILL.
+    # A trap that takes its time: natively it has KillWait (10 s) before the KILL; a bridged
+    # script, the pod's grace less a second (8 s in the sandbox).
     Case("slow_term_trap_on_cancel",
-         "trap 'echo cleaning up; sleep 7; echo cleaned-up; exit 3' TERM\necho started\nsleep 100 &\nwait\n",
+         "trap 'echo cleaning up; sleep 6; echo cleaned-up; exit 3' TERM\necho started\nsleep 100 &\nwait\n",
          action="cancel"),
     Case("array_outputs", 'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT"\n', array=6),
     # srun across the job's nodes: real steps in sacct, ranks, labels, srun's own messages.

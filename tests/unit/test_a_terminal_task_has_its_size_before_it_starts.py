@@ -8,6 +8,7 @@ import base64
 import fcntl
 import json
 import os
+import struct
 import subprocess
 import termios
 from pathlib import Path
@@ -21,11 +22,15 @@ from .test_agent_keeps_output_byte_exact_and_passes_signals_on import agent  # n
 PROBE = f'stty size; echo "[${{{TASK_TTY_SIZE}-unset}}]"'
 
 
-def size_seen_by_the_task(agent_binary: Path, tmp_path: Path, task_env: dict[str, str]) -> list[str]:
-    """What the task prints on a fresh pty (0 rows, 0 columns until someone sizes it)."""
+def size_seen_by_the_task(agent_binary: Path, tmp_path: Path, task_env: dict[str, str],
+                          sized: tuple[int, int] | None = None) -> list[str]:
+    """What the task prints on a fresh pty (0 rows, 0 columns until someone sizes it; `sized`:
+    as the runtime's resize message sized it before the agent started)."""
     encoded = base64.b64encode(json.dumps(task_env).encode()).decode()
     master, slave = os.openpty()
     try:
+        if sized is not None:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", *sized, 0, 0))
         # As the runtime starts an exec with a terminal: in a session of its own, whose
         # controlling terminal the pty is.
         result = subprocess.run([str(agent_binary), "task", str(tmp_path / "t.pid"), encoded, "--",
@@ -48,3 +53,9 @@ def test_a_size_that_is_not_one_leaves_the_terminal_as_it_was(
     agent: Path, tmp_path: Path, size: str,  # noqa: F811
 ) -> None:
     assert size_seen_by_the_task(agent, tmp_path, {TASK_TTY_SIZE: size}) == ["0 0", "[unset]"]
+
+
+def test_a_terminal_the_runtime_already_sized_keeps_its_size(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The runtime's resize came first: the same size, or a newer one the user resized to since."""
+    assert size_seen_by_the_task(agent, tmp_path, {TASK_TTY_SIZE: "33 101"}, sized=(50, 132)) == [
+        "50 132", "[unset]"]
