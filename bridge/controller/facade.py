@@ -9,7 +9,9 @@ A mixin of the Reconciler, which wires the subsystems it names here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,10 @@ if TYPE_CHECKING:
 
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+COMMAND_ANSWER_WAIT_S = 1.0
+"""How long a run's stop waits for the answers to Slurm's commands in its script (see
+ApiFacade._stop_script_once_answered); then it goes all the same."""
+COMMAND_ANSWER_POLL_S = 0.02
 
 
 class ApiFacade:
@@ -104,7 +110,17 @@ class ApiFacade:
             first = not session.cancel_requested
             session.request_cancel()
             if first:  # a waiter asking again (or its owner posting again) adds nothing
-                self._spawn(self.batch_signals.stop_script(job_id, session.run, self.node_is_dead))
+                self._spawn(self._stop_script_once_answered(session))
+
+    async def _stop_script_once_answered(self, session: JobSession) -> None:
+        """The script's TERM, once the answers on their way to its Slurm commands are in (at most
+        COMMAND_ANSWER_WAIT_S): natively `scontrol requeue` or `scancel` of the job itself has its
+        answer before slurmd signals the job, so the command exits 0; the answer's way through
+        the pod is longer than the signal's, and the TERM killed the command first."""
+        waited_until = time.monotonic() + COMMAND_ANSWER_WAIT_S
+        while session.steps.commands_open() and time.monotonic() < waited_until:
+            await asyncio.sleep(COMMAND_ANSWER_POLL_S)
+        await self.batch_signals.stop_script(session.job_id, session.run, self.node_is_dead)
 
     def current_session(self, job_id: int) -> JobSession | None:
         """The session of the job's current run (as the store last read it), if its waiter

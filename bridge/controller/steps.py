@@ -91,6 +91,10 @@ class StepBook:
     def end(self, key: str) -> None:
         self._open.pop(key, None)
 
+    def commands_open(self) -> bool:
+        """One of Slurm's commands in the script awaits its answer (booked by open_command)."""
+        return any("command" in step for step in self._open.values())
+
     def __len__(self) -> int:
         return len(self._open)
 

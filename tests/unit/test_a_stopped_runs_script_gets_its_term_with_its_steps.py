@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from unittest import mock
 
 from bridge.clients.kube.cache import PodCache
+from bridge.controller import facade
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core import agent_protocol, wellknown
@@ -83,3 +85,57 @@ def test_the_waiters_cancel_told_again_stops_once() -> None:
 def test_a_pod_that_runs_no_script_or_has_no_node_is_not_asked() -> None:
     assert asyncio.run(_cancel([_pod(0, 0, waiting="ImagePullBackOff")])) == []
     assert asyncio.run(_cancel([_pod(0, 0, node="")])) == []
+
+
+# -- an in-pod Slurm command's answer comes first ---------------------------------------------------
+# Natively `scontrol requeue` (or `scancel` of the job itself) has its answer before slurmd signals
+# the job, and exits 0; submitit's checkpoint requeues so. Through the pod the answer's way is
+# longer than the TERM's, which killed the command first ("died with SIGTERM", the job failed).
+
+
+async def _cancel_with(open_step: dict[str, Any], answer_after: float | None, wait_s: float = 1.0,
+                       ) -> tuple[list[tuple[str, list[str]]], float | None]:
+    """The waiter cancels while step "3" is open; it ends after `answer_after` s (None: never).
+    The stop's execs, and how long after the cancel the stop went out."""
+    kube, cache = RecordedExecs(), PodCache()
+    cache.apply("ADDED", _pod(0, 0))
+    reconciler = Reconciler(config(), NoSlurmJobs(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
+    reconciler.jobs.record(allocation(run=0))
+    session = reconciler.sessions.open(42, 0)
+    session.steps.answer("3", open_step)
+    sent_after: float | None = None
+    started = asyncio.get_running_loop().time()
+    with mock.patch.object(facade, "COMMAND_ANSWER_WAIT_S", wait_s):
+        reconciler.request_cancel(42)
+        if answer_after is not None:
+            await asyncio.sleep(answer_after)
+            assert kube.execs == [], "the stop went before the command's answer"
+            reconciler.steps.close(42, "3")
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if kube.execs and sent_after is None:
+                sent_after = asyncio.get_running_loop().time() - started
+    return kube.execs, sent_after
+
+
+COMMAND = {"argv": [], "cwd": "/", "env": {}, "command": "scontrol"}
+
+
+def test_the_stop_waits_for_the_answer_to_a_command_in_flight() -> None:
+    execs, sent_after = asyncio.run(_cancel_with(COMMAND, answer_after=0.3))
+    assert execs == [("slurm-42-0", STOP)]
+    assert sent_after is not None and sent_after >= 0.3
+
+
+def test_a_command_never_answered_holds_the_stop_only_so_long() -> None:
+    execs, sent_after = asyncio.run(_cancel_with(COMMAND, answer_after=None, wait_s=0.2))
+    assert execs == [("slurm-42-0", STOP)]
+    assert sent_after is not None and 0.2 <= sent_after < 1.5
+
+
+def test_an_srun_step_does_not_hold_the_stop() -> None:
+    # Natively the steps' tasks get their TERM with the script: no answer to wait for.
+    step = {"argv": ["hostname"], "cwd": "/", "env": {}}
+    execs, sent_after = asyncio.run(_cancel_with(step, answer_after=None))
+    assert execs == [("slurm-42-0", STOP)]
+    assert sent_after is not None and sent_after < 0.9
