@@ -71,9 +71,10 @@ func reportTaskUsage(fd int, rusage *syscall.Rusage) {
 }
 
 // setWindowSize gives the terminal on fd the size "ROWS COLS" (srun --pty's, from the user's
-// terminal) before the task starts: the exec's own resize message may reach the runtime only
-// after the task read its size, where slurmstepd sizes the pty before the task exists. A
-// terminal already sized got the runtime's resize, the same size or a newer one: kept.
+// terminal) before the task starts, as slurmstepd sizes the pty before the task exists. The
+// exec's own resize message is not enough: it may come after the task read its size (0x0), or
+// before the runtime gave the terminal its default 24x80, and be lost (both seen). Whatever size
+// the terminal has is replaced: a user's resize in the instant before is rarer than those.
 func setWindowSize(fd int, size string) {
 	rowsText, colsText, found := strings.Cut(size, " ")
 	rows, rowsErr := strconv.ParseUint(rowsText, 10, 16)
@@ -81,13 +82,7 @@ func setWindowSize(fd int, size string) {
 	if !found || rowsErr != nil || colsErr != nil || rows == 0 || cols == 0 {
 		return
 	}
-	var window [4]uint16
-	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCGWINSZ,
-		uintptr(unsafe.Pointer(&window)))
-	if errno != 0 || window[0] != 0 || window[1] != 0 {
-		return
-	}
-	window = [4]uint16{uint16(rows), uint16(cols), 0, 0}
+	window := [4]uint16{uint16(rows), uint16(cols), 0, 0}
 	_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCSWINSZ,
 		uintptr(unsafe.Pointer(&window)))
 }
