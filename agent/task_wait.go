@@ -72,9 +72,7 @@ func reportTaskUsage(fd int, rusage *syscall.Rusage) {
 
 // setWindowSize gives the terminal on fd the size "ROWS COLS" (srun --pty's, from the user's
 // terminal) before the task starts, as slurmstepd sizes the pty before the task exists. The
-// exec's own resize message is not enough: it may come after the task read its size (0x0), or
-// before the runtime gave the terminal its default 24x80, and be lost (both seen). Whatever size
-// the terminal has is replaced: a user's resize in the instant before is rarer than those.
+// exec's own resize message is not enough: it may come after the task read its size (0x0, seen).
 func setWindowSize(fd int, size string) {
 	rowsText, colsText, found := strings.Cut(size, " ")
 	rows, rowsErr := strconv.ParseUint(rowsText, 10, 16)

@@ -86,12 +86,17 @@ def at_once(variants: Mapping[str, Callable[[], T]]) -> dict[str, T]:
     return {name: future.result() for name, future in futures.items()}
 
 
+WORKER_TERMINAL_SIZE = frozenset({"COLUMNS", "LINES"})
+
+
 @dataclass(frozen=True)
 class Sandbox:
     env: dict[str, str]
 
     def environ(self) -> dict[str, str]:
-        return {**os.environ, **self.env}
+        # pytest-xdist's workers export COLUMNS=80 and LINES=24; srun hands them to its tasks, and
+        # busybox (the bridged image's stty, ash) prefers them to the terminal's own size.
+        return {**{k: v for k, v in os.environ.items() if k not in WORKER_TERMINAL_SIZE}, **self.env}
 
     def slurm(
         self, cmd: str, *args: str, user: str = "root", cwd: str | None = None, check: bool = True

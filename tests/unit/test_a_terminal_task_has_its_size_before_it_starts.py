@@ -56,7 +56,6 @@ def test_a_size_that_is_not_one_leaves_the_terminal_as_it_was(
 
 
 def test_a_terminal_the_runtime_gave_its_default_size_gets_the_users(agent: Path, tmp_path: Path) -> None:  # noqa: F811
-    """The runtime may size the terminal 24x80 at the start and lose the resize message that came
-    before (seen in CI: every bridged `srun --pty stty size` printed 24 80)."""
+    """Whatever size the terminal had before the agent started, the task starts at the user's."""
     assert size_seen_by_the_task(agent, tmp_path, {TASK_TTY_SIZE: "33 101"}, sized=(24, 80)) == [
         "33 101", "[unset]"]
