@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
 
-pytestmark = pytest.mark.shares_the_cluster
+# Alone: compared with native Slurm's own signal races, which other tests' load makes vary
+# (in a CI run beside others, native's runs of the same job disagreed).
 
 JOBS = 3
 # The task traps TERM, says so, and ends 3 two seconds later (KillWait is 10 s on the sandbox).
