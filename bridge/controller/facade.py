@@ -117,10 +117,17 @@ class ApiFacade:
         COMMAND_ANSWER_WAIT_S): natively `scontrol requeue` or `scancel` of the job itself has its
         answer before slurmd signals the job, so the command exits 0; the answer's way through
         the pod is longer than the signal's, and the TERM killed the command first."""
-        waited_until = time.monotonic() + COMMAND_ANSWER_WAIT_S
-        while session.steps.commands_open() and time.monotonic() < waited_until:
-            await asyncio.sleep(COMMAND_ANSWER_POLL_S)
+        await _until_commands_answered(session)
         await self.batch_signals.stop_script(session.job_id, session.run, self.node_is_dead)
+
+    async def commands_answered(self, job_id: int, key: str) -> None:
+        """The same for a TERM to a task of step `key` (its proxy's): a command such a task
+        started (submitit's python runs as an srun task, and requeues its job) gets its answer
+        first, as natively."""
+        run = self.steps.open_run(job_id, key)
+        session = None if run is None else self.sessions.get(job_id, run)
+        if session is not None:
+            await _until_commands_answered(session)
 
     def current_session(self, job_id: int) -> JobSession | None:
         """The session of the job's current run (as the store last read it), if its waiter
@@ -205,3 +212,10 @@ def _restart_count(payload: JobPayload) -> int:
     with contextlib.suppress(ValueError):
         return max(0, int(value))
     return 0
+
+
+async def _until_commands_answered(session: JobSession) -> None:
+    """Return once none of the run's Slurm commands awaits its answer, or after COMMAND_ANSWER_WAIT_S."""
+    waited_until = time.monotonic() + COMMAND_ANSWER_WAIT_S
+    while session.steps.commands_open() and time.monotonic() < waited_until:
+        await asyncio.sleep(COMMAND_ANSWER_POLL_S)

@@ -261,6 +261,8 @@ class Api:
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
         if len(procid) > 9 or len(key) > 19:
             raise web.HTTPBadRequest(text="task-signal needs the step key and SLURM_PROCID of a task")
+        if signum == signal.SIGTERM:
+            await self.reconciler.commands_answered(job_id, key)
         return await pass_signal(self.tasks, (job_id, key, procid), signum, uid)
 
     async def finish_background(self, timeout_s: float) -> int:

@@ -99,6 +99,9 @@ class Reconciler:
     def node_gpus(self, _job_id: int, _node: str) -> tuple[int, ...] | None:
         return ()
 
+    async def commands_answered(self, _job_id: int, _key: str) -> None:
+        """No Slurm command of the run awaits its answer here."""
+
 
 async def _post(client: TestClient, path: str, body: dict[str, Any]) -> tuple[int, str]:
     raw = json.dumps(body).encode()

@@ -139,3 +139,31 @@ def test_an_srun_step_does_not_hold_the_stop() -> None:
     execs, sent_after = asyncio.run(_cancel_with(step, answer_after=None))
     assert execs == [("slurm-42-0", STOP)]
     assert sent_after is not None and sent_after < 0.9
+
+
+async def _task_term_waits(answer_after: float | None) -> float:
+    """A task of step "2" gets its TERM while the run's command "3" awaits its answer (ended
+    after `answer_after` s; None: never): how long the TERM was held."""
+    kube, cache = RecordedExecs(), PodCache()
+    cache.apply("ADDED", _pod(0, 0))
+    reconciler = Reconciler(config(), NoSlurmJobs(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
+    reconciler.jobs.record(allocation(run=0))
+    session = reconciler.sessions.open(42, 0)
+    session.steps.answer("2", {"argv": ["python3"], "cwd": "/", "env": {}})
+    session.steps.answer("3", COMMAND)
+    loop = asyncio.get_running_loop()
+    if answer_after is not None:
+        loop.call_later(answer_after, reconciler.steps.close, 42, "3")
+    started = loop.time()
+    with mock.patch.object(facade, "COMMAND_ANSWER_WAIT_S", 0.6):
+        await reconciler.commands_answered(42, "2")
+    return loop.time() - started
+
+
+def test_a_tasks_term_waits_for_the_answer_to_a_command_in_flight() -> None:
+    # submitit's python runs as an srun task, and its `scontrol requeue` is answered first.
+    assert 0.2 <= asyncio.run(_task_term_waits(0.2)) < 0.55
+
+
+def test_a_tasks_term_waits_only_so_long_for_an_answer() -> None:
+    assert 0.6 <= asyncio.run(_task_term_waits(None)) < 1.5
