@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
 COMMAND_ANSWER_WAIT_S = 1.0
-"""How long a run's stop waits for the answers to Slurm's commands in its script (see
-ApiFacade._stop_script_once_answered); then it goes all the same."""
+"""How long a TERM for the run's script or an srun task waits for the answers to the run's Slurm
+commands (ApiFacade._stop_script_once_answered, commands_answered); then it goes all the same."""
 COMMAND_ANSWER_POLL_S = 0.02
 
 
