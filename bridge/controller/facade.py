@@ -11,21 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import structlog
+
+from bridge.core.errors import BridgeError
 from bridge.core.model import JobAllocation, JobPayload
 
 if TYPE_CHECKING:
     from bridge.clients.slurm import SlurmClient
     from bridge.controller.batch_signals import BatchSignals
     from bridge.controller.jobstore import JobStore
+    from bridge.controller.kube_workloads import KubeWorkloads
     from bridge.controller.payload_secrets import PayloadSecrets
     from bridge.controller.run_pods import RunPods
     from bridge.controller.sessions import EventQueue, JobSession, SessionRegistry
     from bridge.controller.steps import Step, Steps
     from bridge.core.config import BridgeConfig
+
+log = structlog.get_logger(__name__)
 
 # Slurm states in which the job's pods may exist; any other state means the job is over.
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
@@ -33,6 +40,9 @@ COMMAND_ANSWER_WAIT_S = 1.0
 """How long a TERM for the run's script or an srun task waits for the answers to the run's Slurm
 commands (ApiFacade._stop_script_once_answered, commands_answered); then it goes all the same."""
 COMMAND_ANSWER_POLL_S = 0.02
+TERM_VIEW_WAIT_S = 2.0
+"""How long a batch step's TERM waits for a Slurm poll that started after it, before one read of
+the job decides whether the TERM stops the run or is only a signal (term_from_slurm)."""
 
 
 class ApiFacade:
@@ -45,6 +55,8 @@ class ApiFacade:
     batch_signals: BatchSignals
     payload_secrets: PayloadSecrets
     node_is_dead: Callable[[str], bool]
+    workloads: KubeWorkloads | None
+    wake: Callable[[int], None]
 
     def _spawn(self, work: Awaitable[None]) -> None:
         """Work nobody awaits (the Reconciler's)."""
@@ -83,9 +95,11 @@ class ApiFacade:
         session = self.attach_session(job_id, payload)
         if session.attached:
             return None
-        queue = session.attach(last_log, payload, cancel)
+        queue = session.attach(last_log, payload)
         for seq, signum in signals:
             self.batch_signals.take(session, signum, seq, offered=True)
+        if cancel:
+            self.term_from_slurm(session)  # its TERM came while it could not reach the daemon
         return session, queue
 
     def cancel_session(self, job_id: int) -> JobSession | None:
@@ -103,14 +117,53 @@ class ApiFacade:
         return None
 
     def request_cancel(self, job_id: int) -> None:
-        """The waiter asks to stop its run (it got SIGTERM); the job's next reconcile stops it,
-        and the script is told at once (BatchSignals.stop_script)."""
+        """The waiter got SIGTERM from slurmstepd (its `cancel`): see term_from_slurm."""
         session = self.cancel_session(job_id)
         if session is not None:
-            first = not session.cancel_requested
+            self.term_from_slurm(session)
+
+    def term_from_slurm(self, session: JobSession) -> None:
+        """slurmstepd sent the run's batch step SIGTERM. It does so when the run ends (scancel, the
+        time limit, a requeue, a preemption), and then Slurm shows the run over before it signals
+        anything; and for a mere signal (`scancel -b -s TERM`, `--signal=B:TERM@T`), when the job
+        goes on and a script that traps TERM keeps running. So the run's pods are stopped only
+        once Slurm's view says it is over; otherwise the TERM is the script's signal, delivered as
+        any other. One decision per run: a waiter asking again (or re-attaching with its cancel)
+        adds nothing."""
+        if session.termed:
+            return
+        session.termed = True
+        self._spawn(self._act_on_term(session))
+
+    async def _act_on_term(self, session: JobSession) -> None:
+        # slurmctld changes the job's state before it has the job signalled: the first poll sent
+        # after the TERM shows a stop, and one read confirms a job that still runs.
+        seen_over = self._run_over(session)
+        if not seen_over:
+            polled = await self.jobs.polled_since(time.monotonic(), TERM_VIEW_WAIT_S)
+            seen_over = polled and self._run_over(session)
+        if not seen_over:
+            try:
+                await self.jobs.refresh(session.job_id)
+            except BridgeError as error:  # then it is the script's signal; a stop shows up later
+                log.warning("term.slurm_unread", job_id=session.job_id, error=str(error)[:200])
+        workloads = self.workloads
+        view = self.jobs.get(session.job_id)
+        alloc = view.alloc if view is not None else None
+        if self._run_over(session) or (workloads is not None and workloads.owns(session.job_id, alloc)):
             session.request_cancel()
-            if first:  # a waiter asking again (or its owner posting again) adds nothing
-                self._spawn(self._stop_script_once_answered(session))
+            self.wake(session.job_id)
+            await self._stop_script_once_answered(session)
+            return
+        log.info("term.is_a_signal", job_id=session.job_id, run=session.run)
+        if self.batch_signals.take(session, int(signal.SIGTERM)):
+            self.wake(session.job_id)
+
+    def _run_over(self, session: JobSession) -> bool:
+        """The store's view shows the session's run over: gone, ended, or requeued."""
+        view = self.jobs.get(session.job_id)
+        alloc = view.alloc if view is not None else None
+        return alloc is None or over(alloc) or alloc.run != session.run
 
     async def _stop_script_once_answered(self, session: JobSession) -> None:
         """The script's TERM, once the answers on their way to its Slurm commands are in (at most

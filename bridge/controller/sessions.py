@@ -58,6 +58,7 @@ class JobSession:
     """One run's session. Each part of it is written by one owner:
     - the waiter's connection and the run's end (payload, cancel_requested, listener, attached_at,
       final): this module, through attach/detach/request_cancel/finish;
+    - `termed`: ApiFacade.term_from_slurm;
     - `steps`: controller.steps; `signals`: controller.batch_signals; `logs`: controller.log_relay;
     - the run's pods (created, script_delivered, payload_secret, stopped_with): the reconciler and
       its controller.pod_creation.
@@ -68,6 +69,9 @@ class JobSession:
     """Slurm's restart count of the run this session serves (JobAllocation.run)."""
     payload: JobPayload | None = None
     cancel_requested: bool = False
+    termed: bool = False
+    """slurmstepd sent the batch step SIGTERM (the waiter said so); ApiFacade.term_from_slurm
+    decides, once, whether that stops the run or is the script's signal."""
     listener: EventQueue | None = None
     attached_at: float = 0.0
     """When the waiter last attached (monotonic): the attach → pod latency starts there."""
@@ -94,15 +98,12 @@ class JobSession:
     forbidden_since: float | None = None
     """When Kubernetes first answered 403 to this run's Secret or pods (monotonic; pod creation)."""
 
-    def attach(self, last_log: dict[str, str], payload: JobPayload | None = None,
-               cancel: bool = False) -> EventQueue:
+    def attach(self, last_log: dict[str, str], payload: JobPayload | None = None) -> EventQueue:
         """A new waiter connection replaces any older one (and its log relays). The waiter tells
-        its payload, whether it cancels, and the last log line it printed of each pod."""
+        its payload and the last log line it printed of each pod."""
         self.detach()
         if payload is not None:
             self.payload = payload
-        if cancel:
-            self.cancel_requested = True
         self.attached_at = time.monotonic()
         self.logs.restart(last_log)
         self.listener = EventQueue()
@@ -111,7 +112,8 @@ class JobSession:
         return self.listener
 
     def request_cancel(self) -> None:
-        """The waiter asked to stop the run (it got SIGTERM): the reconciler stops its pods."""
+        """The run is to stop (its waiter's TERM, and Slurm shows it over): the reconciler stops
+        its pods."""
         self.cancel_requested = True
 
     def detach(self, queue: asyncio.Queue[Event] | None = None) -> None:

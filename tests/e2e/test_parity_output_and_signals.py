@@ -36,7 +36,7 @@ class Case:
     """Submit with -e (a file of its own) besides -o."""
     action: str = ""
     """"usr1": scancel -s USR1 -b once "started" is out; "usr1-step": scancel -s USR1 of step .0
-    then; "segv": scancel -s SEGV -b then; "cancel": scancel then."""
+    then; "segv": scancel -s SEGV -b then; "term": scancel -s TERM -b then; "cancel": scancel then."""
     array: int = 0
     raw: bool = False
     """The body is a whole script, with its own shebang and directives."""
@@ -86,6 +86,20 @@ CASES = [
     Case("slow_term_trap_on_cancel",
          "trap 'echo cleaning up; sleep 6; echo cleaned-up; exit 3' TERM\necho started\nsleep 100 &\nwait\n",
          action="cancel"),
+    # TERM as a mere signal: the job goes on, and a script that traps it too (natively slurmstepd
+    # signals the batch step and Slurm does not end the job). The bridge took every TERM of the
+    # batch step for a cancel, and stopped the pods.
+    Case("term_trapped_by_scancel_signal",
+         "trap 'echo got-term' TERM\necho started\ni=0; while [ $i -lt 20 ]; do sleep 1; i=$((i+1)); done\n"
+         "echo still-here\nexit 4\n", action="term"),
+    Case("term_untrapped_by_scancel_signal",
+         "echo started\ni=0; while [ $i -lt 60 ]; do sleep 1; i=$((i+1)); done\necho never\n",
+         action="term"),
+    # The checkpoint pattern: TERM before the time limit, trapped; the limit's own TERM then ends it.
+    Case("term_trapped_before_time_limit",
+         "n=0\ntrap 'n=$((n+1)); echo checkpoint $n; if [ $n -ge 2 ]; then exit 0; fi' TERM\necho started\n"
+         "i=0; while [ $i -lt 200 ]; do sleep 1; i=$((i+1)); done\necho never\n",
+         args=("--time=2", "--signal=B:TERM@60")),
     Case("array_outputs", 'echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT"\n', array=6),
     # srun across the job's nodes: real steps in sacct, ranks, labels, srun's own messages.
     Case("srun_ranks_with_labels",
@@ -217,6 +231,8 @@ def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...],
             wait_until(f"{case.name} started in {part}", lambda o=out: _started(o), timeout=90)
             if case.action == "usr1":
                 sandbox.slurm("scancel", "-s", "USR1", "-b", str(job))
+            elif case.action == "term":
+                sandbox.slurm("scancel", "-s", "TERM", "-b", str(job))
             elif case.action == "segv":
                 sandbox.slurm("scancel", "-s", "11", "-b", str(job))  # scancel names no SEGV
             elif case.action == "usr1-step":

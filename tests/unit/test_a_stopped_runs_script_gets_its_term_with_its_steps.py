@@ -46,7 +46,8 @@ async def _cancel(pods: list[dict[str, Any]], run: int = 0, times: int = 1) -> l
     for pod in pods:
         cache.apply("ADDED", pod)
     reconciler = Reconciler(config(), NoSlurmJobs(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
-    reconciler.jobs.record(allocation(run=run))
+    # Slurm shows the run cancelled before slurmstepd signals the waiter.
+    reconciler.jobs.record(allocation(run=run, state="CANCELLED"))
     reconciler.sessions.open(42, run)
     for _ in range(times):
         reconciler.request_cancel(42)
@@ -100,7 +101,7 @@ async def _cancel_with(open_step: dict[str, Any], answer_after: float | None, wa
     kube, cache = RecordedExecs(), PodCache()
     cache.apply("ADDED", _pod(0, 0))
     reconciler = Reconciler(config(), NoSlurmJobs(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
-    reconciler.jobs.record(allocation(run=0))
+    reconciler.jobs.record(allocation(run=0, state="CANCELLED"))
     session = reconciler.sessions.open(42, 0)
     session.steps.answer("3", open_step)
     sent_after: float | None = None

@@ -87,7 +87,9 @@ func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
 // CancelRequested: the pods' deletion was asked for; every later attach says so.
 func (w *Waiter) CancelRequested() bool { return w.cancelled.Load() }
 
-// RequestCancel asks the daemon to delete the pods; the attach stream reports when they are gone.
+// RequestCancel tells the daemon slurmstepd sent the batch step SIGTERM: it deletes the pods if
+// Slurm shows the run over (the attach stream reports when they are gone), or else delivers the
+// TERM to the script as a signal.
 func (w *Waiter) RequestCancel() {
 	w.cancelled.Store(true)
 	if err := w.post("cancel", []byte("{}"), 5*time.Second); err != nil {

@@ -80,7 +80,9 @@ func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []stri
 		number := sig.(syscall.Signal)
 		waiter.SlurmSignalled(number)
 		if number == syscall.SIGTERM || number == syscall.SIGINT {
-			// Silent, as a native batch script is: slurmstepd reports a cancel or a time limit.
+			// The daemon decides whether it stops the run (Slurm shows the job over: a cancel, the
+			// time limit, a requeue) or is the script's signal (`scancel -b -s TERM`). Silent, as
+			// a native batch script is: slurmstepd reports a cancel or a time limit.
 			if !waiter.CancelRequested() {
 				waiter.RequestCancel()
 			}
