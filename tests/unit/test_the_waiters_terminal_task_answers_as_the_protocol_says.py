@@ -12,6 +12,7 @@ import json
 import os
 import select
 import signal
+import socket
 import struct
 import subprocess
 import termios
@@ -192,3 +193,25 @@ def test_a_refused_or_cut_off_terminal_task_fails(
     ran = run(waiter, tmp_path, handler)
     assert (ran.returncode, ran.shown, ran.frames) == (1, shown, [])
     assert ran.after == ran.before
+
+
+def test_a_terminal_task_whose_daemon_is_down_says_so_in_words(waiter: list[str], tmp_path: Path) -> None:
+    # The first waiter ended with Python's "ConnectionRefusedError: [Errno 111] Connection refused".
+    with socket.socket() as placeholder:  # a port nothing listens on once it is closed
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.run(
+            namespaced(fakes(tmp_path), [*waiter, "--api", f"http://127.0.0.1:{port}", "step", "--", "bash"]),
+            stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, env=ENV, timeout=60, check=False)
+        os.close(slave)
+        slave = -1
+        shown = drain(master)
+    finally:
+        for fd in (master, slave):
+            if fd >= 0:
+                os.close(fd)
+    assert proc.returncode == 1
+    assert shown == b"slurm-k8s-bridge: could not reach the bridge to run this task: " \
+                    b"[Errno 111] Connection refused\r\n"

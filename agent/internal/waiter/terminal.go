@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -64,12 +63,12 @@ func makeRaw(fd int) (syscall.Termios, error) {
 	return saved, terminalAttributes(fd, ioctlSetFlushed, &raw)
 }
 
-// exceptionLine is the last line of the traceback Python ends with when err escapes.
-func exceptionLine(err error) string {
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return "ConnectionRefusedError: " + pyError(err)
-	}
-	return "OSError: " + pyError(err)
+// unreachable tells the user at their terminal that the daemon could not be reached (the Python
+// waiter ended with its exception's line, "ConnectionRefusedError: [Errno 111] ..."), in the words
+// the task proxy without a terminal uses; exit code 1.
+func unreachable(how string, err error) int {
+	Say(how + ": " + pyError(err))
+	return 1
 }
 
 // runTerminalTask runs the task in the pod with this process's terminal as its own; its exit code.
@@ -86,7 +85,7 @@ func runTerminalTask(client *Client, path string, body Object) int {
 	}
 	conn, err := Connect(client.URL, streamAnswerTimeout, client.CAFile)
 	if err != nil {
-		return crash(exceptionLine(err))
+		return unreachable("could not reach the bridge to run this task", err)
 	}
 	defer conn.Close()
 	credential, err := mungeCredentialWith(program, RequestDigest("POST", path, client.JobID, header)+" "+
@@ -98,12 +97,12 @@ func runTerminalTask(client *Client, path string, body Object) int {
 		"Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n"+
 		"X-Munge-Credential: %s\r\n\r\n", path, HostHeader(client.URL.Host, client.URL.Port), credential)
 	if _, err := conn.Write(append([]byte(head), chunk(header)...)); err != nil {
-		return crash(exceptionLine(err))
+		return unreachable("lost the bridge before the task started", err)
 	}
 	reader := bufio.NewReader(conn)
 	status, first, err := readAnswerHead(reader)
 	if err != nil {
-		return crash(exceptionLine(err))
+		return unreachable("lost the bridge before the task started", err)
 	}
 	if status != 200 {
 		said := strings.TrimSpace(decodeReplace(first))
