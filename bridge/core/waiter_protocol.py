@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 DIGEST_PREFIX = "slurm-k8s-bridge-v1:"
 """Names the digest's layout: a daemon refuses a credential that carries any other."""
 
-FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+FORWARDED = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
 """Signals Slurm sends the batch script (scancel -s SIG --batch, --signal=B:SIG@TIME) that the
-waiter passes on to the script in the pods. SIGTERM and SIGINT stop the job (its pods are deleted
-and the kubelet signals the script); SIGKILL and SIGSTOP cannot be caught."""
+waiter passes on to the script in the pods. SIGTERM may stop the job instead (the waiter's cancel:
+ApiFacade.term_from_slurm decides); SIGKILL and SIGSTOP cannot be caught."""
 
 USAGE_FD = 3
 """The task stream's "fd" of a line of what the task used (agent/task_wait.go), for its proxy to

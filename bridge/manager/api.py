@@ -49,7 +49,7 @@ HEARTBEAT_S = 10.0
 """Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
 HEARTBEAT = {"type": "heartbeat"}
 FORWARDED_SIGNALS = frozenset(int(s) for s in FORWARDED)
-"""What a waiter may ask to pass on to its script: what it forwards itself (TERM and INT cancel)."""
+"""What a waiter may ask to pass on to its script: what it forwards itself (its TERM is a cancel)."""
 MAX_SIGNALS_PER_ATTACH = 64
 """A waiter keeps the signals the daemon has not taken; more than this many is not a waiter's."""
 STREAM_HEADER_TIMEOUT_S = 30.0

@@ -36,7 +36,8 @@ class Case:
     """Submit with -e (a file of its own) besides -o."""
     action: str = ""
     """"usr1": scancel -s USR1 -b once "started" is out; "usr1-step": scancel -s USR1 of step .0
-    then; "segv": scancel -s SEGV -b then; "term": scancel -s TERM -b then; "cancel": scancel then."""
+    then; "segv": scancel -s SEGV -b then; "term"/"int": scancel -s TERM/INT -b then; "cancel":
+    scancel then."""
     array: int = 0
     raw: bool = False
     """The body is a whole script, with its own shebang and directives."""
@@ -95,6 +96,9 @@ CASES = [
     Case("term_untrapped_by_scancel_signal",
          "echo started\ni=0; while [ $i -lt 60 ]; do sleep 1; i=$((i+1)); done\necho never\n",
          action="term"),
+    Case("int_trapped_by_scancel_signal",
+         "trap 'echo got-int' INT\necho started\ni=0; while [ $i -lt 15 ]; do sleep 1; i=$((i+1)); done\n"
+         "echo still-here\n", action="int"),
     # The checkpoint pattern: TERM before the time limit, trapped; the limit's own TERM then ends it.
     Case("term_trapped_before_time_limit",
          "n=0\ntrap 'n=$((n+1)); echo checkpoint $n; if [ $n -ge 2 ]; then exit 0; fi' TERM\necho started\n"
@@ -231,6 +235,8 @@ def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...],
             wait_until(f"{case.name} started in {part}", lambda o=out: _started(o), timeout=90)
             if case.action == "usr1":
                 sandbox.slurm("scancel", "-s", "USR1", "-b", str(job))
+            elif case.action == "int":
+                sandbox.slurm("scancel", "-s", "INT", "-b", str(job))
             elif case.action == "term":
                 sandbox.slurm("scancel", "-s", "TERM", "-b", str(job))
             elif case.action == "segv":

@@ -386,11 +386,13 @@ def _signals_the_guard_holds() -> set[int]:
 
 
 def test_the_step_guard_blocks_exactly_the_signals_the_waiter_unblocks(tmp_path: Path) -> None:
-    """The waiter forwards (and unblocks, by asking for them) exactly the signals the guard holds;
-    it takes those pending at its start, and TERM and INT, before the Go runtime acts on them."""
+    """The waiter forwards (and unblocks, by asking for them) the signals the guard holds, and INT,
+    which the guard leaves alone for the site's TaskProlog as it does TERM; it takes those pending
+    at its start, and TERM and INT, before the Go runtime acts on them."""
     constants = go_constants(tmp_path, "TestSignalConstantsDump", "WAITER_SIGNAL_CONSTANTS_OUT")
     held = _signals_the_guard_holds()
-    assert set(constants["forwarded"]) == held == {int(s) for s in FORWARDED}  # type: ignore[call-overload]
+    forwarded = held | {signal.SIGINT}
+    assert set(constants["forwarded"]) == forwarded == {int(s) for s in FORWARDED}  # type: ignore[call-overload]
     assert set(constants["early_kept"]) == held | {signal.SIGTERM, signal.SIGINT}  # type: ignore[call-overload]
     root = Path(__file__).resolve().parents[2]
     constructor = (root / "agent/internal/earlysignals/earlysignals.go").read_text()

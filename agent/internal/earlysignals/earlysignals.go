@@ -65,9 +65,9 @@ import "C"
 
 import "syscall"
 
-// Kept are the signals taken: those the waiter forwards to the script, then TERM and INT.
-var Kept = []syscall.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2,
-	syscall.SIGALRM, syscall.SIGTERM, syscall.SIGINT}
+// Kept are the signals taken: those the waiter forwards to the script, then TERM.
+var Kept = []syscall.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2,
+	syscall.SIGALRM, syscall.SIGTERM}
 
 // Taken are the signals that were pending when the process started, in delivery order.
 func Taken() []syscall.Signal {

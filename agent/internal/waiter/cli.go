@@ -79,7 +79,7 @@ func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []stri
 	handle := func(sig os.Signal) {
 		number := sig.(syscall.Signal)
 		waiter.SlurmSignalled(number)
-		if number == syscall.SIGTERM || number == syscall.SIGINT {
+		if number == syscall.SIGTERM {
 			// The daemon decides whether it stops the run (Slurm shows the job over: a cancel, the
 			// time limit, a requeue) or is the script's signal (`scancel -b -s TERM`). Silent, as
 			// a native batch script is: slurmstepd reports a cancel or a time limit.

@@ -22,8 +22,10 @@ const UsageFD = 3
 const MaxOutputFrame = 64 * 1024
 
 // Forwarded are the signals Slurm sends the batch script that the waiter passes on to the
-// script in the pods; TERM and INT cancel instead, KILL and STOP cannot be caught.
-var Forwarded = []syscall.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGALRM}
+// script in the pods; TERM is a cancel instead (the daemon decides whether it stops the run), KILL
+// and STOP cannot be caught.
+var Forwarded = []syscall.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2,
+	syscall.SIGALRM}
 
 // RequestDigest binds a munge credential to one request: method, path, job and body.
 func RequestDigest(method, path string, jobID int64, body []byte) string {

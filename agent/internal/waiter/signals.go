@@ -16,8 +16,8 @@ import (
 // wait, pending.
 
 // EarlyKept are the signals the waiter takes from its first moment: the forwarded ones and the
-// two that stop the job.
-var EarlyKept = append(append([]syscall.Signal{}, Forwarded...), syscall.SIGTERM, syscall.SIGINT)
+// TERM that may stop the job.
+var EarlyKept = append(append([]syscall.Signal{}, Forwarded...), syscall.SIGTERM)
 
 // HoldEarlySignals keeps every EarlyKept signal, in order, on the returned channel, for the
 // handlers that main sets later: first those pending when the process started (taken by

@@ -133,12 +133,12 @@ func newScriptSteps(client *Client, ownCommand []string, post postAction) *scrip
 		sruns: map[string]*exec.Cmd{}, fromSlurm: map[syscall.Signal]time.Time{}, passedBack: map[string]time.Time{}}
 }
 
-// slurmSignalled: slurmstepd sent the batch step sig. A TERM or INT may stop the run (cli.go):
+// slurmSignalled: slurmstepd sent the batch step sig. A TERM may stop the run (cli.go):
 // the waiter and the sruns it runs are that step's processes, so each srun got it from slurmstepd
 // too, and in the pod the stop reaches the script's whole process group, its srun too, which
 // passes it back. Other signals reach only the script there: one from its srun is the script's.
 func (s *scriptSteps) slurmSignalled(sig syscall.Signal) {
-	if sig != syscall.SIGTERM && sig != syscall.SIGINT {
+	if sig != syscall.SIGTERM {
 		return
 	}
 	s.mu.Lock()
