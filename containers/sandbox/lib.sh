@@ -22,7 +22,10 @@ start_bg() {
   ensure_dirs
   if is_running "$name"; then return 0; fi
   # No descriptor of the caller's beyond stdio: a daemon must not hold its lock or pipe open.
-  setsid "$@" </dev/null >>"$SBX_LOG/$name.log" 2>&1 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
+  # Every signal at its default, as systemd starts a daemon: a background command of a script
+  # ignores INT and QUIT (and HUP under nohup), and slurmd's jobs would inherit that. A native
+  # batch script then could not trap `scancel -s INT -b`, where a production one can.
+  setsid env --default-signal "$@" </dev/null >>"$SBX_LOG/$name.log" 2>&1 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
   echo $! >"$SBX_RUN/$name.pid"
 }
 
