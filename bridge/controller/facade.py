@@ -99,7 +99,7 @@ class ApiFacade:
         for seq, signum in signals:
             self.batch_signals.take(session, signum, seq, offered=True)
         if cancel:
-            self.term_from_slurm(session)  # its TERM came while it could not reach the daemon
+            self.term_from_slurm(session, unless_known=True)  # perhaps while it could not reach us
         return session, queue
 
     def cancel_session(self, job_id: int) -> JobSession | None:
@@ -117,20 +117,20 @@ class ApiFacade:
         return None
 
     def request_cancel(self, job_id: int) -> None:
-        """The waiter got SIGTERM from slurmstepd (its `cancel`): see term_from_slurm."""
+        """The waiter got SIGTERM from slurmstepd (its `cancel`, sent for each): see term_from_slurm."""
         session = self.cancel_session(job_id)
         if session is not None:
             self.term_from_slurm(session)
 
-    def term_from_slurm(self, session: JobSession) -> None:
+    def term_from_slurm(self, session: JobSession, *, unless_known: bool = False) -> None:
         """slurmstepd sent the run's batch step SIGTERM. It does so when the run ends (scancel, the
         time limit, a requeue, a preemption), and then Slurm shows the run over before it signals
-        anything; and for a mere signal (`scancel -b -s TERM`, `--signal=B:TERM@T`), when the job
+        anything; and for a mere signal (`scancel -s TERM -b`, `--signal=B:TERM@T`), when the job
         goes on and a script that traps TERM keeps running. So the run's pods are stopped only
         once Slurm's view says it is over; otherwise the TERM is the script's signal, delivered as
-        any other. One decision per run: a waiter asking again (or re-attaching with its cancel)
-        adds nothing."""
-        if session.termed:
+        any other (each one, as natively). `unless_known`: a waiter that re-attaches says it had a
+        TERM, which this daemon may have acted on already."""
+        if unless_known and session.termed:
             return
         session.termed = True
         self._spawn(self._act_on_term(session))
@@ -151,6 +151,8 @@ class ApiFacade:
         view = self.jobs.get(session.job_id)
         alloc = view.alloc if view is not None else None
         if self._run_over(session) or (workloads is not None and workloads.owns(session.job_id, alloc)):
+            if session.cancel_requested:
+                return  # stopping already
             session.request_cancel()
             self.wake(session.job_id)
             await self._stop_script_once_answered(session)

@@ -158,10 +158,39 @@ def test_a_poll_sent_before_the_term_does_not_decide() -> None:
     assert not decided_early and reads == 0
 
 
-def test_a_term_told_again_is_decided_once() -> None:
-    reconciler, _, slurm, _ = asyncio.run(_term("RUNNING", "RUNNING", times=3))
+def test_each_term_of_a_running_job_is_the_scripts_pending_once() -> None:
+    # Natively each `scancel -s TERM -b` reaches the script; TERMs not delivered yet are one, as a
+    # pending signal is in the kernel.
+    reconciler, kube, slurm, _ = asyncio.run(_term("RUNNING", "RUNNING", times=3))
     session = reconciler.sessions.get(42, 0)
-    assert session is not None and session.signals.pending == [15] and slurm.reads == 1
+    assert session is not None and session.signals.pending == [15] and not session.cancel_requested
+    assert kube.execs == [] and slurm.reads == 3
+
+
+def test_a_stop_told_again_stops_once() -> None:
+    _, kube, _, _ = asyncio.run(_term("CANCELLED", "CANCELLED", times=3))
+    assert kube.execs == [("slurm-42-0", STOP)]
+
+
+def test_a_waiter_that_re_attaches_with_a_term_this_daemon_took_adds_nothing() -> None:
+    async def scenario() -> tuple[list[int], int]:
+        reconciler, _, slurm, _ = _reconciler("RUNNING", "RUNNING")
+        original = facade.TERM_VIEW_WAIT_S
+        facade.TERM_VIEW_WAIT_S = 0.05
+        try:
+            from .builders import payload
+            session = reconciler.attach_session(42, payload())
+            reconciler.request_cancel(42)
+            await asyncio.sleep(0.2)
+            session.signals.pending.clear()  # delivered
+            reconciler.attach_waiter(42, payload(), last_log={}, cancel=True, signals=[])
+            await asyncio.sleep(0.2)
+        finally:
+            facade.TERM_VIEW_WAIT_S = original
+        return session.signals.pending, slurm.reads
+
+    pending, reads = asyncio.run(scenario())
+    assert pending == [] and reads == 1
 
 
 def test_a_waiter_that_attaches_with_its_term_gets_the_same_decision() -> None:

@@ -1,16 +1,20 @@
 """A signal that is already pending when the waiter starts (the SPANK step guard blocks the
 forwarded ones when it execs the waiter, so one Slurm sent meanwhile waits, pending, across the
 exec) is acted on by the compiled waiter as the protocol says (as the retired Python waiter did):
-TERM and INT cancel the job, HUP, QUIT, USR1 (and the others) are forwarded to the script in the
-pods, in the order they are numbered, and carried by the attach too. The Go runtime unblocks
-HUP, INT, TERM and QUIT before any Go code runs, so the Go waiter takes those pending at its
-start before the runtime does (agent/internal/earlysignals)."""
+TERM goes to the daemon as a cancel (which decides whether it stops the run); INT, HUP, QUIT,
+USR1 (and the others) are forwarded to the script in the pods, in the order they are numbered,
+and carried by the attach too. The Go runtime unblocks HUP, INT, TERM and QUIT before any Go
+code runs, so the Go waiter takes those pending at its start before the runtime does
+(agent/internal/earlysignals)."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -98,3 +102,40 @@ def test_a_signal_pending_at_the_start_is_acted_on(
     path, body = ran.requests[-1]
     attach = json.loads(body)
     assert (path, attach["cancel"], attach["signals"]) == ("/v1/jobs/42/attach", cancelled, carried)
+
+
+def test_each_term_while_attached_reaches_the_daemon(waiter: list[str], tmp_path: Path) -> None:
+    """A script that traps TERM natively gets every `scancel -s TERM -b`: the waiter tells the
+    daemon of each, not only of the first (the daemon decides whether each stops the run)."""
+    directory = tmp_path / "submit"
+    directory.mkdir()
+    cancels: list[bytes] = []
+    both = threading.Event()
+
+    def cancel(exchange: Exchange) -> None:
+        cancels.append(exchange.body)
+        exchange.answer(200, '{"cancelling": 42}')
+        if len(cancels) == 2:
+            both.set()
+
+    def attach(exchange: Exchange) -> None:
+        exchange.stream()
+        assert both.wait(20), f"the daemon heard of {len(cancels)} TERM(s)"
+        exchange.send({"type": "exit", "code": 0, "signal": None})
+
+    daemon = FakeDaemon([attach], {"cancel": cancel})
+
+    def twice(proc: subprocess.Popen[bytes]) -> None:
+        assert daemon.event("attach-0").wait(20)
+        proc.send_signal(signal.SIGTERM)
+        assert daemon.event("cancel").wait(20)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=ENV,
+                         cwd=directory, opt=fakes(directory), during=twice)
+    finally:
+        daemon.close()
+    assert (ran.returncode, ran.stderr) == (0, b"")
+    assert cancels == [b"{}", b"{}"]

@@ -84,9 +84,6 @@ func (w *Waiter) SlurmSignalled(sig syscall.Signal) { w.steps.slurmSignalled(sig
 // ForwardSignal passes a signal on to the script in the pods.
 func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
 
-// CancelRequested: the pods' deletion was asked for; every later attach says so.
-func (w *Waiter) CancelRequested() bool { return w.cancelled.Load() }
-
 // RequestCancel tells the daemon slurmstepd sent the batch step SIGTERM: it deletes the pods if
 // Slurm shows the run over (the attach stream reports when they are gone), or else delivers the
 // TERM to the script as a signal.

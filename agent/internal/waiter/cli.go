@@ -82,10 +82,9 @@ func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []stri
 		if number == syscall.SIGTERM {
 			// The daemon decides whether it stops the run (Slurm shows the job over: a cancel, the
 			// time limit, a requeue) or is the script's signal (`scancel -b -s TERM`). Silent, as
-			// a native batch script is: slurmstepd reports a cancel or a time limit.
-			if !waiter.CancelRequested() {
-				waiter.RequestCancel()
-			}
+			// a native batch script is: slurmstepd reports a cancel or a time limit. Each one: a
+			// script that traps TERM gets every `scancel -s TERM -b`.
+			waiter.RequestCancel()
 			return
 		}
 		waiter.ForwardSignal(number)
