@@ -11,6 +11,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.sandbox import Sandbox, wait_until, write_script
 from tests.e2e.test_every_exit_code_right_under_load import BUSYBOX, _all_final
 
@@ -110,3 +112,66 @@ def test_scancel_batch_signal_the_moment_a_task_runs_is_not_lost(bridge: Sandbox
     rows = wait_until(f"{TASKS} signalled tasks", lambda: _all_final(bridge, [array_id], TASKS),
                       timeout=600, interval=1)[array_id]
     _assert_every_task_trapped(rows, _outputs(directory, array_id), "k8s, scancel --batch")
+
+
+TERM_JOBS = 6
+TERM_TRAPPING_SCRIPT = (
+    "#!/bin/sh\n" + BUSYBOX + "trap 'echo got-term' TERM\necho started\n"
+    "i=0; while [ $i -lt 30 ]; do sleep 1; i=$((i+1)); done\necho still-here\nexit 4\n"
+)
+
+
+@pytest.mark.shares_the_cluster
+def test_a_term_that_only_signals_and_a_cancel_at_once_each_do_as_natively(bridge: Sandbox) -> None:
+    """Both TERMs of the batch step at once, on jobs in both partitions: `scancel -s TERM -b` of
+    half of them is a signal (the trap runs, the script goes on and exits 4), `scancel` of the
+    others ends them. The bridge took every TERM for a cancel; it now asks Slurm's view, and a
+    wave of both must not mix them up. Jobs, not an array: natively `scancel --batch` of an array
+    task is refused at times, or retried by scancel for seconds."""
+    directory = _workdir(bridge, "term-signal")
+    script = write_script(bridge, "alice", "trap-term.sh", TERM_TRAPPING_SCRIPT)
+    jobs = {(partition, index): bridge.sbatch("-p", partition, "--mem=100M", "--time=5",
+                                              "-o", f"{directory}/term-%j.out", str(script))
+            for partition in ("native", "k8s") for index in range(TERM_JOBS)}
+
+    def started(job: int) -> bool:
+        out = directory / f"term-{job}.out"
+        return out.exists() and b"started" in out.read_bytes()
+
+    # Each job once its trap has been set for a second.
+    seen_started: dict[int, float] = {}
+    acted: set[int] = set()
+    deadline = time.monotonic() + 300
+    while len(acted) < len(jobs) and time.monotonic() < deadline:
+        for (_, index), job in jobs.items():
+            if job in acted or not started(job):
+                continue
+            now = time.monotonic()
+            if now - seen_started.setdefault(job, now) < 1.0:
+                continue
+            signal_only = ("-s", "TERM", "--batch") if index % 2 == 0 else ()
+            bridge.slurm("scancel", *signal_only, str(job), user="alice")
+            acted.add(job)
+        time.sleep(0.2)
+    assert len(acted) == len(jobs), f"only {len(acted)} jobs were seen running within 300 s"
+    wait_until("every job final", lambda: all(_final(bridge, job) for job in jobs.values()), timeout=300)
+    for (partition, index), job in jobs.items():
+        state = _final(bridge, job)
+        output = _script_output((directory / f"term-{job}.out").read_bytes())
+        if index % 2 == 0:
+            assert (state, output) == (("FAILED", "4:0"), b"started\ngot-term\nstill-here\n"), \
+                f"{partition} job {job}: a TERM that only signals ended it otherwise"
+        else:
+            assert state is not None and state[0] == "CANCELLED", f"{partition} job {job}: {state}"
+            assert b"still-here" not in output, f"{partition} job {job}: its script went on: {output!r}"
+
+
+def _final(sandbox: Sandbox, job: int) -> tuple[str, str] | None:
+    """(State, ExitCode) of the job once sacct shows it ended."""
+    out = sandbox.slurm("sacct", "-X", "-n", "-P", "-j", str(job), "-o", "State,ExitCode", check=False).stdout
+    if not out.strip():
+        return None
+    state, code = out.strip().splitlines()[0].split("|")
+    if state in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
+        return None
+    return state.split()[0], code
