@@ -242,7 +242,10 @@ def _run_cases(sandbox: Sandbox, cases: list[Case], partitions: tuple[str, ...],
             elif case.action == "segv":
                 sandbox.slurm("scancel", "-s", "11", "-b", str(job))  # scancel names no SEGV
             elif case.action == "usr1-step":
-                sandbox.slurm("scancel", "-s", "USR1", f"{job}.0")
+                # The task's line may come before slurmctld lists its step under load (CI once:
+                # exit 225, ESLURM_INVALID_JOB_ID): asked again for a few seconds, in both.
+                wait_until(f"{case.name} step .0 signalled in {part}", lambda j=job: sandbox.slurm(
+                    "scancel", "-s", "USR1", f"{j}.0", check=False).returncode == 0, timeout=15)
             else:
                 sandbox.slurm("scancel", str(job))
 
