@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from bridge.core.errors import BridgeError
 from bridge.core.model import JobAllocation, JobPayload
 
 if TYPE_CHECKING:
@@ -40,9 +39,6 @@ COMMAND_ANSWER_WAIT_S = 1.0
 """How long a TERM for the run's script or an srun task waits for the answers to the run's Slurm
 commands (ApiFacade._stop_script_once_answered, commands_answered); then it goes all the same."""
 COMMAND_ANSWER_POLL_S = 0.02
-TERM_VIEW_WAIT_S = 2.0
-"""How long a batch step's TERM waits for a Slurm poll that started after it, before one read of
-the job decides whether the TERM stops the run or is only a signal (term_from_slurm)."""
 
 
 class ApiFacade:
@@ -56,7 +52,6 @@ class ApiFacade:
     payload_secrets: PayloadSecrets
     node_is_dead: Callable[[str], bool]
     workloads: KubeWorkloads | None
-    wake: Callable[[int], None]
 
     def _spawn(self, work: Awaitable[None]) -> None:
         """Work nobody awaits (the Reconciler's)."""
@@ -98,8 +93,8 @@ class ApiFacade:
         queue = session.attach(last_log, payload)
         for seq, signum in signals:
             self.batch_signals.take(session, signum, seq, offered=True)
-        if cancel:
-            self.term_from_slurm(session, unless_known=True)  # perhaps while it could not reach us
+        if cancel:  # its TERM, which no daemon answered
+            self._decide_term(session)
         return session, queue
 
     def cancel_session(self, job_id: int) -> JobSession | None:
@@ -116,50 +111,42 @@ class ApiFacade:
             return self.sessions.open(job_id, alloc.run)
         return None
 
-    def request_cancel(self, job_id: int) -> None:
-        """The waiter got SIGTERM from slurmstepd (its `cancel`, sent for each): see term_from_slurm."""
-        session = self.cancel_session(job_id)
-        if session is not None:
-            self.term_from_slurm(session)
+    def term_from_slurm(self, job_id: int, run: int | None = None) -> str | None:
+        """slurmstepd sent the batch step of run `run` (None: the job's newest session's) SIGTERM.
+        It does so when the run ends (scancel, the time limit, a requeue, a preemption), and
+        then Slurm shows the run over before it signals anything; and for a mere signal
+        (`scancel -s TERM -b`, `--signal=B:TERM@T`), when the job goes on and a script that traps
+        TERM keeps running. The store's view is fresh: the request's identify has just read the
+        job. "stop": the run's pods are stopped; "signal": the TERM is the script's, delivered as
+        any other; None: no run of the job to act on."""
+        session = self._term_session(job_id, run)
+        return None if session is None else self._decide_term(session)
 
-    def term_from_slurm(self, session: JobSession, *, unless_known: bool = False) -> None:
-        """slurmstepd sent the run's batch step SIGTERM. It does so when the run ends (scancel, the
-        time limit, a requeue, a preemption), and then Slurm shows the run over before it signals
-        anything; and for a mere signal (`scancel -s TERM -b`, `--signal=B:TERM@T`), when the job
-        goes on and a script that traps TERM keeps running. So the run's pods are stopped only
-        once Slurm's view says it is over; otherwise the TERM is the script's signal, delivered as
-        any other (each one, as natively). `unless_known`: a waiter that re-attaches says it had a
-        TERM, which this daemon may have acted on already."""
-        if unless_known and session.termed:
-            return
-        session.termed = True
-        self._spawn(self._act_on_term(session))
+    def _term_session(self, job_id: int, run: int | None) -> JobSession | None:
+        if run is None:
+            return self.cancel_session(job_id)
+        view = self.jobs.get(job_id)
+        alloc = view.alloc if view is not None else None
+        # As attach_session: an inherited, stale SLURM_RESTART_COUNT can only be too big.
+        run = min(run, alloc.run) if alloc is not None else run
+        session = self.sessions.get(job_id, run)
+        if session is None and alloc is not None and alloc.run == run and alloc.state == "RUNNING" \
+                and not over(alloc):
+            session = self.sessions.open(job_id, run)
+        return session
 
-    async def _act_on_term(self, session: JobSession) -> None:
-        # slurmctld changes the job's state before it has the job signalled: the first poll sent
-        # after the TERM shows a stop, and one read confirms a job that still runs.
-        seen_over = self._run_over(session)
-        if not seen_over:
-            polled = await self.jobs.polled_since(time.monotonic(), TERM_VIEW_WAIT_S)
-            seen_over = polled and self._run_over(session)
-        if not seen_over:
-            try:
-                await self.jobs.refresh(session.job_id)
-            except BridgeError as error:  # then it is the script's signal; a stop shows up later
-                log.warning("term.slurm_unread", job_id=session.job_id, error=str(error)[:200])
+    def _decide_term(self, session: JobSession) -> str:
         workloads = self.workloads
         view = self.jobs.get(session.job_id)
         alloc = view.alloc if view is not None else None
-        if self._run_over(session) or (workloads is not None and workloads.owns(session.job_id, alloc)):
-            if session.cancel_requested:
-                return  # stopping already
-            session.request_cancel()
-            self.wake(session.job_id)
-            await self._stop_script_once_answered(session)
-            return
+        if (workloads is not None and workloads.owns(session.job_id, alloc)) or self._run_over(session):
+            if not session.cancel_requested:  # the first word of the stop
+                session.request_cancel()
+                self._spawn(self._stop_script_once_answered(session))
+            return "stop"
         log.info("term.is_a_signal", job_id=session.job_id, run=session.run)
-        if self.batch_signals.take(session, int(signal.SIGTERM)):
-            self.wake(session.job_id)
+        self.batch_signals.take(session, int(signal.SIGTERM))
+        return "signal"
 
     def _run_over(self, session: JobSession) -> bool:
         """The store's view shows the session's run over: gone, ended, or requeued."""

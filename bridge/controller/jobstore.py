@@ -14,7 +14,6 @@ believed: before anything is deleted for a job that is merely missing, `refresh`
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -57,9 +56,6 @@ class JobStore:
         self._entries: dict[int, _Entry] = {}
         self._listed_at = float("-inf")
         """read_at of the newest listing applied: a job absent from the store was not in it."""
-        self._polled_at = float("-inf")
-        """When the newest poll answered was sent, whether anything had changed or not."""
-        self._polled = asyncio.Event()
 
     # -- reads ----------------------------------------------------------------------------------
     def get(self, job_id: int) -> JobView | None:
@@ -105,22 +101,6 @@ class JobStore:
             changed.add(job_id)
         self._listed_at = max(self._listed_at, listing.read_at)
         return changed
-
-    def mark_polled(self, read_at: float) -> None:
-        """A poll sent at `read_at` was answered and applied (the poller's)."""
-        self._polled_at = max(self._polled_at, read_at)
-        self._polled.set()
-        self._polled = asyncio.Event()
-
-    async def polled_since(self, moment: float, timeout_s: float) -> bool:
-        """Wait for a poll sent after `moment` (monotonic) to be applied; False after timeout_s."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                while self._polled_at < moment:
-                    await self._polled.wait()
-        except TimeoutError:
-            return False
-        return True
 
     async def refresh(self, job_id: int) -> JobView:
         """Ask Slurm about this one job now and record the answer (the newest view there is)."""

@@ -98,7 +98,6 @@ class Reconciler(ApiFacade):
         """`wake(job_id)` queues the job: a log relay that ended calls it (an event, as a pod's)."""
         self.cfg = cfg
         self.slurm = slurm
-        self.wake = wake
         self.kube = kube
         self.cache = cache
         self.metrics = metrics
@@ -338,8 +337,7 @@ class Reconciler(ApiFacade):
     ) -> None:
         """A run is over in Slurm, or its waiter asked to stop: remove its pods; once they are gone,
         tell the waiter, and end the session if Slurm shows the run over."""
-        # A run whose waiter got slurmstepd's TERM (a cancel, the time limit) ends silently.
-        cancelled = session is not None and (session.cancel_requested or session.termed)
+        cancelled = session is not None and session.cancel_requested
         # The pods' own grace (termination_grace_s), as slurmstepd gives a step KillWait between
         # SIGTERM and SIGKILL: a script's TERM trap gets to clean up.
         grace = None

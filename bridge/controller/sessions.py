@@ -58,7 +58,6 @@ class JobSession:
     """One run's session. Each part of it is written by one owner:
     - the waiter's connection and the run's end (payload, cancel_requested, listener, attached_at,
       final): this module, through attach/detach/request_cancel/finish;
-    - `termed`: ApiFacade.term_from_slurm;
     - `steps`: controller.steps; `signals`: controller.batch_signals; `logs`: controller.log_relay;
     - the run's pods (created, script_delivered, payload_secret, stopped_with): the reconciler and
       its controller.pod_creation.
@@ -69,9 +68,6 @@ class JobSession:
     """Slurm's restart count of the run this session serves (JobAllocation.run)."""
     payload: JobPayload | None = None
     cancel_requested: bool = False
-    termed: bool = False
-    """slurmstepd sent the batch step SIGTERM (the waiter said so); ApiFacade.term_from_slurm
-    decides, once, whether that stops the run or is the script's signal."""
     listener: EventQueue | None = None
     attached_at: float = 0.0
     """When the waiter last attached (monotonic): the attach → pod latency starts there."""

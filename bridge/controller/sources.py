@@ -42,10 +42,8 @@ class SlurmPoller:
 
     async def poll_once(self) -> None:
         self.metrics.inc("slurm_polls_total")
-        sent_at = time.monotonic()
         listing = await self.reconciler.slurm.changed_jobs(self.reconciler.cfg.partitions.keys())
         if listing is None:
-            self.reconciler.jobs.mark_polled(sent_at)
             return
         self.metrics.inc("slurm_poll_changes_total")
         if listing.unreadable:
@@ -57,7 +55,6 @@ class SlurmPoller:
         listed = {job.job_id for job in listing.jobs} | listing.unreadable
         for job_id in sorted(self.reconciler.cache.job_ids() - listed):
             self.enqueue(job_id)
-        self.reconciler.jobs.mark_polled(sent_at)
         self.synced.set()
 
     async def run(self) -> None:

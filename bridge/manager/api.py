@@ -33,6 +33,7 @@ from bridge.core.waiter_protocol import FORWARDED, MAX_OUTPUT_FRAME, request_dig
 from bridge.manager import auth
 from bridge.manager.bodies import (
     AttachBody,
+    CancelBody,
     SignalBody,
     StepDoneBody,
     StepOutputHeader,
@@ -357,12 +358,20 @@ class Api:
                 return {"done": True}
 
     async def cancel(self, request: web.Request) -> web.Response:
+        """The waiter got SIGTERM from slurmstepd: it stops the run, or is the script's signal
+        (ApiFacade.term_from_slurm decides on the view identify has just read)."""
         job_id = int(request.match_info["job_id"])
-        await self.auth.identify(request, job_id, await request.read())
-        self.reconciler.request_cancel(job_id)
-        self.enqueue(job_id)
-        log.info("cancel.requested", job_id=job_id)
-        return web.json_response({"cancelling": job_id})
+        raw = await request.read()
+        await self.auth.identify(request, job_id, raw)
+        try:
+            body = parse(CancelBody, raw or b"{}")
+        except ValueError as error:
+            raise web.HTTPBadRequest(text=str(error)) from None
+        decision = self.reconciler.term_from_slurm(job_id, body.run)
+        if decision is not None:
+            self.enqueue(job_id)
+        log.info("cancel.requested", job_id=job_id, run=body.run, decision=decision)
+        return web.json_response({"cancelling": job_id, "stops": decision != "signal"})
 
 
 def _either(first: asyncio.Future[Any], second: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:

@@ -63,6 +63,13 @@ class SignalBody(_Body):
     seq: int | None = None
 
 
+class CancelBody(_Body):
+    """POST /v1/jobs/{id}/cancel: slurmstepd sent the batch step SIGTERM; `run` is the waiter's
+    (SLURM_RESTART_COUNT; absent from waiters older than it)."""
+
+    run: int | None = None
+
+
 class StepDoneBody(_Body):
     """POST /v1/jobs/{id}/step-done: Slurm's srun of a step ended with `code`."""
 

@@ -50,7 +50,7 @@ async def _cancel(pods: list[dict[str, Any]], run: int = 0, times: int = 1) -> l
     reconciler.jobs.record(allocation(run=run, state="CANCELLED"))
     reconciler.sessions.open(42, run)
     for _ in range(times):
-        reconciler.request_cancel(42)
+        reconciler.term_from_slurm(42)
     await asyncio.sleep(0.05)
     return kube.execs
 
@@ -107,7 +107,7 @@ async def _cancel_with(open_step: dict[str, Any], answer_after: float | None, wa
     sent_after: float | None = None
     started = asyncio.get_running_loop().time()
     with mock.patch.object(facade, "COMMAND_ANSWER_WAIT_S", wait_s):
-        reconciler.request_cancel(42)
+        reconciler.term_from_slurm(42)
         if answer_after is not None:
             await asyncio.sleep(answer_after)
             assert kube.execs == [], "the stop went before the command's answer"

@@ -97,7 +97,8 @@ def test_a_signal_pending_at_the_start_is_acted_on(
     assert (ran.returncode, ran.stdout, ran.stderr) == (-signal.SIGTERM if cancelled else 0, b"", b"")
     carried = [[seq, signum] for seq, signum in enumerate(forwarded, 1)]
     expected = [*(("/v1/jobs/42/signal", json.dumps({"signal": signum, "seq": seq}).encode())
-                  for seq, signum in carried), *([("/v1/jobs/42/cancel", b"{}")] if cancelled else [])]
+                  for seq, signum in carried),
+                *([("/v1/jobs/42/cancel", b'{"run": 0}')] if cancelled else [])]
     assert ran.requests[:-1] == expected
     path, body = ran.requests[-1]
     attach = json.loads(body)
@@ -138,4 +139,56 @@ def test_each_term_while_attached_reaches_the_daemon(waiter: list[str], tmp_path
     finally:
         daemon.close()
     assert (ran.returncode, ran.stderr) == (0, b"")
-    assert cancels == [b"{}", b"{}"]
+    assert cancels == [b'{"run": 0}', b'{"run": 0}']
+
+
+def _term_then_reattach(
+    waiter: list[str], tmp_path: Path, answer: str, env: dict[str, str],
+) -> list[dict[str, object]]:
+    """TERM once attached; the daemon answers the cancel with `answer`, then drops the attach
+    stream; the bodies of the cancel and of both attaches."""
+    directory = tmp_path / "submit"
+    directory.mkdir()
+    bodies: list[dict[str, object]] = []
+
+    def cancel(exchange: Exchange) -> None:
+        bodies.append(json.loads(exchange.body))
+        exchange.answer(200, answer)
+
+    def first(exchange: Exchange) -> None:
+        bodies.append(json.loads(exchange.body))
+        exchange.stream()
+        assert daemon.event("cancel").wait(20)
+        time.sleep(0.2)  # its answer read; the stream then breaks
+
+    def second(exchange: Exchange) -> None:
+        bodies.append(json.loads(exchange.body))
+        exchange.stream({"type": "exit", "code": 0, "signal": None})
+
+    daemon = FakeDaemon([first, second], {"cancel": cancel})
+
+    def term(proc: subprocess.Popen[bytes]) -> None:
+        assert daemon.event("attach-0").wait(20)
+        proc.send_signal(signal.SIGTERM)
+
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=env,
+                         cwd=directory, opt=fakes(directory), during=term)
+    finally:
+        daemon.close()
+    assert ran.returncode == 0, ran.stderr
+    return bodies
+
+
+def test_a_term_the_daemon_took_as_a_signal_is_not_carried_again(waiter: list[str], tmp_path: Path) -> None:
+    # After a daemon restart the next attach would have it delivered a second time.
+    env = {**ENV, "SLURM_RESTART_COUNT": "2"}
+    attach, cancel, again = _term_then_reattach(waiter, tmp_path, '{"cancelling": 42, "stops": false}', env)
+    assert (attach["cancel"], cancel, again["cancel"]) == (False, {"run": 2}, False)
+
+
+def test_a_term_that_stops_the_run_is_carried_until_an_attach_took_it(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    attach, cancel, again = _term_then_reattach(waiter, tmp_path, '{"cancelling": 42, "stops": true}', ENV)
+    assert (attach["cancel"], cancel, again["cancel"]) == (False, {"run": 0}, True)

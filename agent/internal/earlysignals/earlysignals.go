@@ -34,7 +34,7 @@ package earlysignals
 static int early_taken[EARLY_MAX];
 static int early_count;
 
-// HUP, INT, QUIT, USR1, USR2, ALRM, TERM: the forwarded ones and the two that stop the job.
+// HUP, INT, QUIT, USR1, USR2, ALRM, TERM: the forwarded ones and the TERM that may stop the job.
 static const int early_kept[] = {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGTERM};
 
 __attribute__((constructor)) static void take_pending_signals(void)

@@ -84,14 +84,72 @@ func (w *Waiter) SlurmSignalled(sig syscall.Signal) { w.steps.slurmSignalled(sig
 // ForwardSignal passes a signal on to the script in the pods.
 func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
 
-// RequestCancel tells the daemon slurmstepd sent the batch step SIGTERM: it deletes the pods if
-// Slurm shows the run over (the attach stream reports when they are gone), or else delivers the
-// TERM to the script as a signal.
+// RequestCancel tells the daemon slurmstepd sent the batch step SIGTERM, and which run this
+// waiter serves. The daemon answers at once (it has just read the job): it deletes the pods when
+// Slurm shows the run over, and the attach stream reports when they are gone ("stops": true);
+// else the TERM is the script's signal, delivered as any other ("stops": false), and no later
+// attach carries it again. Tried again a few times: a TERM that is only a signal is lost if no
+// daemon hears of it (one that stops the run is seen in Slurm all the same).
 func (w *Waiter) RequestCancel() {
 	w.cancelled.Store(true)
-	if err := w.post("cancel", []byte("{}"), 5*time.Second); err != nil {
-		Say("could not reach the bridge to cancel: " + describe(err))
+	body := w.cancelBody()
+	for attempt := 0; ; attempt++ {
+		answer, err := w.postRead("cancel", body, 5*time.Second)
+		if err == nil {
+			w.cancelAnswered(answer)
+			return
+		}
+		if attempt == 0 {
+			Say("could not reach the bridge to cancel: " + describe(err))
+		}
+		if status := daemonStatus(err); (status >= 400 && status < 500) || attempt >= cancelRetries {
+			return // the next attach carries it (refused: not a daemon's to take)
+		}
+		time.Sleep(reconnectDelay(attempt))
 	}
+}
+
+// cancelRetries is how often a cancel that found no daemon is tried again (a few seconds in all).
+const cancelRetries = 4
+
+// cancelBody names this waiter's run: a late TERM of a requeued run must not reach the next one.
+func (w *Waiter) cancelBody() []byte {
+	run := int64(0)
+	if value, ok := w.environment.Get("SLURM_RESTART_COUNT"); ok {
+		parsed, valid := pyInt(value.(string))
+		if !valid {
+			return []byte("{}")
+		}
+		run = parsed
+	}
+	return Dumps(Object{{"run", run}})
+}
+
+// cancelAnswered acts on the daemon's answer to a cancel: a TERM that stops the run comes back
+// from the pod's srun too (its echo, steps.go); one that is the script's signal is done with.
+func (w *Waiter) cancelAnswered(answer []byte) {
+	decoded, err := Loads(answer)
+	stops := true // a daemon older than the answer cancels
+	if object, ok := decoded.(Object); err == nil && ok {
+		if value, present := object.Get("stops"); present {
+			stops = value != false
+		}
+	}
+	if stops {
+		w.SlurmSignalled(syscall.SIGTERM)
+		return
+	}
+	w.cancelled.Store(false)
+}
+
+// postRead posts one action of the job and returns the answer's body.
+func (w *Waiter) postRead(action string, body []byte, timeout time.Duration) ([]byte, error) {
+	stream, err := w.client.Post(w.path(action), body, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	return io.ReadAll(stream.Reader)
 }
 
 // describe is str() of what the Python waiter would have raised.
@@ -142,7 +200,7 @@ func (w *Waiter) Run() int {
 	}
 }
 
-func (w *Waiter) attachBody(signals [][2]int64) []byte {
+func (w *Waiter) attachBody(signals [][2]int64, cancel bool) []byte {
 	pairs := make([]any, len(signals))
 	for i, pair := range signals {
 		pairs[i] = []any{pair[0], pair[1]}
@@ -159,7 +217,7 @@ func (w *Waiter) attachBody(signals [][2]int64) []byte {
 	if len(w.arguments) > 0 {
 		body = append(body, Field{"arguments", w.arguments})
 	}
-	return Dumps(append(body, Field{"last_log", w.lastLog}, Field{"cancel", w.cancelled.Load()},
+	return Dumps(append(body, Field{"last_log", w.lastLog}, Field{"cancel", cancel},
 		Field{"signals", pairs}))
 }
 
@@ -168,12 +226,16 @@ var errGarbled = errors.New("garbled event from the bridge")
 
 func (w *Waiter) attachOnce() (Object, error) {
 	signals := w.signals.forAttach()
-	stream, err := w.client.Post(w.path("attach"), w.attachBody(signals), streamTimeout)
+	carried := w.cancelled.Load()
+	stream, err := w.client.Post(w.path("attach"), w.attachBody(signals, carried), streamTimeout)
 	if err != nil {
 		return nil, err
 	}
 	defer stream.Close()
 	w.signals.takenWithAttach(signals)
+	if carried {
+		w.cancelled.Store(false) // the daemon took the TERM with the attach
+	}
 	for {
 		raw, err := stream.Reader.ReadBytes('\n')
 		if err == io.EOF {

@@ -78,7 +78,6 @@ func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []stri
 	waiter := NewWaiter(client, script, environment, workDir, arguments, ownCommand)
 	handle := func(sig os.Signal) {
 		number := sig.(syscall.Signal)
-		waiter.SlurmSignalled(number)
 		if number == syscall.SIGTERM {
 			// The daemon decides whether it stops the run (Slurm shows the job over: a cancel, the
 			// time limit, a requeue) or is the script's signal (`scancel -b -s TERM`). Silent, as
