@@ -127,8 +127,9 @@ class ApiFacade:
             return self.cancel_session(job_id)
         view = self.jobs.get(job_id)
         alloc = view.alloc if view is not None else None
-        # As attach_session: an inherited, stale SLURM_RESTART_COUNT can only be too big.
-        run = min(run, alloc.run) if alloc is not None else run
+        # Slurm sets SLURM_RESTART_COUNT for every run but the first: one beyond the job's run is
+        # inherited (from the environment sbatch ran in), and the waiter's run is the first.
+        run = 0 if alloc is not None and run > alloc.run else run
         session = self.sessions.get(job_id, run)
         if session is None and alloc is not None and alloc.run == run and alloc.state == "RUNNING" \
                 and not over(alloc):

@@ -368,8 +368,8 @@ class Api:
         except ValueError as error:
             raise web.HTTPBadRequest(text=str(error)) from None
         decision = self.reconciler.term_from_slurm(job_id, body.run)
-        if decision is not None:
-            self.enqueue(job_id)
+        # Always: identify recorded the new state, and the poller's next listing may see no change.
+        self.enqueue(job_id)
         log.info("cancel.requested", job_id=job_id, run=body.run, decision=decision)
         return web.json_response({"cancelling": job_id, "stops": decision != "signal"})
 

@@ -97,6 +97,14 @@ def test_a_stale_restart_count_is_taken_for_the_current_run() -> None:
     assert session.signals.pending == [15]
 
 
+def test_an_inherited_restart_count_of_a_requeued_first_run_is_that_run() -> None:
+    # Run 0 inherited SLURM_RESTART_COUNT=5 from where sbatch ran; the job was requeued (run 1).
+    reconciler, kube = _reconciler("PENDING", run=1)
+    first = reconciler.sessions.open(42, 0)
+    assert asyncio.run(_terms(reconciler, run=5)) == ["stop"]
+    assert first.cancel_requested and kube.execs == [("slurm-42-0", STOP)]
+
+
 def test_a_term_with_no_run_of_the_job_to_act_on_is_none() -> None:
     reconciler, _ = _reconciler("CANCELLED")
     assert asyncio.run(_terms(reconciler)) == [None]

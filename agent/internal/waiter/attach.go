@@ -109,8 +109,9 @@ func (w *Waiter) RequestCancel() {
 	}
 }
 
-// cancelRetries is how often a cancel that found no daemon is tried again (a few seconds in all).
-const cancelRetries = 4
+// cancelRetries is how often a cancel that found no daemon is tried again (a few seconds in all:
+// other signals wait meanwhile).
+const cancelRetries = 2
 
 // cancelBody names this waiter's run: a late TERM of a requeued run must not reach the next one.
 func (w *Waiter) cancelBody() []byte {
