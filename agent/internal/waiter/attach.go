@@ -117,7 +117,8 @@ const cancelRetries = 2
 func (w *Waiter) cancelBody() []byte {
 	run := int64(0)
 	if value, ok := w.environment.Get("SLURM_RESTART_COUNT"); ok {
-		parsed, valid := pyInt(value.(string))
+		text, _ := value.(string) // the job's environment holds text; anything else names no run
+		parsed, valid := pyInt(text)
 		if !valid {
 			return []byte("{}")
 		}
