@@ -494,6 +494,12 @@ func sendSignal(pidfile, sig string, group bool) {
 	if err != nil {
 		failWith(exitNotStarted, "the script has not started: "+err.Error())
 	}
+	if !group && filepath.Base(pidfile) != runAgentPidfile {
+		waitForScriptToSettle(pidfile)
+		if raw, err = os.ReadFile(pidfile); err != nil {
+			failWith(exitNotStarted, "the script has not started: "+err.Error())
+		}
+	}
 	pid, err := strconv.Atoi(string(trimSpace(raw)))
 	if err != nil || pid <= 1 {
 		fail("bad pid file " + pidfile)
@@ -508,6 +514,30 @@ func sendSignal(pidfile, sig string, group bool) {
 		}
 		fail(fmt.Sprintf("cannot signal %d: %v", pid, err))
 	}
+}
+
+// scriptSettle is how long a batch script has run before a signal for it is sent: time for its
+// first lines, its traps, to run (natively the script has run since the job started, and a
+// signal that comes in its first instant may beat its trap there too).
+const scriptSettle = time.Second
+
+// waitForScriptToSettle sleeps until the script whose pid file this is has run scriptSettle,
+// counted from the file's writing, right after the script's start (run). The daemon counts from
+// the container's start, which the API gives to the second, and the agent may start the script a
+// while after: under load (CI) a USR1 sent 1 s after the container's start beat a script's trap.
+func waitForScriptToSettle(pidfile string) {
+	if info, err := os.Stat(pidfile); err == nil {
+		time.Sleep(settleWait(info.ModTime(), time.Now()))
+	}
+}
+
+// settleWait is what is left of scriptSettle for a script whose pid file was written at written.
+func settleWait(written, now time.Time) time.Duration {
+	age := now.Sub(written)
+	if age < 0 || age >= scriptSettle {
+		return 0 // settled, or a clock that went back: no wait on a time that cannot be trusted
+	}
+	return scriptSettle - age
 }
 
 func trimSpace(b []byte) []byte {

@@ -30,7 +30,9 @@ log = structlog.get_logger(__name__)
 
 SIGNAL_AFTER_START_S = 1.0
 """A signal for a script that is not running yet is delivered this long after it started (time
-for its first lines, its traps, to run: natively the script has run since the job started)."""
+for its first lines, its traps, to run: natively the script has run since the job started). The
+container's start time has whole seconds only, and the agent starts the script a while after: the
+agent's `signal` counts the second again from the script's own start (agent/main.go)."""
 SIGNAL_RETRY_MAX_S = 10.0
 """The longest wait between two tries of a signal whose exec failed."""
 NOT_STARTING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",

@@ -330,6 +330,26 @@ def test_signal_reaches_the_scripts_usr1_trap(agent: Path, tmp_path: Path) -> No
     assert stream(out, "o") == b"got USR1\n"
 
 
+def test_a_signal_for_a_script_that_has_just_started_waits_until_it_has_run_a_second(
+    agent: Path, tmp_path: Path
+) -> None:
+    """The daemon counts a script's first second from its container's start (to the second, in
+    the API), and a script may set its trap a while into its run: sent at once, a USR1 killed it
+    (CI: an array task FAILED 0:10). Sent the moment its pid file appears, the signal waits until
+    the script has run a second, and finds the trap it set after half of one."""
+    pidfile = tmp_path / "script.pid"
+    script = "sleep 0.5; trap 'echo got USR1; exit 5' USR1; while :; do sleep 0.05; done"
+    with started(agent, tmp_path, script) as proc:
+        wait_for(pidfile.exists, "the script's pid file")
+        sent = subprocess.run([str(agent), "signal", str(pidfile), str(int(signal.SIGUSR1))],
+                              capture_output=True, timeout=30, check=False)
+        out, err = proc.communicate(timeout=10)
+
+    assert sent.returncode == 0, sent.stderr
+    assert proc.returncode == 5, f"the script died of the signal before its trap: {proc.returncode} {err!r}"
+    assert stream(out, "o") == b"got USR1\n"
+
+
 def test_a_signal_for_a_task_that_is_still_starting_waits_for_its_pid_file(
     agent: Path, tmp_path: Path
 ) -> None:

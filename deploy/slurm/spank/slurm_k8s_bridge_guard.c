@@ -633,23 +633,43 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return rc;
 }
 
-/* The waiter's first act is to set its handlers and unblock these (agent/internal/earlysignals,
- * its constructor runs before the Go runtime); the mask set here, in the task just before its exec, survives the exec. */
-int slurm_spank_task_init(spank_t sp, int ac, char **av)
+/* The signals Slurm sends a batch script or a task, held (blocked) for the waiter's start: its first
+ * act is to take the pending ones and set its handlers (agent/internal/earlysignals, whose
+ * constructor runs before the Go runtime). A mask survives exec. Not TERM or INT: the site's
+ * TaskProlog, which runs after slurm_spank_task_init, inherits the mask. */
+static void hold_early_signals(void)
 {
-	/* Not TERM or INT: the site's TaskProlog, which runs after this hook, inherits the mask. */
 	static const int held_signals[] = {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
 	sigset_t held;
 
-	(void) ac;
-	(void) av;
-	if (spank_remote(sp) != 1 || !batch_of_bridged_job)
-		return 0;
 	sigemptyset(&held);
 	for (size_t i = 0; i < sizeof(held_signals) / sizeof(held_signals[0]); i++)
 		sigaddset(&held, held_signals[i]);
 	if (sigprocmask(SIG_BLOCK, &held, NULL) != 0)
 		slurm_error("slurm-k8s-bridge: cannot hold signals for the waiter's start: %m");
+}
+
+/* Runs in the task's process as soon as slurmstepd has forked it, before the task waits for
+ * slurmstepd's go-ahead. slurmstepd marks the step running (and takes `scancel -s USR1 --batch`,
+ * `--signal=B:...`) once it has released its tasks; a task released but not yet at
+ * slurm_spank_task_init died of such a signal by its default action (CI: an array task FAILED
+ * 0:10 with the signal sent the moment it ran). Held here, no signal can come first. */
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+	(void) ac;
+	(void) av;
+	if (spank_remote(sp) == 1 && batch_of_bridged_job)
+		hold_early_signals();
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void) ac;
+	(void) av;
+	if (spank_remote(sp) != 1 || !batch_of_bridged_job)
+		return 0;
+	hold_early_signals(); /* again: a slurmstepd that skipped the privileged hook */
 	/* Before the task prologs, which slurmstepd runs after this hook: they never run either. */
 	if (user_step_of_bridged_job)
 		return exec_user_step_proxy(sp);
