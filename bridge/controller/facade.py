@@ -141,6 +141,7 @@ class ApiFacade:
         view = self.jobs.get(session.job_id)
         alloc = view.alloc if view is not None else None
         if (workloads is not None and workloads.owns(session.job_id, alloc)) or self._run_over(session):
+            session.tell_stopping()
             if not session.cancel_requested:  # the first word of the stop
                 session.request_cancel()
                 self._spawn(self._stop_script_once_answered(session))

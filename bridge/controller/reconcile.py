@@ -338,6 +338,8 @@ class Reconciler(ApiFacade):
         """A run is over in Slurm, or its waiter asked to stop: remove its pods; once they are gone,
         tell the waiter, and end the session if Slurm shows the run over."""
         cancelled = session is not None and session.cancel_requested
+        if session is not None and pods:
+            session.tell_stopping()  # before the pods get their TERM
         # The pods' own grace (termination_grace_s), as slurmstepd gives a step KillWait between
         # SIGTERM and SIGKILL: a script's TERM trap gets to clean up.
         grace = None

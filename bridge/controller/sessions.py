@@ -24,6 +24,8 @@ from bridge.controller.steps import StepBook
 from bridge.core.model import JobPayload
 
 Event = dict[str, Any]
+STOPPING: Event = {"type": "stopping"}
+"""The run stops because Slurm ends it (JobSession.tell_stopping)."""
 MAX_QUEUED_OUTPUT = 256
 """Output events (each at most one 16 KB frame) a waiter may have unread before the log relays
 wait for it: a waiter that writes slowly (a busy filesystem) holds its relays, whose lines wait
@@ -68,6 +70,8 @@ class JobSession:
     """Slurm's restart count of the run this session serves (JobAllocation.run)."""
     payload: JobPayload | None = None
     cancel_requested: bool = False
+    stopping: bool = False
+    """The waiter was told the run stops (tell_stopping)."""
     listener: EventQueue | None = None
     attached_at: float = 0.0
     """When the waiter last attached (monotonic): the attach → pod latency starts there."""
@@ -103,6 +107,8 @@ class JobSession:
         self.attached_at = time.monotonic()
         self.logs.restart(last_log)
         self.listener = EventQueue()
+        if self.stopping:
+            self.listener.put_nowait(STOPPING)
         if self.final is not None:
             self.listener.put_nowait(self.final)
         return self.listener
@@ -111,6 +117,19 @@ class JobSession:
         """The run is to stop (its waiter's TERM, and Slurm shows it over): the reconciler stops
         its pods."""
         self.cancel_requested = True
+
+    def tell_stopping(self) -> None:
+        """Tell the waiter, once, that the run stops because Slurm ends it: slurmstepd sends every
+        process of the batch step its TERM, the sruns the waiter runs for the script's steps too,
+        and the stop's TERM to the script's process group in the pod reaches the pod's srun of each
+        step, which passes it back. The waiter takes that one for the stop's, whenever it comes:
+        before slurmstepd's own (the daemon saw the run over first) or seconds after it (a slow
+        stop under load). Passed on, it was a second TERM for Slurm's srun (CI: "srun: forcing job
+        termination" twice after a requeue, once natively). Sent on the stream that carries the
+        pod's srun signals, before the stop acts: the waiter reads it first."""
+        if not self.stopping:
+            self.stopping = True
+            self.publish(STOPPING)
 
     def detach(self, queue: asyncio.Queue[Event] | None = None) -> None:
         if queue is not None and queue is not self.listener:

@@ -17,7 +17,7 @@ from bridge.controller.reconcile import Reconciler
 from bridge.core import agent_protocol, wellknown
 from bridge.core.pod_identity import pod_name
 
-from .builders import NoSlurmJobs, RecordedExecs, allocation, config, payload
+from .builders import NoSlurmJobs, RecordedExecs, RecordingKube, allocation, config, payload
 
 STOP = agent_protocol.signal_command(wellknown.AGENT_RUN_PIDFILE, 15)
 
@@ -137,3 +137,60 @@ def test_a_waiter_that_attaches_with_an_unanswered_term_gets_the_same_decision()
 
     assert asyncio.run(scenario("RUNNING")) == ([15], False)
     assert asyncio.run(scenario("CANCELLED")) == ([], True)
+
+
+def _drained(queue: asyncio.Queue[dict[str, Any]]) -> list[dict[str, Any]]:
+    events = []
+    while not queue.empty():
+        events.append(queue.get_nowait())
+    return events
+
+
+def test_a_term_that_stops_tells_the_waiter_the_run_stops_before_the_stop_acts() -> None:
+    # The stop's TERM reaches the pod's srun, which passes it back: the waiter must know it for
+    # the stop's echo, or Slurm's srun, which slurmstepd TERMs too, gets a second one.
+    reconciler, kube = _reconciler("CANCELLED")
+    session = reconciler.sessions.open(42, 0)
+    listener = session.attach({})
+
+    async def stopped() -> list[dict[str, Any]]:
+        reconciler.term_from_slurm(42, 0)
+        told_before_the_stop = _drained(listener)
+        assert kube.execs == [], "the stop acted before the waiter was told"
+        reconciler.term_from_slurm(42, 0)
+        await asyncio.sleep(0.05)
+        return told_before_the_stop + _drained(listener)
+
+    assert asyncio.run(stopped()) == [{"type": "stopping"}], "told once, before the stop"
+    assert kube.execs == [("slurm-42-0", STOP)]
+    assert _drained(session.attach({})) == [{"type": "stopping"}], "told again at the next attach"
+
+
+def test_a_term_that_only_signals_tells_the_waiter_nothing_of_a_stop() -> None:
+    reconciler, _ = _reconciler("RUNNING")
+    session = reconciler.sessions.open(42, 0)
+    listener = session.attach({})
+    assert asyncio.run(_terms(reconciler)) == ["signal"]
+    assert {"type": "stopping"} not in _drained(listener)
+
+
+def test_a_run_slurm_requeued_tells_its_waiter_the_run_stops_before_its_pods_are_deleted() -> None:
+    # The daemon may see the requeue before slurmstepd's TERM reaches the batch step: the pods'
+    # TERM, and the pod's srun's echo of it, come first.
+    cache = PodCache()
+    cache.apply("ADDED", _pod(0))
+    kube = RecordingKube(cache)
+    reconciler = Reconciler(config(), NoSlurmJobs(), kube, cache, Metrics(), lambda _: None)  # type: ignore[arg-type]
+    reconciler.jobs.record(allocation(state="PENDING", run=1))
+    listener = reconciler.sessions.open(42, 0).attach({})
+    told_at_deletion: list[list[dict[str, Any]]] = []
+    delete = kube.delete_pod
+
+    async def delete_seeing_the_waiters_events(name: str, grace_seconds: int | None = None) -> bool:
+        told_at_deletion.append(_drained(listener))
+        return await delete(name, grace_seconds)
+
+    kube.delete_pod = delete_seeing_the_waiters_events  # type: ignore[method-assign]
+    asyncio.run(reconciler.reconcile(42))
+    assert kube.deleted == ["slurm-42-0"]
+    assert told_at_deletion == [[{"type": "stopping"}]]

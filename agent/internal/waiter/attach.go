@@ -318,6 +318,9 @@ func (w *Waiter) handle(event Object) (bool, error) {
 		key, _ := event.Get("key")
 		sig, _ := event.Get("signal")
 		w.steps.signal(pyStr(key), sig)
+	case "stopping":
+		w.steps.runStopping()
+		return false, nil
 	case "signal-done":
 		sig, _ := event.Get("signal")
 		seq, _ := event.Get("seq")

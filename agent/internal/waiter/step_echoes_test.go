@@ -31,3 +31,29 @@ func TestASignalTheScriptPassesToItsSrunIsNotTakenForAnEcho(t *testing.T) {
 		t.Fatal("the script's own USR1 to its srun was dropped")
 	}
 }
+
+// The daemon saw the run over (a requeue) and stopped the pods before slurmstepd's TERM reached
+// the batch step, or the stop took longer than the echo window under load: the pod's srun passes
+// the stop's TERM back all the same. Once told the run stops, the waiter takes each step's first
+// TERM from the pod for that echo, whenever it comes (CI: Slurm's srun said "forcing job
+// termination" twice after a requeue, natively once).
+func TestTheStopsTermFromThePodIsAnEchoWheneverItComes(t *testing.T) {
+	steps := newScriptSteps(nil, nil, nil)
+	waiter := &Waiter{steps: steps}
+	if done, err := waiter.handle(Object{{"type", "stopping"}}); done || err != nil {
+		t.Fatalf("the stopping event ends nothing: %v %v", done, err)
+	}
+	if !steps.recentlyFromSlurm(syscall.SIGTERM) {
+		t.Fatal("a step whose srun in the pod is gone must not be sent a TERM of its own: slurmstepd's comes")
+	}
+	if !steps.signalBack("1", syscall.SIGTERM) || !steps.signalBack("2", syscall.SIGTERM) {
+		t.Fatal("each step's srun passes the stop's TERM back once: not passed on")
+	}
+	if steps.signalBack("1", syscall.SIGTERM) || steps.signalBack("2", syscall.SIGUSR1) {
+		t.Fatal("a second TERM, or another signal, is the script's own: passed on")
+	}
+	steps.slurmSignalled(syscall.SIGTERM)
+	if steps.signalBack("1", syscall.SIGTERM) {
+		t.Fatal("slurmstepd's TERM after the stop's echo: the step's srun passed that TERM back once only")
+	}
+}

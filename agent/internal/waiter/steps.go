@@ -122,6 +122,10 @@ type scriptSteps struct {
 	// srun in the pod has passed back already (signalBack).
 	fromSlurm  map[syscall.Signal]time.Time
 	passedBack map[string]time.Time
+	// stopping: the daemon said the run stops because Slurm ends it (runStopping); stopEchoes,
+	// the steps whose srun in the pod has passed that stop's TERM back.
+	stopping   bool
+	stopEchoes map[string]bool
 }
 
 // echoWindow is how long after slurmstepd signalled the batch step the same signal from the
@@ -130,7 +134,8 @@ const echoWindow = 3 * time.Second
 
 func newScriptSteps(client *Client, ownCommand []string, post postAction) *scriptSteps {
 	return &scriptSteps{client: client, ownCommand: ownCommand, post: post, started: map[string]bool{},
-		sruns: map[string]*exec.Cmd{}, fromSlurm: map[syscall.Signal]time.Time{}, passedBack: map[string]time.Time{}}
+		sruns: map[string]*exec.Cmd{}, fromSlurm: map[syscall.Signal]time.Time{}, passedBack: map[string]time.Time{},
+		stopEchoes: map[string]bool{}}
 }
 
 // slurmSignalled: slurmstepd sent the batch step sig. A TERM may stop the run (cli.go):
@@ -146,12 +151,23 @@ func (s *scriptSteps) slurmSignalled(sig syscall.Signal) {
 	s.mu.Unlock()
 }
 
-// recentlyFromSlurm: slurmstepd sent the batch step sig within the echo window.
+// runStopping: the run stops because Slurm ends it. slurmstepd sends every process of the batch
+// step its TERM, each srun the waiter runs too, whether it has yet or not; the stop's TERM to the
+// script's process group in the pod reaches each step's srun there, which passes it back. That
+// one is the stop's, however long the stop takes, and before or after slurmstepd's own.
+func (s *scriptSteps) runStopping() {
+	s.mu.Lock()
+	s.stopping = true
+	s.mu.Unlock()
+}
+
+// recentlyFromSlurm: slurmstepd sent the batch step sig within the echo window, or, for TERM, the
+// run stops (Slurm's srun gets slurmstepd's TERM).
 func (s *scriptSteps) recentlyFromSlurm(sig syscall.Signal) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, recent := s.fromSlurmWithin(sig)
-	return recent
+	return recent || (sig == syscall.SIGTERM && s.stopping)
 }
 
 // fromSlurmWithin is when slurmstepd last sent sig, and whether that is within the echo window
@@ -167,6 +183,12 @@ func (s *scriptSteps) fromSlurmWithin(sig syscall.Signal) (time.Time, bool) {
 func (s *scriptSteps) signalBack(key string, sig syscall.Signal) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if sig == syscall.SIGTERM && s.stopping {
+		// Each step's srun passes the stop's TERM back once; a second is the script's own.
+		echo := !s.stopEchoes[key]
+		s.stopEchoes[key] = true
+		return echo
+	}
 	at, recent := s.fromSlurmWithin(sig)
 	if !recent {
 		return false
