@@ -169,7 +169,10 @@ async def test_cancel_gives_the_pods_their_grace_then_tells_the_waiter_once_they
     # None: the pod's own terminationGracePeriodSeconds (termination_grace_s), like KillWait; a
     # script's TERM trap gets that long to clean up.
     assert {grace for _, grace in kube.deleted} == {None}
-    assert queue.empty(), "the waiter must not leave while pods still run"
+    told = []
+    while not queue.empty():
+        told.append(queue.get_nowait()["type"])
+    assert told == ["stopping"], "the waiter must not leave while pods still run, only hear they stop"
     for manifest in kube.created:
         cache.apply("DELETED", _pod(manifest))
     await reconciler.reconcile(42)
