@@ -111,16 +111,17 @@ class ApiFacade:
             return self.sessions.open(job_id, alloc.run)
         return None
 
-    def term_from_slurm(self, job_id: int, run: int | None = None) -> str | None:
+    def term_from_slurm(self, job_id: int, run: int | None = None, take_signal: bool = True) -> str | None:
         """slurmstepd sent the batch step of run `run` (None: the job's newest session's) SIGTERM.
         It does so when the run ends (scancel, the time limit, a requeue, a preemption), and
         then Slurm shows the run over before it signals anything; and for a mere signal
         (`scancel -s TERM -b`, `--signal=B:TERM@T`), when the job goes on and a script that traps
         TERM keeps running. The store's view is fresh: the request's identify has just read the
         job. "stop": the run's pods are stopped; "signal": the TERM is the script's, delivered as
-        any other; None: no run of the job to act on."""
+        any other (kept here when `take_signal`; else the waiter sends it, numbered, as it does
+        every other); None: no run of the job to act on."""
         session = self._term_session(job_id, run)
-        return None if session is None else self._decide_term(session)
+        return None if session is None else self._decide_term(session, take_signal)
 
     def _term_session(self, job_id: int, run: int | None) -> JobSession | None:
         if run is None:
@@ -136,7 +137,7 @@ class ApiFacade:
             session = self.sessions.open(job_id, run)
         return session
 
-    def _decide_term(self, session: JobSession) -> str:
+    def _decide_term(self, session: JobSession, take_signal: bool = True) -> str:
         workloads = self.workloads
         view = self.jobs.get(session.job_id)
         alloc = view.alloc if view is not None else None
@@ -147,7 +148,8 @@ class ApiFacade:
                 self._spawn(self._stop_script_once_answered(session))
             return "stop"
         log.info("term.is_a_signal", job_id=session.job_id, run=session.run)
-        self.batch_signals.take(session, int(signal.SIGTERM))
+        if take_signal:
+            self.batch_signals.take(session, int(signal.SIGTERM))
         return "signal"
 
     def _run_over(self, session: JobSession) -> bool:

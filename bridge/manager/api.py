@@ -50,7 +50,10 @@ HEARTBEAT_S = 10.0
 """Attach streams carry a heartbeat this often (the waiter's read timeout is 45 s)."""
 HEARTBEAT = {"type": "heartbeat"}
 FORWARDED_SIGNALS = frozenset(int(s) for s in FORWARDED)
-"""What a waiter may ask to pass on to its script: what it forwards itself (its TERM is a cancel)."""
+"""What a waiter forwards to its script from the start (its TERM goes to /cancel first)."""
+BATCH_SIGNALS = FORWARDED_SIGNALS | {int(signal.SIGTERM)}
+"""What /signal and an attach take for the batch script: the forwarded signals, and a TERM the
+daemon answered is only the script's signal (the waiter then numbers and keeps it as any other)."""
 MAX_SIGNALS_PER_ATTACH = 64
 """A waiter keeps the signals the daemon has not taken; more than this many is not a waiter's."""
 STREAM_HEADER_TIMEOUT_S = 30.0
@@ -184,7 +187,7 @@ class Api:
             body = parse(SignalBody, raw)
             signum, seq = _batch_signal(body.signal, body.seq)
         except ValueError:
-            raise web.HTTPBadRequest(text=f"signal must be one of {sorted(FORWARDED_SIGNALS)}, "
+            raise web.HTTPBadRequest(text=f"signal must be one of {sorted(BATCH_SIGNALS)}, "
                                           "seq a positive integer") from None
         # The current run's session (identify just read the job).
         wake = self.reconciler.signal_batch_script(job_id, signum, seq)
@@ -367,11 +370,16 @@ class Api:
             body = parse(CancelBody, raw or b"{}")
         except ValueError as error:
             raise web.HTTPBadRequest(text=str(error)) from None
-        decision = self.reconciler.term_from_slurm(job_id, body.run)
+        # A waiter that `forwards` a TERM that is only a signal sends it through /signal itself,
+        # numbered and kept until delivered (a daemon restart or a retried cancel neither loses
+        # nor doubles it); an older waiter's is taken here.
+        decision = self.reconciler.term_from_slurm(job_id, body.run, take_signal=not body.forwards)
         # Always: identify recorded the new state, and the poller's next listing may see no change.
         self.enqueue(job_id)
         log.info("cancel.requested", job_id=job_id, run=body.run, decision=decision)
-        return web.json_response({"cancelling": job_id, "stops": decision != "signal"})
+        signal_only = decision == "signal"
+        return web.json_response({"cancelling": job_id, "stops": not signal_only,
+                                  "forward": signal_only and body.forwards})
 
 
 def _either(first: asyncio.Future[Any], second: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
@@ -382,7 +390,7 @@ def _either(first: asyncio.Future[Any], second: asyncio.Future[Any]) -> set[asyn
 def _batch_signal(signum: int, seq: int | None) -> tuple[int, int | None]:
     """A signal for the batch script and the waiter's sequence number for it (None from a waiter
     older than sequence numbers); ValueError when either is not one."""
-    if not isinstance(signum, int) or isinstance(signum, bool) or signum not in FORWARDED_SIGNALS:
+    if not isinstance(signum, int) or isinstance(signum, bool) or signum not in BATCH_SIGNALS:
         raise ValueError(f"not a forwarded signal: {signum!r}")
     if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or seq < 1):
         raise ValueError(f"not a sequence number: {seq!r}")

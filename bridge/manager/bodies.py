@@ -68,6 +68,9 @@ class CancelBody(_Body):
     (SLURM_RESTART_COUNT; absent from waiters older than it)."""
 
     run: int | None = None
+    forwards: bool = False
+    """The waiter passes a TERM that is only a signal on through /signal itself (the answer's
+    `forward`); absent from older waiters, whose TERM the daemon takes with the cancel."""
 
 
 class StepDoneBody(_Body):

@@ -9,13 +9,19 @@ any other batch signal."""
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.clients.kube.cache import PodCache
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.core import agent_protocol, wellknown
 from bridge.core.pod_identity import pod_name
+from bridge.core.waiter_protocol import request_digest
+from bridge.manager.api import Api
 
 from .builders import NoSlurmJobs, RecordedExecs, RecordingKube, allocation, config, payload
 
@@ -194,3 +200,45 @@ def test_a_run_slurm_requeued_tells_its_waiter_the_run_stops_before_its_pods_are
     asyncio.run(reconciler.reconcile(42))
     assert kube.deleted == ["slurm-42-0"]
     assert told_at_deletion == [[{"type": "stopping"}]]
+
+
+def test_a_waiter_that_forwards_its_term_is_asked_to_and_the_daemon_keeps_none(tmp_path: Path) -> None:
+    """The compiled waiter says it `forwards` a TERM that is only a signal: the daemon keeps none
+    (the waiter sends it numbered through /signal, which takes TERM); an older waiter's is kept."""
+    unmunge = tmp_path / "unmunge.py"
+    unmunge.write_text(UNMUNGE_AS_ALICE)
+
+    class RunningJob:
+        async def job(self, job_id: int) -> Any:
+            return allocation(job_id=job_id)
+
+    async def cancels() -> list[tuple[Any, list[int]]]:
+        seen = []
+        for body in (b'{"run": 0, "forwards": true}', b'{"run": 0}'):
+            reconciler = Reconciler(config(), RunningJob(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
+            api = Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(unmunge)))
+            async with TestClient(TestServer(api.app())) as client:
+                answer = await _signed_post(client, "/v1/jobs/42/cancel", body)
+                session = reconciler.sessions.get(42, 0)
+                assert session is not None
+                seen.append((await answer.json(), list(session.signals.pending)))
+                term = await _signed_post(client, "/v1/jobs/42/signal", b'{"signal": 15, "seq": 1}')
+                assert term.status != 400, await term.text()
+                other = await _signed_post(client, "/v1/jobs/42/signal", b'{"signal": 9, "seq": 2}')
+                assert other.status == 400, "only the batch signals"
+        return seen
+
+    assert asyncio.run(cancels()) == [
+        ({"cancelling": 42, "stops": False, "forward": True}, []),
+        ({"cancelling": 42, "stops": False, "forward": False}, [15]),
+    ]
+
+
+UNMUNGE_AS_ALICE = ("import sys\n"
+                    "sys.stdout.write('UID: alice (1000)\\nGID: users (100)\\n\\n' + sys.stdin.read())\n")
+"""An unmunge stand-in: the credential is its own payload, decoded as alice's."""
+
+
+async def _signed_post(client: TestClient[Any, Any], path: str, body: bytes) -> Any:
+    credential = request_digest("POST", path, 42, body)
+    return await client.post(path, data=body, headers={"X-Munge-Credential": credential})

@@ -98,7 +98,7 @@ def test_a_signal_pending_at_the_start_is_acted_on(
     carried = [[seq, signum] for seq, signum in enumerate(forwarded, 1)]
     expected = [*(("/v1/jobs/42/signal", json.dumps({"signal": signum, "seq": seq}).encode())
                   for seq, signum in carried),
-                *([("/v1/jobs/42/cancel", b'{"run": 0}')] if cancelled else [])]
+                *([("/v1/jobs/42/cancel", b'{"run": 0, "forwards": true}')] if cancelled else [])]
     assert ran.requests[:-1] == expected
     path, body = ran.requests[-1]
     attach = json.loads(body)
@@ -139,7 +139,7 @@ def test_each_term_while_attached_reaches_the_daemon(waiter: list[str], tmp_path
     finally:
         daemon.close()
     assert (ran.returncode, ran.stderr) == (0, b"")
-    assert cancels == [b'{"run": 0}', b'{"run": 0}']
+    assert cancels == [b'{"run": 0, "forwards": true}'] * 2
 
 
 def _term_then_reattach(
@@ -184,11 +184,65 @@ def test_a_term_the_daemon_took_as_a_signal_is_not_carried_again(waiter: list[st
     # After a daemon restart the next attach would have it delivered a second time.
     env = {**ENV, "SLURM_RESTART_COUNT": "2"}
     attach, cancel, again = _term_then_reattach(waiter, tmp_path, '{"cancelling": 42, "stops": false}', env)
-    assert (attach["cancel"], cancel, again["cancel"]) == (False, {"run": 2}, False)
+    assert (attach["cancel"], cancel, again["cancel"]) == (False, {"run": 2, "forwards": True}, False)
 
 
 def test_a_term_that_stops_the_run_is_carried_until_an_attach_took_it(
     waiter: list[str], tmp_path: Path,
 ) -> None:
     attach, cancel, again = _term_then_reattach(waiter, tmp_path, '{"cancelling": 42, "stops": true}', ENV)
-    assert (attach["cancel"], cancel, again["cancel"]) == (False, {"run": 0}, True)
+    assert (attach["cancel"], cancel, again["cancel"]) == (False, {"run": 0, "forwards": True}, True)
+
+
+def test_a_term_that_is_only_a_signal_is_forwarded_numbered_and_kept_until_delivered(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    """The daemon answers that the TERM is the script's signal and asks the waiter to forward it:
+    the waiter sends it as it sends USR1, numbered, and keeps it until the daemon reports it
+    delivered. A daemon that restarts before delivering it gets it again with the next attach
+    (it took it with the cancel and held it unnumbered: lost to a restart, doubled by a retry)."""
+    directory = tmp_path / "submit"
+    directory.mkdir()
+    signals: list[dict[str, object]] = []
+    attaches: list[dict[str, object]] = []
+
+    def cancel(exchange: Exchange) -> None:
+        exchange.answer(200, '{"cancelling": 42, "stops": false, "forward": true}')
+
+    def taken(exchange: Exchange) -> None:
+        signals.append(json.loads(exchange.body))
+        exchange.answer(200, '{"taken": true}')
+
+    def first(exchange: Exchange) -> None:
+        attaches.append(json.loads(exchange.body))
+        exchange.stream()
+        assert daemon.event("signal").wait(20), "the TERM was not forwarded"
+        time.sleep(0.2)  # the daemon restarts before it delivered the TERM: the stream breaks
+
+    def second(exchange: Exchange) -> None:
+        attaches.append(json.loads(exchange.body))
+        exchange.stream({"type": "signal-done", "signal": 15, "seq": 1},
+                        {"type": "exit", "code": 0, "signal": None})
+
+    daemon = FakeDaemon([first, second], {"cancel": cancel, "signal": taken})
+
+    def term(proc: subprocess.Popen[bytes]) -> None:
+        assert daemon.event("attach-0").wait(20)
+        proc.send_signal(signal.SIGTERM)
+
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=ENV,
+                         cwd=directory, opt=fakes(directory), during=term)
+    finally:
+        daemon.close()
+    assert ran.returncode == 0, ran.stderr
+    assert signals == [{"signal": 15, "seq": 1}]
+    assert [(a["cancel"], a["signals"]) for a in attaches] == [(False, []), (False, [[1, 15]])]
+
+
+def test_a_term_an_older_daemon_took_with_the_cancel_is_not_forwarded(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    # Its answer has no "forward": it delivers the TERM itself, and a forwarded one would be a second.
+    attach, _, again = _term_then_reattach(waiter, tmp_path, '{"cancelling": 42, "stops": false}', ENV)
+    assert (attach["signals"], again["signals"]) == ([], [])

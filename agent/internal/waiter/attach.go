@@ -87,9 +87,10 @@ func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
 // RequestCancel tells the daemon slurmstepd sent the batch step SIGTERM, and which run this
 // waiter serves. The daemon answers at once (it has just read the job): it deletes the pods when
 // Slurm shows the run over, and the attach stream reports when they are gone ("stops": true);
-// else the TERM is the script's signal, delivered as any other ("stops": false), and no later
-// attach carries it again. Tried again a few times: a TERM that is only a signal is lost if no
-// daemon hears of it (one that stops the run is seen in Slurm all the same).
+// else the TERM is the script's signal ("stops": false), which the waiter forwards as any other
+// (cancelAnswered), and no later attach carries the cancel again. Tried again a few times: a TERM
+// that is only a signal is lost if no daemon hears of it (one that stops the run is seen in Slurm
+// all the same).
 func (w *Waiter) RequestCancel() {
 	w.cancelled.Store(true)
 	body := w.cancelBody()
@@ -124,17 +125,22 @@ func (w *Waiter) cancelBody() []byte {
 		}
 		run = parsed
 	}
-	return Dumps(Object{{"run", run}})
+	return Dumps(Object{{"run", run}, {"forwards", true}})
 }
 
 // cancelAnswered acts on the daemon's answer to a cancel: a TERM that stops the run comes back
-// from the pod's srun too (its echo, steps.go); one that is the script's signal is done with.
+// from the pod's srun too (its echo, steps.go). One that is the script's signal goes on to the
+// script as the forwarded signals do, numbered and kept until the daemon reports it delivered
+// ("forward"; a daemon older than that took it with the cancel).
 func (w *Waiter) cancelAnswered(answer []byte) {
 	decoded, err := Loads(answer)
-	stops := true // a daemon older than the answer cancels
+	stops, forward := true, false // a daemon older than the answer cancels
 	if object, ok := decoded.(Object); err == nil && ok {
 		if value, present := object.Get("stops"); present {
 			stops = value != false
+		}
+		if value, present := object.Get("forward"); present {
+			forward = value == true
 		}
 	}
 	if stops {
@@ -142,6 +148,9 @@ func (w *Waiter) cancelAnswered(answer []byte) {
 		return
 	}
 	w.cancelled.Store(false)
+	if forward {
+		w.ForwardSignal(syscall.SIGTERM)
+	}
 }
 
 // postRead posts one action of the job and returns the answer's body.
