@@ -12,17 +12,21 @@ import pytest
 
 from tests.e2e.sandbox import Sandbox, wait_until, write_script
 
-pytestmark = [pytest.mark.e2e, pytest.mark.shares_the_cluster]
+# Not beside other tests: on the loaded two-core VM, Open MPI 4.1's TCP connect between the ranks
+# once failed (its "Operation now in progress (115)", a misreported timeout) and the job hung
+# with both real nodes (CI, beside two other workers' tests); the job it ran with passed.
+pytestmark = [pytest.mark.e2e]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "mpi_hello.sh"
 
 
 def test_mpi_hello_world_runs_a_rank_on_each_node_and_they_talk(bridge: Sandbox) -> None:
     script = write_script(bridge, "alice", "mpi_hello.sh", EXAMPLE.read_text())
-    jobs = [bridge.sbatch("-p", "k8s", "-o", "mpi-%j.out", str(script)) for _ in range(2)]
+    # A time limit: a hung MPI job must not hold the real nodes for the tests after this one.
+    jobs = [bridge.sbatch("-p", "k8s", "--time=4", "-o", "mpi-%j.out", str(script)) for _ in range(2)]
 
     for job in jobs:
-        row = bridge.wait_job_final(job, timeout=240)
+        row = bridge.wait_job_final(job, timeout=300)
         out = (bridge.home("alice") / f"mpi-{job}.out").read_text()
         assert row["State"] == "COMPLETED", out
         ranks = sorted(re.findall(r"^rank (\d) of 2: sum of ranks 1, 2 hosts$", out, flags=re.M))
