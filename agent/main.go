@@ -494,15 +494,13 @@ func sendSignal(pidfile, sig string, group bool) {
 	if err != nil {
 		failWith(exitNotStarted, "the script has not started: "+err.Error())
 	}
-	if !group && filepath.Base(pidfile) != runAgentPidfile {
-		waitForScriptToSettle(pidfile)
-		if raw, err = os.ReadFile(pidfile); err != nil {
-			failWith(exitNotStarted, "the script has not started: "+err.Error())
-		}
-	}
 	pid, err := strconv.Atoi(string(trimSpace(raw)))
 	if err != nil || pid <= 1 {
 		fail("bad pid file " + pidfile)
+	}
+	if !group && filepath.Base(pidfile) != runAgentPidfile && !scriptSettled(pidfile) {
+		// Not waited for here: the daemon tries again (a sleeping exec would hold its worker).
+		failWith(exitNotStarted, "the script started less than a second ago")
 	}
 	target := pid
 	if group {
@@ -521,14 +519,13 @@ func sendSignal(pidfile, sig string, group bool) {
 // signal that comes in its first instant may beat its trap there too).
 const scriptSettle = time.Second
 
-// waitForScriptToSettle sleeps until the script whose pid file this is has run scriptSettle,
-// counted from the file's writing, right after the script's start (run). The daemon counts from
-// the container's start, which the API gives to the second, and the agent may start the script a
-// while after: under load (CI) a USR1 sent 1 s after the container's start beat a script's trap.
-func waitForScriptToSettle(pidfile string) {
-	if info, err := os.Stat(pidfile); err == nil {
-		time.Sleep(settleWait(info.ModTime(), time.Now()))
-	}
+// scriptSettled: the script whose pid file this is has run scriptSettle, counted from the file's
+// writing, right after the script's start (run). The daemon counts from the container's start,
+// which the API gives to the second, and the agent may start the script a while after: under
+// load (CI) a USR1 sent 1 s after the container's start beat a script's trap.
+func scriptSettled(pidfile string) bool {
+	info, err := os.Stat(pidfile)
+	return err != nil || settleWait(info.ModTime(), time.Now()) == 0
 }
 
 // settleWait is what is left of scriptSettle for a script whose pid file was written at written.

@@ -115,7 +115,9 @@ class BatchSignals:
             book.failures = 0
             book.pending.pop(0)
             newest = book.seqs.pop(signum, None)
-            if newest is not None and sending is not None and newest > sending:
+            # Sending one without a number (an older waiter's TERM, a cancel an attach carried),
+            # a numbered one that came meanwhile is another.
+            if newest is not None and (sending is None or newest > sending):
                 # Another came while this one was being sent: it may have missed the delivery,
                 # so it is sent again, after the others kept meanwhile.
                 book.pending.append(signum)

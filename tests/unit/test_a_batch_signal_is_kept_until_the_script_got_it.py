@@ -265,6 +265,31 @@ async def test_a_signal_sent_again_before_the_first_was_delivered_is_kept_once()
     assert kube.signalled == [("slurm-42-0", USR1)] * 2
 
 
+async def test_a_numbered_term_during_the_delivery_of_an_unnumbered_one_is_delivered_too() -> None:
+    """A TERM kept without a number (an older waiter's, or a cancel an attach carried) is being
+    sent when the waiter forwards a numbered one (`scancel -s TERM -b` again): that one is sent
+    after, and reported delivered, not folded into the first (the waiter would keep it until its
+    next attach)."""
+    reconciler, kube, _ = _world(failures=0)
+    session = _attached(reconciler)
+    term = int(signal.SIGTERM)
+    reconciler.take_batch_signal(session, term)
+    exec_in_pod = kube.exec_in_pod
+
+    async def exec_while_another_term_comes(pod: str, command: list[str]) -> str:
+        if kube.execs == 0:
+            reconciler.take_batch_signal(session, term, seq=3)
+        return await exec_in_pod(pod, command)
+
+    kube.exec_in_pod = exec_while_another_term_comes  # type: ignore[method-assign]
+    await reconciler.reconcile(42)
+    await reconciler.reconcile(42)
+
+    assert kube.signalled == [("slurm-42-0", term)] * 2
+    told = [session.listener.get_nowait() for _ in range(session.listener.qsize())]
+    assert {"type": "signal-done", "signal": term, "seq": 3} in told
+
+
 # -- the API: before the attach, and with it ---------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from bridge.controller.log_relay import output_event as _output_event
+from bridge.core import agent_protocol
 
 AGENT_SOURCE = Path(__file__).resolve().parents[2] / "agent"
 GO = Path("/usr/local/go/bin/go")
@@ -313,6 +314,17 @@ def test_a_process_that_left_the_group_delays_the_exit_only_for_a_bounded_drain(
 # -- signals ----------------------------------------------------------------------------------
 
 
+def _signal_as_the_daemon_does(agent: Path, pidfile: Path, signum: int) -> subprocess.CompletedProcess[bytes]:
+    """`agent signal`, asked again while it answers that the script has not started (or has run
+    less than a second), as BatchSignals does."""
+    while True:
+        answer = subprocess.run([str(agent), "signal", str(pidfile), str(int(signum))],
+                                capture_output=True, timeout=30, check=False)
+        if answer.returncode != agent_protocol.EXIT_NOT_STARTED:
+            return answer
+        time.sleep(0.2)
+
+
 def test_signal_reaches_the_scripts_usr1_trap(agent: Path, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     pidfile = tmp_path / "script.pid"
@@ -321,8 +333,7 @@ def test_signal_reaches_the_scripts_usr1_trap(agent: Path, tmp_path: Path) -> No
     with started(agent, tmp_path, script) as proc:
         wait_for(lambda: ready.exists() and pidfile.exists(), "the script's trap")
 
-        sent = subprocess.run([str(agent), "signal", str(pidfile), str(int(signal.SIGUSR1))],
-                              capture_output=True, timeout=30, check=False)
+        sent = _signal_as_the_daemon_does(agent, pidfile, signal.SIGUSR1)
         out, err = proc.communicate(timeout=10)
 
     assert sent.returncode == 0, sent.stderr
@@ -335,16 +346,19 @@ def test_a_signal_for_a_script_that_has_just_started_waits_until_it_has_run_a_se
 ) -> None:
     """The daemon counts a script's first second from its container's start (to the second, in
     the API), and a script may set its trap a while into its run: sent at once, a USR1 killed it
-    (CI: an array task FAILED 0:10). Sent the moment its pid file appears, the signal waits until
-    the script has run a second, and finds the trap it set after half of one."""
+    (CI: an array task FAILED 0:10). Asked the moment its pid file appears, the agent answers "not
+    started" until the script has run a second, and the daemon asks again (as here) until it is
+    sent: the signal finds the trap the script set after half a second."""
     pidfile = tmp_path / "script.pid"
     script = "sleep 0.5; trap 'echo got USR1; exit 5' USR1; while :; do sleep 0.05; done"
     with started(agent, tmp_path, script) as proc:
         wait_for(pidfile.exists, "the script's pid file")
-        sent = subprocess.run([str(agent), "signal", str(pidfile), str(int(signal.SIGUSR1))],
-                              capture_output=True, timeout=30, check=False)
+        first = subprocess.run([str(agent), "signal", str(pidfile), str(int(signal.SIGUSR1))],
+                               capture_output=True, timeout=30, check=False)
+        sent = _signal_as_the_daemon_does(agent, pidfile, signal.SIGUSR1)
         out, err = proc.communicate(timeout=10)
 
+    assert first.returncode == agent_protocol.EXIT_NOT_STARTED, "asked within the script's first second"
     assert sent.returncode == 0, sent.stderr
     assert proc.returncode == 5, f"the script died of the signal before its trap: {proc.returncode} {err!r}"
     assert stream(out, "o") == b"got USR1\n"

@@ -5,8 +5,10 @@ codes are named once in Go (agent/exitcodes.go) and once in Python (core/agent_p
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 from bridge.core import agent_protocol
@@ -36,6 +38,11 @@ def _signal(agent_binary: Path, pidfile: Path) -> subprocess.CompletedProcess[st
                           timeout=30, check=False)
 
 
+def _written_seconds_ago(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
 def test_a_signal_for_a_script_not_started_exits_not_started(agent: Path, tmp_path: Path) -> None:  # noqa: F811
     result = _signal(agent, tmp_path / "script.pid")
 
@@ -47,6 +54,7 @@ def test_a_signal_for_a_script_that_ended_exits_no_such_process(agent: Path, tmp
     ended.wait()
     pidfile = tmp_path / "script.pid"
     pidfile.write_text(f"{ended.pid}\n")
+    _written_seconds_ago(pidfile, 5)  # a script that ran (a younger one is "not started" yet)
 
     result = _signal(agent, pidfile)
 

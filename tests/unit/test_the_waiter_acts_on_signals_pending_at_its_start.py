@@ -246,3 +246,40 @@ def test_a_term_an_older_daemon_took_with_the_cancel_is_not_forwarded(
     # Its answer has no "forward": it delivers the TERM itself, and a forwarded one would be a second.
     attach, _, again = _term_then_reattach(waiter, tmp_path, '{"cancelling": 42, "stops": false}', ENV)
     assert (attach["signals"], again["signals"]) == ([], [])
+
+
+def test_a_daemon_that_refuses_forwards_is_asked_as_it_knows(waiter: list[str], tmp_path: Path) -> None:
+    """A daemon older than `forwards` refuses the field (its bodies are strict: 400); the waiter
+    asks again as that daemon knows, which keeps a TERM that is only a signal itself, and says
+    nothing into the job's error file."""
+    directory = tmp_path / "submit"
+    directory.mkdir()
+    cancels: list[dict[str, object]] = []
+
+    def cancel(exchange: Exchange) -> None:
+        cancels.append(json.loads(exchange.body))
+        if "forwards" in cancels[-1]:
+            exchange.answer(400, "forwards: Extra inputs are not permitted")
+        else:
+            exchange.answer(200, '{"cancelling": 42, "stops": false}')
+
+    def attach(exchange: Exchange) -> None:
+        exchange.stream()
+        assert daemon.event("cancel").wait(20)
+        time.sleep(0.5)
+        exchange.send({"type": "exit", "code": 0, "signal": None})
+
+    daemon = FakeDaemon([attach], {"cancel": cancel})
+
+    def term(proc: subprocess.Popen[bytes]) -> None:
+        assert daemon.event("attach-0").wait(20)
+        proc.send_signal(signal.SIGTERM)
+
+    try:
+        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=ENV,
+                         cwd=directory, opt=fakes(directory), during=term)
+    finally:
+        daemon.close()
+    assert (ran.returncode, ran.stderr) == (0, b"")
+    assert cancels == [{"run": 0, "forwards": True}, {"run": 0}]
+    assert [path for path, _ in ran.requests if path.endswith("/signal")] == [], "that daemon keeps the TERM"

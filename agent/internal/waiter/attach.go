@@ -93,12 +93,19 @@ func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
 // all the same).
 func (w *Waiter) RequestCancel() {
 	w.cancelled.Store(true)
-	body := w.cancelBody()
+	body, forwards := w.cancelBody(true), true
 	for attempt := 0; ; attempt++ {
 		answer, err := w.postRead("cancel", body, 5*time.Second)
 		if err == nil {
 			w.cancelAnswered(answer)
 			return
+		}
+		if daemonStatus(err) == 400 && forwards {
+			// A daemon older than "forwards" refuses the field (a rollback, or the daemon not
+			// upgraded first): asked as it knows, it keeps a TERM that is only a signal itself.
+			body, forwards = w.cancelBody(false), false
+			attempt--
+			continue
 		}
 		if attempt == 0 {
 			Say("could not reach the bridge to cancel: " + describe(err))
@@ -115,7 +122,8 @@ func (w *Waiter) RequestCancel() {
 const cancelRetries = 2
 
 // cancelBody names this waiter's run: a late TERM of a requeued run must not reach the next one.
-func (w *Waiter) cancelBody() []byte {
+// forwards: the waiter sends a TERM that is only a signal on itself (cancelAnswered).
+func (w *Waiter) cancelBody(forwards bool) []byte {
 	run := int64(0)
 	if value, ok := w.environment.Get("SLURM_RESTART_COUNT"); ok {
 		text, _ := value.(string) // the job's environment holds text; anything else names no run
@@ -124,6 +132,9 @@ func (w *Waiter) cancelBody() []byte {
 			return []byte("{}")
 		}
 		run = parsed
+	}
+	if !forwards {
+		return Dumps(Object{{"run", run}})
 	}
 	return Dumps(Object{{"run", run}, {"forwards", true}})
 }

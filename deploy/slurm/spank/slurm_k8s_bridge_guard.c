@@ -653,7 +653,9 @@ static void hold_early_signals(void)
  * slurmstepd's go-ahead. slurmstepd marks the step running (and takes `scancel -s USR1 --batch`,
  * `--signal=B:...`) once it has released its tasks; a task released but not yet at
  * slurm_spank_task_init died of such a signal by its default action (CI: an array task FAILED
- * 0:10 with the signal sent the moment it ran). Held here, no signal can come first. */
+ * 0:10 with the signal sent the moment it ran). Held here, the window left is a task that has not
+ * reached this hook (namespace join, plugins listed before this one) by the time slurmstepd has
+ * set up every task, released them and marked the step running. */
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
 	(void) ac;
