@@ -182,7 +182,7 @@ def test_a_cancel_asks_for_the_pods_end_and_waits_for_it(waiter: list[str], tmp_
     ran = run(waiter, tmp_path, scenario)
     assert (ran.returncode, ran.stdout, ran.stderr) == (-signal.SIGTERM, b"running\n", b"")
     assert [path.rsplit("/", 1)[1] for path, _ in ran.requests] == ["attach", "cancel"]
-    assert ran.requests[1][1] == b'{"run": 0}'
+    assert ran.requests[1][1] == b'{"run": 0, "forwards": true}'
     assert_attaches(ran, tmp_path)
     assert ran.ended_at > sent_exit[0]
 

@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -51,7 +51,7 @@ type Waiter struct {
 	workDir     string
 	arguments   []string
 	lastLog     Object // the last log timestamp printed, by pod index: what survives a reconnect
-	cancelled   atomic.Bool
+	cancel      cancelState
 	merged      bool
 	signals     *scriptSignals
 	steps       *scriptSteps
@@ -92,7 +92,8 @@ func (w *Waiter) ForwardSignal(sig syscall.Signal) { w.signals.forward(sig) }
 // that is only a signal is lost if no daemon hears of it (one that stops the run is seen in Slurm
 // all the same).
 func (w *Waiter) RequestCancel() {
-	w.cancelled.Store(true)
+	w.cancel.asking()
+	defer w.cancel.doneAsking()
 	body, forwards := w.cancelBody(true), true
 	for attempt := 0; ; attempt++ {
 		answer, err := w.postRead("cancel", body, 5*time.Second)
@@ -115,6 +116,41 @@ func (w *Waiter) RequestCancel() {
 		}
 		time.Sleep(reconnectDelay(attempt))
 	}
+}
+
+// cancelState is the batch step's TERM no daemon has taken yet: the next attach carries it, but
+// not while a cancel request is still asking (RequestCancel), whose answer may have the waiter
+// forward it as a numbered signal: one TERM, one owner, or the script could get it twice.
+type cancelState struct {
+	mu      sync.Mutex
+	pending bool
+	asks    int
+}
+
+func (c *cancelState) asking() {
+	c.mu.Lock()
+	c.pending = true
+	c.asks++
+	c.mu.Unlock()
+}
+
+func (c *cancelState) doneAsking() {
+	c.mu.Lock()
+	c.asks--
+	c.mu.Unlock()
+}
+
+// taken: a daemon has the TERM (a cancel's answer, or an attach that carried it).
+func (c *cancelState) taken() {
+	c.mu.Lock()
+	c.pending = false
+	c.mu.Unlock()
+}
+
+func (c *cancelState) forAttach() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pending && c.asks == 0
 }
 
 // cancelRetries is how often a cancel that found no daemon is tried again (a few seconds in all:
@@ -158,7 +194,7 @@ func (w *Waiter) cancelAnswered(answer []byte) {
 		w.SlurmSignalled(syscall.SIGTERM)
 		return
 	}
-	w.cancelled.Store(false)
+	w.cancel.taken()
 	if forward {
 		w.ForwardSignal(syscall.SIGTERM)
 	}
@@ -248,7 +284,7 @@ var errGarbled = errors.New("garbled event from the bridge")
 
 func (w *Waiter) attachOnce() (Object, error) {
 	signals := w.signals.forAttach()
-	carried := w.cancelled.Load()
+	carried := w.cancel.forAttach()
 	stream, err := w.client.Post(w.path("attach"), w.attachBody(signals, carried), streamTimeout)
 	if err != nil {
 		return nil, err
@@ -256,7 +292,7 @@ func (w *Waiter) attachOnce() (Object, error) {
 	defer stream.Close()
 	w.signals.takenWithAttach(signals)
 	if carried {
-		w.cancelled.Store(false) // the daemon took the TERM with the attach
+		w.cancel.taken() // the daemon took the TERM with the attach
 	}
 	for {
 		raw, err := stream.Reader.ReadBytes('\n')
