@@ -8,7 +8,8 @@ const (
 	exitFailed = 2
 	// exitSrunGone: `step-output` found the script's srun gone (its connection closed).
 	exitSrunGone = 3
-	// exitNotStarted: `signal` found no pid file: the script (or task) has not started yet.
+	// exitNotStarted: `signal` found no pid file, or the script has run less than a second: the
+	// script (or task) has not started yet, or not long enough to have set its traps.
 	exitNotStarted = 4
 	// exitNoSuchProcess: `signal` found the process gone: the script (or task) has ended.
 	exitNoSuchProcess = 5

@@ -22,7 +22,8 @@ EXIT_FAILED: Final = 2
 EXIT_SRUN_GONE: Final = 3
 """`step-output`: the script's srun closed its end (killed, `timeout 5 srun ...`)."""
 EXIT_NOT_STARTED: Final = 4
-"""`signal`: no pid file yet: the script (or the task) has not started."""
+"""`signal`: no pid file yet, or the script has run less than a second: the script (or the task)
+has not started, or not long enough to have set its traps (asked again later)."""
 EXIT_NO_SUCH_PROCESS: Final = 5
 """`signal`: the process is gone: the script (or the task) has ended."""
 
