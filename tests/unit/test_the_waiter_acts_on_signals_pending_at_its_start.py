@@ -23,6 +23,7 @@ import pytest
 from .waiter_runs import (
     Exchange,
     FakeDaemon,
+    Run,
     batch_script,
     fakes,
     go_waiter,
@@ -142,6 +143,21 @@ def test_each_term_while_attached_reaches_the_daemon(waiter: list[str], tmp_path
     assert cancels == [b'{"run": 0, "forwards": true}'] * 2
 
 
+def _term_once_attached(
+    waiter: list[str], directory: Path, daemon: FakeDaemon, env: dict[str, str] = ENV,
+) -> Run:
+    """The waiter of a script `true` against `daemon`, sent TERM once it has attached."""
+    def term(proc: subprocess.Popen[bytes]) -> None:
+        assert daemon.event("attach-0").wait(20)
+        proc.send_signal(signal.SIGTERM)
+
+    try:
+        return run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=env,
+                          cwd=directory, opt=fakes(directory), during=term)
+    finally:
+        daemon.close()
+
+
 def _term_then_reattach(
     waiter: list[str], tmp_path: Path, answer: str, env: dict[str, str],
 ) -> list[dict[str, object]]:
@@ -166,16 +182,7 @@ def _term_then_reattach(
         exchange.stream({"type": "exit", "code": 0, "signal": None})
 
     daemon = FakeDaemon([first, second], {"cancel": cancel})
-
-    def term(proc: subprocess.Popen[bytes]) -> None:
-        assert daemon.event("attach-0").wait(20)
-        proc.send_signal(signal.SIGTERM)
-
-    try:
-        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=env,
-                         cwd=directory, opt=fakes(directory), during=term)
-    finally:
-        daemon.close()
+    ran = _term_once_attached(waiter, directory, daemon, env)
     assert ran.returncode == 0, ran.stderr
     return bodies
 
@@ -225,16 +232,7 @@ def test_a_term_that_is_only_a_signal_is_forwarded_numbered_and_kept_until_deliv
                         {"type": "exit", "code": 0, "signal": None})
 
     daemon = FakeDaemon([first, second], {"cancel": cancel, "signal": taken})
-
-    def term(proc: subprocess.Popen[bytes]) -> None:
-        assert daemon.event("attach-0").wait(20)
-        proc.send_signal(signal.SIGTERM)
-
-    try:
-        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=ENV,
-                         cwd=directory, opt=fakes(directory), during=term)
-    finally:
-        daemon.close()
+    ran = _term_once_attached(waiter, directory, daemon)
     assert ran.returncode == 0, ran.stderr
     assert signals == [{"signal": 15, "seq": 1}]
     assert [(a["cancel"], a["signals"]) for a in attaches] == [(False, []), (False, [[1, 15]])]
@@ -270,16 +268,7 @@ def test_a_daemon_that_refuses_forwards_is_asked_as_it_knows(waiter: list[str], 
         exchange.send({"type": "exit", "code": 0, "signal": None})
 
     daemon = FakeDaemon([attach], {"cancel": cancel})
-
-    def term(proc: subprocess.Popen[bytes]) -> None:
-        assert daemon.event("attach-0").wait(20)
-        proc.send_signal(signal.SIGTERM)
-
-    try:
-        ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"true\n"))], env=ENV,
-                         cwd=directory, opt=fakes(directory), during=term)
-    finally:
-        daemon.close()
+    ran = _term_once_attached(waiter, directory, daemon)
     assert (ran.returncode, ran.stderr) == (0, b"")
     assert cancels == [{"run": 0, "forwards": True}, {"run": 0}]
     assert [path for path, _ in ran.requests if path.endswith("/signal")] == [], "that daemon keeps the TERM"
