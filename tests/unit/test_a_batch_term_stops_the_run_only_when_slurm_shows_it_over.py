@@ -242,3 +242,27 @@ UNMUNGE_AS_ALICE = ("import sys\n"
 async def _signed_post(client: TestClient[Any, Any], path: str, body: bytes) -> Any:
     credential = request_digest("POST", path, 42, body)
     return await client.post(path, data=body, headers={"X-Munge-Credential": credential})
+
+
+def test_another_user_cannot_term_a_jobs_script_through_the_new_door(tmp_path: Path) -> None:
+    """/signal takes TERM now: bob's credential, however well made for the request, reaches none
+    of alice's job (403, nothing kept), as `scancel -s TERM -b` of her job is refused him."""
+    unmunge = tmp_path / "unmunge.py"
+    unmunge.write_text(UNMUNGE_AS_ALICE.replace("alice (1000)", "bob (1001)"))
+
+    class RunningJob:
+        async def job(self, job_id: int) -> Any:
+            return allocation(job_id=job_id)
+
+    async def as_bob() -> tuple[int, int, list[int]]:
+        reconciler = Reconciler(config(), RunningJob(), None, PodCache(), Metrics(), lambda _: None)  # type: ignore[arg-type]
+        reconciler.sessions.open(42, 0).attach({})
+        api = Api(reconciler, Metrics(), lambda _: None, lambda: True, (sys.executable, str(unmunge)))
+        async with TestClient(TestServer(api.app())) as client:
+            term = await _signed_post(client, "/v1/jobs/42/signal", b'{"signal": 15, "seq": 1}')
+            cancel = await _signed_post(client, "/v1/jobs/42/cancel", b'{"run": 0, "forwards": true}')
+            session = reconciler.sessions.get(42, 0)
+            assert session is not None
+            return term.status, cancel.status, list(session.signals.pending)
+
+    assert asyncio.run(as_bob()) == (403, 403, [])
