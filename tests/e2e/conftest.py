@@ -7,6 +7,7 @@ import subprocess
 import time
 import urllib.request
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,35 @@ def bridge_still_up(request: pytest.FixtureRequest) -> None:
                 restart_bridge()
             return
         time.sleep(1)
+
+
+CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    if report.when == "call":
+        item.stash[CALL_FAILED] = report.failed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_a_failed_test_that_ran_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that ran alone (not `shares_the_cluster`) failed, its jobs are cancelled: one
+    left running (CI: an MPI job that hung, without a time limit) held the real nodes, and the next
+    test that needed one exclusively failed too. Tests that share the cluster run beside others,
+    whose jobs these would be too."""
+    yield
+    failed = request.node.stash.get(CALL_FAILED, False)
+    if not failed or request.node.get_closest_marker("shares_the_cluster"):
+        return
+    if not {"bridge", "sandbox"} & set(request.fixturenames):
+        return
+    sandbox: Sandbox = request.getfixturevalue("sandbox")
+    left = sandbox.slurm("squeue", "-h", "-o", "%A", check=False).stdout.split()
+    if left:
+        sandbox.slurm("scancel", *sorted(set(left)), check=False)
+        warnings.warn(f"{request.node.nodeid} failed with jobs left in Slurm: cancelled {sorted(set(left))}",
+                      stacklevel=1)
+
