@@ -525,16 +525,12 @@ const scriptSettle = time.Second
 // load (CI) a USR1 sent 1 s after the container's start beat a script's trap.
 func scriptSettled(pidfile string) bool {
 	info, err := os.Stat(pidfile)
-	return err != nil || settleWait(info.ModTime(), time.Now()) == 0
-}
-
-// settleWait is what is left of scriptSettle for a script whose pid file was written at written.
-func settleWait(written, now time.Time) time.Duration {
-	age := now.Sub(written)
-	if age < 0 || age >= scriptSettle {
-		return 0 // settled, or a clock that went back: no wait on a time that cannot be trusted
+	if err != nil {
+		return true
 	}
-	return scriptSettle - age
+	// A file dated in the future (a clock that went back) is no time to wait on.
+	age := time.Since(info.ModTime())
+	return age < 0 || age >= scriptSettle
 }
 
 func trimSpace(b []byte) []byte {

@@ -371,8 +371,8 @@ class Api:
         except ValueError as error:
             raise web.HTTPBadRequest(text=str(error)) from None
         # A waiter that `forwards` a TERM that is only a signal sends it through /signal itself,
-        # numbered and kept until delivered (a daemon restart or a retried cancel neither loses
-        # nor doubles it); an older waiter's is taken here.
+        # numbered and kept until delivered (a daemon restart does not lose it, a retried cancel
+        # does not take it twice); an older waiter's is taken here.
         decision = self.reconciler.term_from_slurm(job_id, body.run, take_signal=not body.forwards)
         # Always: identify recorded the new state, and the poller's next listing may see no change.
         self.enqueue(job_id)
