@@ -324,6 +324,7 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	if cmd.Err == nil {
 		cmd.Path, cmd.Args = throughLimits("script", cmd.Path, cmd.Args)
 	}
+	makeTmpdir(true) // the batch script is its node's one task
 	if err := cmd.Start(); err != nil {
 		// As a shell reports a missing interpreter: 127 not found, 126 not executable.
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)

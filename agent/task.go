@@ -69,6 +69,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 			_ = os.Chdir("/tmp")
 		}
 	}
+	makeTmpdir(os.Getenv("SLURM_LOCALID") == "0") // after the chdir: a relative one is the task's
 	if env["SLURM_K8S_BRIDGE_TASK_MULTI_PROG"] != "" {
 		argv = multiProgLine(argv[0], env["SLURM_PROCID"])
 	}

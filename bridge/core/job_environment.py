@@ -32,7 +32,6 @@ HOST_ONLY_ENV = frozenset(
         "OLDPWD",
         "SHLVL",
         "_",
-        "TMPDIR",
         "LD_PRELOAD",
         "LD_LIBRARY_PATH",
         "LD_AUDIT",
@@ -83,6 +82,10 @@ PER_NODE_ENV = frozenset(
     }
 )
 
+BATCH_HOST_ENV = ("SLURM_GTIDS", "SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN")
+"""Per-node values the batch script gets natively that describe node 0, the batch host: the first
+node's pod, which runs the script, takes them as slurmstepd gave them to the waiter."""
+
 # What Kubernetes accepts as an env var name without the RelaxedEnvironmentVariableValidation gate.
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
@@ -107,6 +110,11 @@ def node_environment(
     node = alloc.nodes[index]
     count = len(alloc.nodes)
     env = job_environment(payload.environment)
+    if index == 0:
+        host = payload.environment
+        env.update((name, host[name]) for name in BATCH_HOST_ENV if name in host)
+    # TMPDIR (the user's, or the /tmp slurmstepd set) is checked again in the pod by the agent,
+    # as slurmstepd does on its host: made when missing, /tmp when not a directory it can use.
     # A job exported without them (--export=NONE) would get them from its login environment
     # natively; that is never built for a bridged job (it runs the user's login scripts on the
     # slurmd host), so the basics come from Slurm and NSS.

@@ -210,7 +210,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if env ~= nil and env.SLURM_GET_USER_ENV ~= nil and env.SLURM_GET_USER_ENV ~= "0" then
     env.SLURM_GET_USER_ENV = "0"
     slurm.log_user(prefix .. "the login environment is not built for it (--get-user-env, "
-      .. "--export=NONE); the pod gets the exported variables and the image's own")
+      .. "--export=NONE or a list of variables); the pod gets the exported variables and the "
+      .. "image's own")
   end
   -- Always wrapped, even if the script already holds a marker: the waiter takes the first one, so
   -- whatever the user wrote stays the pod's script and never runs here.

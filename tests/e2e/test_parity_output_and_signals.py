@@ -45,6 +45,13 @@ class Case:
     """Tasks of a step write concurrently, natively too: compare their lines in any order."""
 
 
+TMPDIR_SCRIPT = (
+    'echo "tmpdir=$TMPDIR gtids=$SLURM_GTIDS pattern=$SLURM_TOPOLOGY_ADDR_PATTERN"\n'
+    'ls -ld "$TMPDIR" | cut -c1-10\ncd "$TMPDIR" && pwd\n'
+    "srun -n1 sh -c 'echo \"step tmpdir=$TMPDIR\"'\n"
+    "srun -n1 --export=NONE /bin/sh -c 'echo \"exported none: tmpdir=$TMPDIR\"'\n"
+)
+
 CASES = [
     Case("interleaved", "for i in 1 2 3 4 5; do echo out$i; echo err$i >&2; done\n"),
     Case("separate_stderr", "for i in 1 2 3; do echo out$i; echo err$i >&2; done\nexit 3\n",
@@ -162,6 +169,10 @@ CASES = [
     # The batch script runs once, on the first node, however many nodes the job has.
     Case("two_nodes_run_the_script_once", "echo once on node $SLURM_NODEID of $SLURM_NNODES\nexit 5\n",
          args=("-N", "2")),
+    # slurmstepd sets TMPDIR (/tmp, or the user's, made 0700) for the script and a step's first
+    # task, --export=NONE too; a script that does `cd $TMPDIR` must not land in $HOME.
+    Case("tmpdir", TMPDIR_SCRIPT),
+    Case("own_tmpdir", TMPDIR_SCRIPT, args=("--export=ALL,TMPDIR=/tmp/parity-own-tmpdir",)),
 ]
 
 

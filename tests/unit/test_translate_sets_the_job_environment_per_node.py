@@ -132,7 +132,7 @@ def test_payload_submit_dir_wins_over_work_dir() -> None:
         ("my.var-1", True),
         ("PATH", False),
         ("HOSTNAME", False),
-        ("TMPDIR", False),
+        ("TMPDIR", True),
         ("PWD", False),
         ("LD_LIBRARY_PATH", False),
         ("LD_PRELOAD", False),
@@ -151,6 +151,22 @@ def test_payload_submit_dir_wins_over_work_dir() -> None:
 )
 def test_job_environment_filter(name: str, kept: bool) -> None:
     assert (name in job_environment({name: "v"})) is kept
+
+
+def test_the_script_gets_the_batch_hosts_values_and_tmpdir_as_natively() -> None:
+    """Natively the batch script has SLURM_GTIDS, SLURM_TOPOLOGY_ADDR(_PATTERN) of node 0 and the
+    TMPDIR slurmstepd checked (the agent checks it again in the pod): the first node's pod, which
+    runs the script, has them; another node's has none of node 0's. Each is in the pod's own env,
+    not the Secret an array's tasks share (a site's prolog may give each job a TMPDIR of its own)."""
+    host = {"SLURM_GTIDS": "0", "SLURM_TOPOLOGY_ADDR": "kube1", "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
+            "TMPDIR": "/tmp/job-42"}
+    secret, pods = objects(payload=payload(environment=host))
+    first, second = (seen(secret, pod) for pod in pods)
+    assert {name: first.get(name) for name in host} == host
+    assert {name: second.get(name) for name in host} == {
+        "SLURM_GTIDS": None, "SLURM_TOPOLOGY_ADDR": None, "SLURM_TOPOLOGY_ADDR_PATTERN": None,
+        "TMPDIR": "/tmp/job-42"}
+    assert not set(host) & set(secret["data"])
 
 
 def test_host_gpu_variables_are_replaced_not_merged() -> None:
