@@ -477,7 +477,8 @@ for n in $SBX_REAL_NODES; do
   start_containerd "$n"
   socks+=("$(node_sock "$n")")
 done
-for s in "${socks[@]}"; do wait_for "containerd $s" 30 test -S "$s"; done
+# Answering, not only its socket there: a containerd that crashed left its socket file behind.
+for s in "${socks[@]}"; do wait_for "containerd $s" 30 ctr --address "$s" version; done
 "$KUBE_SRC/../images/build.sh" "${socks[@]}"
 "$KUBE_SRC/../images/agent.sh" "${socks[@]}"
 "$KUBE_SRC/../images/mpi.sh" "${socks[@]}"
