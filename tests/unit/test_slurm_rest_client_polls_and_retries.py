@@ -102,7 +102,7 @@ async def test_the_first_poll_lists_everything_then_only_changed_jobs_are_read(
     first = await client.changed_jobs({"sim"})
     fake.requests.clear()
     idle = await client.changed_jobs({"sim"})
-    fake.jobs[7] = {**fake.jobs[7], "job_state": ["COMPLETED"]}
+    fake.jobs[7] = {**fake.jobs[7], "job_state": ["SUSPENDED"]}
     fake.jobs.append({**running, "job_id": 6000, "job_state": ["PENDING"]})
     changed = await client.changed_jobs({"sim"})
     await client.close()
@@ -110,7 +110,7 @@ async def test_the_first_poll_lists_everything_then_only_changed_jobs_are_read(
     assert first is not None and len(first.jobs) == 51
     assert idle is None
     assert changed is not None
-    assert {job.job_id: job.state for job in changed.jobs}[5006] == "COMPLETED"
+    assert {job.job_id: job.state for job in changed.jobs}[5006] == "SUSPENDED"
     assert len(changed.jobs) == 52, "the listing stays complete: unchanged jobs keep their view"
     assert sorted(fake.paths()) == ["/job/5006", "/job/6000", "/jobs/state/", "/jobs/state/"]
 
@@ -146,7 +146,7 @@ async def test_jobs_of_other_partitions_are_read_again_only_until_they_leave_pen
     fake.jobs = [{**elsewhere, "job_state": ["RUNNING"]}, moved_here]
     fake.requests.clear()
     started = await client.changed_jobs({"sim"})
-    fake.jobs = [{**elsewhere, "job_state": ["COMPLETED"]}, moved_here]
+    fake.jobs = [{**elsewhere, "job_state": ["SUSPENDED"]}, moved_here]
     reads_before = len(fake.requests)
     ended_elsewhere = await client.changed_jobs({"sim"})
     await client.close()
@@ -165,7 +165,7 @@ async def test_a_job_that_could_not_be_read_is_read_at_the_next_poll(
     monkeypatch.setattr(rest, "GET_ATTEMPTS", 1)
     client, _ = _client(url, tmp_path)
     await client.changed_jobs({"sim"})
-    fake.jobs = [{**fake.jobs[0], "job_state": ["COMPLETED"]}]
+    fake.jobs = [{**fake.jobs[0], "job_state": ["SUSPENDED"]}]
 
     real_job = client.job
     fails = [True]
@@ -183,7 +183,7 @@ async def test_a_job_that_could_not_be_read_is_read_at_the_next_poll(
     job_id = fake.jobs[0]["job_id"]
     assert unread is not None and unread.jobs == (), "its old view must not come back as new"
     assert unread.unreadable == {job_id}, "listed (not gone), without a view"
-    assert again is not None and [job.state for job in again.jobs] == ["COMPLETED"]
+    assert again is not None and [job.state for job in again.jobs] == ["SUSPENDED"]
     assert again.unreadable == frozenset()
 
 
@@ -197,7 +197,7 @@ async def test_a_poll_that_fails_for_good_loses_no_change(
     fake.jobs = [{**running, "job_id": 700 + i} for i in range(5)]
     client, _ = _client(url, tmp_path)
     await client.changed_jobs({"sim"})
-    fake.jobs = [{**job, "job_state": ["COMPLETED"]} for job in fake.jobs]
+    fake.jobs = [{**job, "job_state": ["SUSPENDED"]} for job in fake.jobs]
     real_job = client.job
 
     async def refused_once(job_id: int) -> Any:
@@ -214,7 +214,7 @@ async def test_a_poll_that_fails_for_good_loses_no_change(
     await client.close()
 
     assert after is not None
-    assert {job.job_id: job.state for job in after.jobs} == {700 + i: "COMPLETED" for i in range(5)}
+    assert {job.job_id: job.state for job in after.jobs} == {700 + i: "SUSPENDED" for i in range(5)}
 
 
 async def test_a_pending_array_is_read_once_not_once_per_task(

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from bridge.clients.slurm import job_listing
 from bridge.clients.slurm.job_listing import IncrementalJobListing
 from bridge.core.errors import PermanentError, SlurmAuthError, SlurmUnavailable
-from bridge.core.model import JobAllocation, ModelError, allocation_from_rest
+from bridge.core.model import BASE_STATES, JobAllocation, ModelError, allocation_from_rest
 
 RUNNING = json.loads((Path(__file__).parent / "data" / "rest_job_running.json").read_text())  # 4242, in sim
 
@@ -106,7 +106,7 @@ async def test_each_listing_is_versioned_so_a_change_between_two_reads_is_never_
     full = await listing.changed_jobs({"sim"})
     assert full is not None
     assert rest.asked_at["/jobs/state/"] <= full.read_at <= rest.asked_at["/jobs/"]
-    rest.set_state(4242, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
     before = time.monotonic()
     polled = await listing.changed_jobs({"sim"})
 
@@ -118,7 +118,7 @@ async def test_a_read_that_fails_for_now_is_listed_without_a_view_and_read_again
     rest = FakeRest(record(4242))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
-    rest.set_state(4242, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
     rest.records.append(record(600, "PENDING"))
     rest.job_errors = {4242: SlurmUnavailable("timeout"), 600: SlurmUnavailable("timeout")}
     rest.take_asked()
@@ -133,7 +133,7 @@ async def test_a_read_that_fails_for_now_is_listed_without_a_view_and_read_again
     assert failed is not None and failed.jobs == () and failed.unreadable == {4242, 600}
     assert sorted(asked_again) == ["/job/4242", "/job/600", "/jobs/state/"], "both read again"
     assert again is not None and again.unreadable == frozenset()
-    assert states_of(again) == {4242: "COMPLETED", 600: "PENDING"}
+    assert states_of(again) == {4242: "SUSPENDED", 600: "PENDING"}
     assert settled is None, "once read, the new states are remembered"
 
 
@@ -144,8 +144,8 @@ async def test_a_read_that_fails_for_good_commits_nothing_and_the_next_poll_read
     rest = FakeRest(record(4242), record(77))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
-    rest.set_state(4242, "COMPLETED")
-    rest.set_state(77, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
+    rest.set_state(77, "SUSPENDED")
     rest.job_errors = {77: error}
 
     with pytest.raises(type(error)):
@@ -155,7 +155,7 @@ async def test_a_read_that_fails_for_good_commits_nothing_and_the_next_poll_read
     after = await listing.changed_jobs({"sim"})
 
     assert rest.asked == ["/jobs/state/", "/jobs/"]
-    assert states_of(after) == {4242: "COMPLETED", 77: "COMPLETED"}
+    assert states_of(after) == {4242: "SUSPENDED", 77: "SUSPENDED"}
 
 
 async def test_the_periodic_full_listing_replaces_everything_remembered(
@@ -166,7 +166,7 @@ async def test_the_periodic_full_listing_replaces_everything_remembered(
     rest = FakeRest(record(4242), record(77))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
-    rest.set_state(77, "COMPLETED")
+    rest.set_state(77, "SUSPENDED")
     rest.job_errors = {77: SlurmUnavailable("timeout")}
     unread = await listing.changed_jobs({"sim"})
     rest.job_errors = {}
@@ -201,12 +201,12 @@ async def test_a_pending_job_moved_to_another_partition_leaves_at_the_full_listi
     monkeypatch.setattr(job_listing, "FULL_RESYNC_S", 0.0)
     full = await listing.changed_jobs({"sim"})
     monkeypatch.setattr(job_listing, "FULL_RESYNC_S", 300.0)
-    rest.set_state(4242, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
     after = await listing.changed_jobs({"sim"})
 
     assert unnoticed is None
     assert states_of(full) == {4242: "RUNNING"}
-    assert states_of(after) == {4242: "COMPLETED"}, "its old view does not come back"
+    assert states_of(after) == {4242: "SUSPENDED"}, "its old view does not come back"
 
 
 class Clock:
@@ -234,7 +234,7 @@ async def test_a_failed_full_listing_falls_back_to_states_and_is_tried_again_lat
     asked_not_due = rest.take_asked()
     clock.now += 1
     rest.listing_errors = [{"error": "busy"}]
-    rest.set_state(4242, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
 
     with capture_logs() as logs:
         fallback = await listing.changed_jobs({"sim"})
@@ -249,7 +249,7 @@ async def test_a_failed_full_listing_falls_back_to_states_and_is_tried_again_lat
     assert not_due is None and asked_not_due == ["/jobs/state/"]
     assert [e["event"] for e in logs] == ["slurm.full_listing_failed"]
     assert asked_fallback == ["/jobs/state/", "/jobs/", "/jobs/state/", "/job/4242"]
-    assert states_of(fallback) == {4242: "COMPLETED"}, "the states poll goes on"
+    assert states_of(fallback) == {4242: "SUSPENDED"}, "the states poll goes on"
     assert not_yet is None and asked_not_yet == ["/jobs/state/"]
     assert rest.asked == ["/jobs/state/", "/jobs/"], "tried again once FULL_RESYNC_RETRY_S is over"
 
@@ -273,7 +273,7 @@ async def test_a_job_that_vanished_leaves_the_listing_and_its_unreadable_mark_wi
     rest = FakeRest(record(4242), record(77), *array)
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
-    rest.set_state(77, "COMPLETED")
+    rest.set_state(77, "SUSPENDED")
     rest.job_errors = {77: SlurmUnavailable("timeout")}
     unread = await listing.changed_jobs({"sim"})
     rest.records = [r for r in rest.records if r["job_id"] not in (4242, 77) and r["_printed"] != "408_0"]
@@ -295,7 +295,7 @@ async def test_an_unreadable_job_the_states_never_listed_is_forgotten_at_the_nex
 
     first = await listing.changed_jobs({"sim"})
     rest.listing_only = []
-    rest.set_state(4242, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
     after = await listing.changed_jobs({"sim"})
 
     assert first is not None and first.unreadable == {99}
@@ -306,7 +306,7 @@ async def test_a_job_gone_before_its_own_read_leaves_the_listing_and_counts_as_r
     rest = FakeRest(record(4242), record(77))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
-    rest.set_state(77, "COMPLETED")
+    rest.set_state(77, "SUSPENDED")
     rest.unknown = {77}
 
     after = await listing.changed_jobs({"sim"})
@@ -321,8 +321,8 @@ async def test_a_read_failing_otherwise_is_logged_once_until_it_reads_again_and_
     rest = FakeRest(record(4242), record(77))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
-    rest.set_state(4242, "COMPLETED")
-    rest.set_state(77, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
+    rest.set_state(77, "SUSPENDED")
     rest.job_errors = {4242: ValueError("unparseable"), 77: SlurmUnavailable("timeout")}
 
     with capture_logs() as logs:
@@ -330,13 +330,13 @@ async def test_a_read_failing_otherwise_is_logged_once_until_it_reads_again_and_
         await listing.changed_jobs({"sim"})  # both read again, both fail again
         rest.job_errors = {}
         healed = await listing.changed_jobs({"sim"})
-        rest.set_state(4242, "FAILED")
+        rest.set_state(4242, "RUNNING")
         rest.job_errors = {4242: ValueError("unparseable")}
         broken_again = await listing.changed_jobs({"sim"})
 
     skipped = [e["job_id"] for e in logs if e["event"] == "slurm.record_skipped"]
     assert skipped == [4242, 4242], "once per breakage, and a slurmrestd timeout is no bad record"
-    assert states_of(healed) == {4242: "COMPLETED", 77: "COMPLETED"}
+    assert states_of(healed) == {4242: "SUSPENDED", 77: "SUSPENDED"}
     assert broken_again is not None and broken_again.unreadable == {4242}
 
 
@@ -346,8 +346,8 @@ async def test_an_unparseable_record_is_listed_unreadable_and_the_poll_goes_on_w
     rest = FakeRest(record(4242), record(77))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
-    rest.set_state(4242, "COMPLETED")
-    rest.set_state(77, "COMPLETED")
+    rest.set_state(4242, "SUSPENDED")
+    rest.set_state(77, "SUSPENDED")
     rest.job_errors = {77: ModelError("job 77: a gres_detail allocation_from_rest refuses")}
     rest.take_asked()
 
@@ -360,16 +360,16 @@ async def test_an_unparseable_record_is_listed_unreadable_and_the_poll_goes_on_w
         again = await listing.changed_jobs({"sim"})
 
     assert polled is not None and polled.unreadable == {77}
-    assert states_of(polled) == {4242: "COMPLETED"}
+    assert states_of(polled) == {4242: "SUSPENDED"}
     assert sorted(asked) == ["/job/4242", "/job/77", "/jobs/state/"], "no full listing"
     assert quiet is None and asked_quiet == ["/jobs/state/"], "no change, no read: its state was kept"
     assert [e["job_id"] for e in logs if e["event"] == "slurm.record_skipped"] == [77]
     assert rest.take_asked() == ["/jobs/state/", "/job/77"], "read again at its next state change"
     assert again is not None and again.unreadable == {77}
     rest.job_errors = {}
-    rest.set_state(77, "COMPLETED")
+    rest.set_state(77, "SUSPENDED")
     healed = await listing.changed_jobs({"sim"})
-    assert healed is not None and healed.unreadable == frozenset() and states_of(healed)[77] == "COMPLETED"
+    assert healed is not None and healed.unreadable == frozenset() and states_of(healed)[77] == "SUSPENDED"
 
 
 async def test_a_job_of_another_partition_is_read_while_pending_and_again_once_requeued() -> None:
@@ -424,3 +424,74 @@ async def test_state_entries_without_a_job_id_are_ignored_and_an_errors_answer_f
     rest.get = refused  # type: ignore[method-assign]
     with pytest.raises(SlurmUnavailable, match="could not list job states"):
         await listing.changed_jobs({"sim"})
+
+
+def set_states(rest: FakeRest, job_id: int, *state: str) -> None:
+    rest.records = [{**r, "job_state": list(state)} if r["job_id"] == job_id else r for r in rest.records]
+
+
+async def test_a_started_jobs_end_is_taken_from_its_state_without_reading_it_again() -> None:
+    """COMPLETING, then the end: two of slurmctld's RPCs a job saved, the view the one it ran with."""
+    rest = FakeRest(record(4242), record(77))
+    listing = IncrementalJobListing(rest)
+    first = await listing.changed_jobs({"sim"})
+    assert first is not None
+    ran = {job.job_id: job for job in first.jobs}
+    rest.take_asked()
+
+    set_states(rest, 4242, "COMPLETED", "COMPLETING")
+    set_states(rest, 77, "RUNNING", "COMPLETING")
+    ending = await listing.changed_jobs({"sim"})
+    asked_ending = rest.take_asked()
+    set_states(rest, 4242, "COMPLETED")
+    set_states(rest, 77, "TIMEOUT")
+    ended = await listing.changed_jobs({"sim"})
+
+    assert asked_ending == ["/jobs/state/"] and rest.asked == ["/jobs/state/"], "no job read again"
+    assert ending is not None and ended is not None
+    views = {job.job_id: job for job in ending.jobs}
+    assert (views[4242].state, views[4242].state_flags) == ("COMPLETED", {"COMPLETING"})
+    assert (views[77].state, views[77].state_flags) == ("RUNNING", {"COMPLETING"})
+    views = {job.job_id: job for job in ended.jobs}
+    assert (views[4242].state, views[4242].state_flags) == ("COMPLETED", frozenset())
+    assert views[77].state == "TIMEOUT"
+    assert views[4242].nodes == ran[4242].nodes and views[4242].run == ran[4242].run
+    assert ran[4242].read_at < views[4242].read_at <= rest.asked_at["/jobs/state/"], "as new as the states"
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (("RUNNING",), ("PENDING", "REQUEUED")),  # a requeue: its next run is another
+        (("RUNNING",), ("COMPLETED", "REQUEUED")),
+        (("RUNNING",), ("RUNNING", "RESIZING")),  # its nodes change
+        (("RUNNING",), ("SUSPENDED",)),  # not an end
+        (("PENDING",), ("CANCELLED",)),  # never started: no allocation to keep
+    ],
+)
+async def test_any_other_change_is_read(before: tuple[str, ...], after: tuple[str, ...]) -> None:
+    rest = FakeRest(record(4242, before[0]))
+    set_states(rest, 4242, *before)
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.take_asked()
+
+    set_states(rest, 4242, *after)
+    changed = await listing.changed_jobs({"sim"})
+
+    assert rest.asked == ["/jobs/state/", "/job/4242"]
+    assert changed is not None and changed.jobs[0].state == next(s for s in after if s in BASE_STATES)
+
+
+async def test_an_end_under_a_printed_id_it_shares_is_read() -> None:
+    """A pending array's rest prints the id of its first task: which record the end is, only a
+    read says."""
+    rest = FakeRest(record(408, printed="408_0"), record(408, "PENDING", printed="408_[1-7]"))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    rest.take_asked()
+
+    rest.records[0] = {**rest.records[0], "job_state": ["COMPLETED"]}
+    await listing.changed_jobs({"sim"})
+
+    assert rest.asked == ["/jobs/state/", "/job/408"]

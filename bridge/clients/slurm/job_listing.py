@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
 
 from bridge.clients.slurm import JobListing, parse_listing
 from bridge.core.errors import PermanentError, SlurmAuthError, SlurmUnavailable
-from bridge.core.model import JobAllocation, ModelError, allocation_from_rest
+from bridge.core.model import BASE_STATES, JobAllocation, ModelError, allocation_from_rest
 
 log = structlog.get_logger(__name__)
 
@@ -74,11 +76,12 @@ class IncrementalJobListing:
         if states == previous:
             return None
         changed = [key for key, state in states.items() if previous.get(key) != state]
+        ending = self._ending_started_jobs(changed, states)
         # A job of another partition that ran there can never become ours, unless it is pending
         # again (requeued), when `scontrol update Partition=` may move it.
         by_id: dict[int, list[str]] = {}
         for key in changed:
-            if self._foreign.get(key, True) or "PENDING" in states[key]:
+            if key not in ending and (self._foreign.get(key, True) or "PENDING" in states[key]):
                 by_id.setdefault(_id_of(key), []).append(key)
         # One read per job: a pending array's tasks share its id until they start.
         reads = asyncio.Semaphore(READS_AT_ONCE)
@@ -125,11 +128,33 @@ class IncrementalJobListing:
             if job_id not in listed_ids:
                 self._bridged.pop(job_id, None)
                 self._unreadable.discard(job_id)
+        for key in ending:
+            job_id = _id_of(key)
+            self._bridged[job_id] = ended_view(self._bridged[job_id], states[key], read_at)
         self._states = committed
         self._unreadable = (self._unreadable - set(tasks)) | unread | unparseable
         self._unreadable &= listed_ids
         return JobListing(read_at=read_at, jobs=tuple(self._bridged.values()),
                           unreadable=frozenset(self._unreadable))
+
+    def _ending_started_jobs(self, changed: list[str], states: dict[str, tuple[str, ...]]) -> set[str]:
+        """The changed keys whose new state only says a job that had started is ending or has ended:
+        their record is not read again (two reads a job, at COMPLETING and at its end, and as many
+        of slurmctld's RPCs), its last view takes the new state. Only for a job the listing holds a
+        started view of, under one printed id, whose new state is an end (or RUNNING) with no flag
+        but COMPLETING: a requeue (REQUEUED, then PENDING with a new run), a resize or anything
+        else is read."""
+        candidates = [key for key in changed if _id_of(key) in self._bridged and _only_an_end(states[key])]
+        if not candidates:
+            return set()
+        printed = Counter(_id_of(key) for key in states)
+        ending = set()
+        for key in candidates:
+            view = self._bridged[_id_of(key)]
+            if (printed[view.job_id] == 1 and view.job_id not in self._unreadable
+                    and view.state in STARTED_STATES and view.nodes):
+                ending.add(key)
+        return ending
 
     def _record_read(
         self, job_id: int, outcome: JobAllocation | BaseException | None, keys: list[str],
@@ -200,6 +225,25 @@ class IncrementalJobListing:
         self._states = states
         self._full_read_at = read_at
         return listing
+
+
+ENDED_STATES = BASE_STATES - {"PENDING", "RUNNING", "SUSPENDED"}
+STARTED_STATES = BASE_STATES - {"PENDING"}
+"""A view in one of these has its allocation: the job started."""
+
+
+def _only_an_end(state: tuple[str, ...]) -> bool:
+    """`state` (a /jobs/state/ entry) says a job ended or is ending, and nothing else."""
+    bases = [part for part in state if part in BASE_STATES]
+    flags = set(state) - set(bases)
+    return (len(bases) == 1 and flags <= {"COMPLETING"}
+            and (bases[0] in ENDED_STATES or (bases[0] == "RUNNING" and "COMPLETING" in flags)))
+
+
+def ended_view(view: JobAllocation, state: tuple[str, ...], read_at: float) -> JobAllocation:
+    """`view` with the ending `state` the states read at `read_at` gave (_only_an_end)."""
+    base = next(part for part in state if part in BASE_STATES)
+    return replace(view, state=base, state_flags=frozenset(state) - {base}, read_at=read_at)
 
 
 OFF_LOOP_RECORDS = 200
