@@ -9,16 +9,18 @@ import (
 	"syscall"
 )
 
-// makeTmpdir sets TMPDIR for the process about to start: /tmp when it is unset and this is
-// the node's first task (slurmstepd does it for local task 0 only); a given one is made (0700)
-// when missing and replaced by /tmp when it is not a directory the job can write and enter.
-// Silent, as natively (slurmstepd logs it in its own log, which the user does not see).
+// makeTmpdir sets TMPDIR for the process about to start, if it is its node's first task
+// (slurmstepd does it for local task 0 only; the others keep what they were given): /tmp when
+// unset; a given one is made (0700) when missing and replaced by /tmp when it is not a directory
+// the job can write and enter. Silent, as natively (slurmstepd logs it in its own log, which the
+// user does not see).
 func makeTmpdir(firstTask bool) {
+	if !firstTask {
+		return
+	}
 	dir, set := os.LookupEnv("TMPDIR")
 	if !set {
-		if firstTask {
-			_ = os.Setenv("TMPDIR", "/tmp")
-		}
+		_ = os.Setenv("TMPDIR", "/tmp")
 		return
 	}
 	if os.Mkdir(dir, 0o700) == nil || usableDir(dir) {

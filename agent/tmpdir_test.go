@@ -27,6 +27,16 @@ func TestAnUnsetTmpdirIsTmpForTheFirstTaskOnly(t *testing.T) {
 	}
 }
 
+func TestAnotherTaskKeepsItsTmpdirAsItIs(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "not-made")
+	if got, _ := tmpdirAfter(t, &missing, false); got != missing {
+		t.Fatalf("TMPDIR %q, want %q untouched (slurmstepd checks local task 0's only)", got, missing)
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Fatalf("made %s for a task that is not its node's first", missing)
+	}
+}
+
 func TestAMissingTmpdirIsMadeForTheJobAlone(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "job-tmp")
 	if got, _ := tmpdirAfter(t, &dir, true); got != dir {
@@ -40,7 +50,7 @@ func TestAMissingTmpdirIsMadeForTheJobAlone(t *testing.T) {
 
 func TestAnExistingTmpdirIsKept(t *testing.T) {
 	dir := t.TempDir()
-	if got, _ := tmpdirAfter(t, &dir, false); got != dir {
+	if got, _ := tmpdirAfter(t, &dir, true); got != dir {
 		t.Fatalf("TMPDIR %q, want %q", got, dir)
 	}
 }
@@ -53,7 +63,7 @@ func TestATmpdirThatCannotBeADirectoryIsTmp(t *testing.T) {
 	unreachable := filepath.Join(file, "below-a-file")
 	empty := ""
 	for _, value := range []*string{&file, &unreachable, &empty} {
-		if got, _ := tmpdirAfter(t, value, false); got != "/tmp" {
+		if got, _ := tmpdirAfter(t, value, true); got != "/tmp" {
 			t.Fatalf("TMPDIR=%q became %q, want /tmp", *value, got)
 		}
 	}

@@ -86,6 +86,8 @@ class JobStore:
         listed: set[int] = set(listing.unreadable)  # listed, only unreadable: no news about them
         for alloc in listing.jobs:
             listed.add(alloc.job_id)
+            if alloc.job_id in listing.state_only:
+                alloc = self._on_newest_allocation(alloc)
             # Versioned by when the record itself was read: a listing may carry views read
             # before it (slurmrestd's poll reads only changed jobs), which must not undo a newer
             # read of one job (a refresh, an attach).
@@ -101,6 +103,18 @@ class JobStore:
             changed.add(job_id)
         self._listed_at = max(self._listed_at, listing.read_at)
         return changed
+
+    def _on_newest_allocation(self, ended: JobAllocation) -> JobAllocation:
+        """An end the listing took from the job states alone, on the newest started view here: an
+        attach or a refresh may have read the job since the listing last did (a later run, after
+        a requeue and a start between two polls that the states never showed)."""
+        entry = self._entries.get(ended.job_id)
+        if entry is None or entry.alloc is None or entry.version > ended.read_at:
+            return ended
+        known = entry.alloc
+        if known.state == "PENDING" or not known.nodes:
+            return ended
+        return replace(known, state=ended.state, state_flags=ended.state_flags, read_at=ended.read_at)
 
     async def refresh(self, job_id: int) -> JobView:
         """Ask Slurm about this one job now and record the answer (the newest view there is)."""

@@ -236,6 +236,9 @@ def container_environment(
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
     if not cfg.pods.agent_image:
         env = without_limits(env)
+        # No agent to check the job's TMPDIR in the pod (a host path may not exist there): the
+        # one slurmstepd falls back to, which every image has.
+        env["TMPDIR"] = "/tmp"
     else:
         # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
         env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)

@@ -158,3 +158,22 @@ async def test_a_listing_carrying_an_older_read_of_a_job_does_not_undo_a_newer_o
     view = reconciler.jobs.get(42)
     assert view is not None and view.alloc is not None
     assert view.alloc.state == "RUNNING"
+
+
+async def test_an_end_from_the_job_states_lands_on_the_newest_run_read_since() -> None:
+    """The listing took an end from the job states alone onto its last read (run 0); the waiter of
+    run 1 attached since (a requeue and a start between two polls): the end is run 1's, with its
+    nodes. A full read in the listing replaces the view as it is."""
+    store = JobStore(Slurm())  # type: ignore[arg-type]
+    run1 = replace(allocation(run=1, nodes=(allocation().nodes[1],)), read_at=2.0)
+    store.record(run1)
+    listed_run0 = replace(allocation(state="COMPLETED", state_flags=frozenset({"COMPLETING"})), read_at=3.0)
+
+    store.apply_listing(JobListing(read_at=3.0, jobs=(listed_run0,), state_only=frozenset({42})))
+    ended = store.get(42)
+    store.apply_listing(JobListing(read_at=4.0, jobs=(replace(listed_run0, read_at=4.0),)))
+    read = store.get(42)
+
+    assert ended is not None and ended.alloc == replace(run1, state="COMPLETED",
+                                                        state_flags=frozenset({"COMPLETING"}), read_at=3.0)
+    assert read is not None and read.alloc is not None and read.alloc.run == 0, "a full read: as it is"

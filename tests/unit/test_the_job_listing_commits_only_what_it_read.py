@@ -495,3 +495,23 @@ async def test_an_end_under_a_printed_id_it_shares_is_read() -> None:
     await listing.changed_jobs({"sim"})
 
     assert rest.asked == ["/jobs/state/", "/job/408"]
+
+
+async def test_a_job_whose_end_came_from_its_state_is_read_at_its_next_change() -> None:
+    """Requeued and started again between two polls, after an end the states told: the new run is
+    read (the job is still ours, not a job of another partition left unread), and its view is a
+    read one again."""
+    rest = FakeRest(record(4242))
+    listing = IncrementalJobListing(rest)
+    await listing.changed_jobs({"sim"})
+    set_states(rest, 4242, "COMPLETED")
+    ended = await listing.changed_jobs({"sim"})
+    rest.take_asked()
+
+    rest.records = [{**record(4242), "restart_cnt": 1}]
+    again = await listing.changed_jobs({"sim"})
+
+    assert ended is not None and ended.state_only == {4242}
+    assert rest.asked == ["/jobs/state/", "/job/4242"]
+    assert again is not None and again.state_only == frozenset()
+    assert [(job.state, job.run) for job in again.jobs] == [("RUNNING", 1)]

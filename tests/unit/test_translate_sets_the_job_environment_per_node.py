@@ -32,7 +32,7 @@ def objects(
         kwargs.get("payload", payload()),
         Directives(image="x"),
         part or PartitionConfig(),
-        config(),
+        kwargs.get("cfg") or config(),
     )
 
 
@@ -70,6 +70,7 @@ def test_per_node_slurm_variables() -> None:
         "SLURM_NODELIST": "kube[1-2]",
         "SLURM_SUBMIT_DIR": "/home/alice/run",
         "SLURM_LOCALID": "0",
+        "TMPDIR": "/tmp",  # no agent in this config to check the job's own
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "kube1",
         "MASTER_PORT": "20042",
@@ -160,13 +161,20 @@ def test_the_script_gets_the_batch_hosts_values_and_tmpdir_as_natively() -> None
     not the Secret an array's tasks share (a site's prolog may give each job a TMPDIR of its own)."""
     host = {"SLURM_GTIDS": "0", "SLURM_TOPOLOGY_ADDR": "kube1", "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
             "TMPDIR": "/tmp/job-42"}
-    secret, pods = objects(payload=payload(environment=host))
+    with_agent = config(pods=PodsConfig(supplemental_groups_policy="", agent_image="agent:1"))
+    secret, pods = objects(payload=payload(environment=host), cfg=with_agent)
     first, second = (seen(secret, pod) for pod in pods)
     assert {name: first.get(name) for name in host} == host
     assert {name: second.get(name) for name in host} == {
         "SLURM_GTIDS": None, "SLURM_TOPOLOGY_ADDR": None, "SLURM_TOPOLOGY_ADDR_PATTERN": None,
         "TMPDIR": "/tmp/job-42"}
     assert not set(host) & set(secret["data"])
+
+
+def test_without_the_agent_to_check_it_tmpdir_is_tmp() -> None:
+    """A TMPDIR of the slurmd host's may not exist in the pod, and only the agent checks it there."""
+    secret, pods = objects(payload=payload(environment={"TMPDIR": "/scratch/alice"}))
+    assert [seen(secret, pod)["TMPDIR"] for pod in pods] == ["/tmp", "/tmp"]
 
 
 def test_host_gpu_variables_are_replaced_not_merged() -> None:

@@ -37,6 +37,9 @@ class JobListing:
     unreadable: frozenset[int] = frozenset()
     """Ids of jobs in the wanted partitions whose record could not be parsed: listed, so not gone,
     but without a usable view (logged once per job and skipped)."""
+    state_only: frozenset[int] = frozenset()
+    """Ids of jobs whose view here only has a newer state than their last read (an end the job
+    states said, job_listing.ended_view): its other fields may be older than a view read since."""
 
 
 class SlurmClient(Protocol):

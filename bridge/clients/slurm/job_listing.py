@@ -49,6 +49,8 @@ class IncrementalJobListing:
         """Jobs of other partitions, by printed id: True while PENDING (may still become ours)."""
         self._full_read_at = 0.0
         self._reported: set[int] = set()
+        self._state_only: set[int] = set()
+        """Jobs whose view in _bridged took an end from the states (ended_view), not from a read."""
 
     async def changed_jobs(self, partitions: Collection[str] | None = None) -> JobListing | None:
         """The jobs of `partitions` if any job changed since the previous call, else None.
@@ -119,7 +121,7 @@ class IncrementalJobListing:
                 else:
                     committed.pop(key, None)
         for key in changed:
-            if _id_of(key) not in by_id:
+            if _id_of(key) not in by_id and key not in ending:
                 self._foreign[key] = False
         listed_ids = {_id_of(key) for key in states}
         for key in previous.keys() - states.keys():
@@ -131,11 +133,13 @@ class IncrementalJobListing:
         for key in ending:
             job_id = _id_of(key)
             self._bridged[job_id] = ended_view(self._bridged[job_id], states[key], read_at)
+            self._state_only.add(job_id)
         self._states = committed
         self._unreadable = (self._unreadable - set(tasks)) | unread | unparseable
         self._unreadable &= listed_ids
+        self._state_only &= self._bridged.keys()
         return JobListing(read_at=read_at, jobs=tuple(self._bridged.values()),
-                          unreadable=frozenset(self._unreadable))
+                          unreadable=frozenset(self._unreadable), state_only=frozenset(self._state_only))
 
     def _ending_started_jobs(self, changed: list[str], states: dict[str, tuple[str, ...]]) -> set[str]:
         """The changed keys whose new state only says a job that had started is ending or has ended:
@@ -170,6 +174,7 @@ class IncrementalJobListing:
                 log.warning("slurm.record_skipped", job_id=job_id, error=repr(outcome))
             return isinstance(outcome, ModelError)
         self._reported.discard(job_id)
+        self._state_only.discard(job_id)
         elsewhere = outcome is not None and wanted is not None and outcome.partition not in wanted
         if outcome is not None and not elsewhere:
             self._bridged[job_id] = outcome
@@ -219,6 +224,7 @@ class IncrementalJobListing:
         # this poll touches _reported: no race.)
         listing = await asyncio.to_thread(parse) if len(records) > OFF_LOOP_RECORDS else parse()
         self._bridged = {alloc.job_id: alloc for alloc in listing.jobs}
+        self._state_only = set()
         self._unreadable = set(listing.unreadable)
         ours = set(self._bridged) | self._unreadable
         self._foreign = {key: "PENDING" in state for key, state in states.items() if _id_of(key) not in ours}
