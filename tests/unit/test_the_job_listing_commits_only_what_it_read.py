@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from bridge.clients.slurm import job_listing
 from bridge.clients.slurm.job_listing import IncrementalJobListing
+from bridge.controller.jobstore import JobStore
 from bridge.core.errors import PermanentError, SlurmAuthError, SlurmUnavailable
 from bridge.core.model import BASE_STATES, JobAllocation, ModelError, allocation_from_rest
 
@@ -456,7 +457,7 @@ async def test_a_started_jobs_end_is_taken_from_its_state_without_reading_it_aga
     assert (views[4242].state, views[4242].state_flags) == ("COMPLETED", frozenset())
     assert views[77].state == "TIMEOUT"
     assert views[4242].nodes == ran[4242].nodes and views[4242].run == ran[4242].run
-    assert ran[4242].read_at < views[4242].read_at <= rest.asked_at["/jobs/state/"], "as new as the states"
+    assert views[4242].read_at >= rest.asked_at["/jobs/state/"] > ran[4242].read_at, "the states' answer's"
 
 
 @pytest.mark.parametrize(
@@ -484,8 +485,8 @@ async def test_any_other_change_is_read(before: tuple[str, ...], after: tuple[st
 
 
 async def test_an_end_under_a_printed_id_it_shares_is_read() -> None:
-    """A pending array's rest prints the id of its first task: which record the end is, only a
-    read says."""
+    """Two entries of the states under one job id (the listing allows for a pending array's rest
+    printed as its first task's id): which record the end is, only a read says."""
     rest = FakeRest(record(408, printed="408_0"), record(408, "PENDING", printed="408_[1-7]"))
     listing = IncrementalJobListing(rest)
     await listing.changed_jobs({"sim"})
@@ -515,3 +516,31 @@ async def test_a_job_whose_end_came_from_its_state_is_read_at_its_next_change() 
     assert rest.asked == ["/jobs/state/", "/job/4242"]
     assert again is not None and again.state_only == frozenset()
     assert [(job.state, job.run) for job in again.jobs] == [("RUNNING", 1)]
+
+
+async def test_an_end_the_states_told_wins_over_a_read_sent_while_they_were_asked_for() -> None:
+    """A waiter's request reads its job while the poll's states are on their way (sent after them,
+    answered RUNNING just before the job ended); the states then say it ended. The end is newer:
+    the job store must not keep the job running (nothing would read it again before the full
+    resync, five minutes later)."""
+    rest = FakeRest(record(4242))
+    listing = IncrementalJobListing(rest)
+    store = JobStore(rest)  # type: ignore[arg-type]
+    first = await listing.changed_jobs({"sim"})
+    assert first is not None
+    store.apply_listing(first)
+    states = rest.get
+
+    async def the_job_ends_while_its_waiter_reads_it(path: str) -> dict[str, Any]:
+        if path == "/jobs/state/":
+            store.record(allocation_from_rest(rest.records[0], time.monotonic()))  # still RUNNING
+            rest.set_state(4242, "COMPLETED")
+        return await states(path)
+
+    rest.get = the_job_ends_while_its_waiter_reads_it  # type: ignore[method-assign]
+    ended = await listing.changed_jobs({"sim"})
+    assert ended is not None
+    store.apply_listing(ended)
+
+    view = store.get(4242)
+    assert view is not None and view.alloc is not None and view.alloc.state == "COMPLETED"

@@ -74,6 +74,10 @@ class IncrementalJobListing:
                 log.warning("slurm.full_listing_failed", error=str(error))
         read_at = time.monotonic()
         states = await self._job_states()
+        # An end stays an end (a requeue is a new state, read): versioned by when the answer
+        # came, it is newer than any read sent before then, which may have seen the job still
+        # running (a waiter's request while the poll was under way).
+        answered_at = time.monotonic()
         previous = self._states
         if states == previous:
             return None
@@ -132,7 +136,7 @@ class IncrementalJobListing:
                 self._unreadable.discard(job_id)
         for key in ending:
             job_id = _id_of(key)
-            self._bridged[job_id] = ended_view(self._bridged[job_id], states[key], read_at)
+            self._bridged[job_id] = ended_view(self._bridged[job_id], states[key], answered_at)
             self._state_only.add(job_id)
         self._states = committed
         self._unreadable = (self._unreadable - set(tasks)) | unread | unparseable
@@ -247,7 +251,7 @@ def _only_an_end(state: tuple[str, ...]) -> bool:
 
 
 def ended_view(view: JobAllocation, state: tuple[str, ...], read_at: float) -> JobAllocation:
-    """`view` with the ending `state` the states read at `read_at` gave (_only_an_end)."""
+    """`view` with the ending `state` (_only_an_end) the states answered at `read_at` gave."""
     base = next(part for part in state if part in BASE_STATES)
     return replace(view, state=base, state_flags=frozenset(state) - {base}, read_at=read_at)
 
