@@ -10,7 +10,7 @@ package main
 // let them bite the agent (a fork past RLIMIT_NPROC, a thread or a heap past RLIMIT_AS, fds past
 // RLIMIT_NOFILE in its relays). So the script or task is started through a second, short-lived
 // agent (`agent with-limits script|task PATH -- ARGV`) that sets them on itself and execs the
-// program: its pid, group and terminal become the program's.
+// program: its pid, group and terminal become the program's, and so does SLURM_TASK_PID.
 
 import (
 	"errors"
@@ -33,25 +33,9 @@ var slurmLimits = []struct {
 	{"DATA", 2}, {"AS", 9}, {"NPROC", 6},
 }
 
-// jobLimitsGiven: whether the environment has anything for with-limits to do.
-func jobLimitsGiven() bool {
-	if _, ok := os.LookupEnv("SLURM_UMASK"); ok {
-		return true
-	}
-	for _, limit := range slurmLimits {
-		if _, ok := os.LookupEnv("SLURM_RLIMIT_" + limit.name); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// throughLimits is argv started through `agent with-limits script|task` where the job has
-// limits or a umask to set (path: the program, as found), else argv itself.
+// throughLimits is argv started through `agent with-limits script|task`: always, for that second
+// agent also gives the program its SLURM_TASK_PID (below).
 func throughLimits(kind, path string, argv []string) (string, []string) {
-	if !jobLimitsGiven() {
-		return path, argv
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return path, argv // without them rather than not at all
@@ -80,6 +64,10 @@ func withLimits(path string, argv []string, keepUmask bool, notFound, notRunnabl
 		values[i], _ = os.LookupEnv(name)
 		_ = os.Unsetenv(name)
 	}
+	// The exec keeps this process's pid: the program's, which slurmstepd gives the script and
+	// each task natively (a step task's came from its proxy on the slurmd host, a pid of no use
+	// here).
+	_ = os.Setenv("SLURM_TASK_PID", strconv.Itoa(os.Getpid()))
 	environ := os.Environ() // before the limits: DATA and AS may leave little to allocate
 	for i, limit := range slurmLimits {
 		value := values[i]

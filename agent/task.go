@@ -60,6 +60,10 @@ func task(pidfile, encodedEnv string, argv []string) {
 			_ = os.Unsetenv(key)
 		}
 	}
+	if _, given := env["PATH"]; !given && env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] == "" {
+		// The container's PATH (an interactive step's task): the image's, after the agent's links.
+		agentFirstOnPath()
+	}
 	searchPath := os.Getenv("PATH")
 	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
 		if err := os.Chdir(cwd); err != nil {

@@ -336,12 +336,12 @@ class PartitionConfig:
         "File=/dev/nvidia[0-N], minor = index; NVIDIA's driver); `pciBusID`: the N-th device by ascending "
         "`pciBusID` (Slurm's AutoDetect=nvml order)."))
     host_network: StrictBool = Field(default=False, description=(
-        "Run pods in the node's network namespace, like native Slurm jobs (MASTER_ADDR is then the first "
-        "Kubernetes node's name)."))
+        "Run pods in the node's network namespace, like native Slurm jobs (the nodes' own names resolve "
+        "as on the hosts)."))
     resolve_first_node: StrictBool = Field(default=True, description=(
         "Every pod of a multi-node job resolves the first Slurm node's name to the first pod "
         "(`MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)`, torch.distributed's "
-        "TCP rendezvous; MASTER_ADDR is set to that name): the first pod is created first, and the others "
+        "TCP rendezvous): the first pod is created first, and the others "
         "once it has an address, with the name as a host alias of it. Off: all pods at once (they start "
         "one pod network setup sooner), and rank 0 is reachable only by pod address. Ignored with "
         "host_network."))

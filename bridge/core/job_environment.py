@@ -1,5 +1,5 @@
 """The environment of a job's containers: the job's own variables minus what describes the slurmd host,
-and the per-node Slurm, distributed-training and GPU variables each node's container gets. Pure.
+and the per-node Slurm and GPU variables each node's container gets. Pure.
 
 The job's environment is passed on minus host-only variables (PATH, LD_*, the login session's),
 minus Slurm's values for the batch host (each pod gets its own node's) and minus names Kubernetes
@@ -15,13 +15,10 @@ from collections.abc import Mapping
 from bridge.core import wellknown
 from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.model import JobAllocation, JobPayload
-from bridge.core.rendezvous import first_node_named
-
-MASTER_PORT_BASE = 20000
-"""MASTER_PORT = base + job id % 10000: fixed per job, and jobs sharing a host network rarely clash."""
 
 # Variables that describe the slurmd host, the waiter process or the login session, not the job.
-# PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's.
+# PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's,
+# so the pod's spec sets none (the agent puts its own bin directory first on the image's).
 # LD_* point at host libraries and would break (or hijack) binaries in the image.
 HOST_ONLY_ENV = frozenset(
     {
@@ -82,9 +79,11 @@ PER_NODE_ENV = frozenset(
     }
 )
 
-BATCH_HOST_ENV = ("SLURM_GTIDS", "SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN")
-"""Per-node values the batch script gets natively that describe node 0, the batch host: the first
-node's pod, which runs the script, takes them as slurmstepd gave them to the waiter."""
+BATCH_HOST_ENV = ("SLURM_GTIDS", "SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN", "SLURM_STEP_ID",
+                  "SLURM_STEPID")
+"""Per-node values the batch script gets natively that describe node 0, the batch host, and its
+step (the batch step, -5): the first node's pod, which runs the script, takes them as slurmstepd
+gave them to the waiter."""
 
 # What Kubernetes accepts as an env var name without the RelaxedEnvironmentVariableValidation gate.
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -103,8 +102,7 @@ def job_environment(environment: Mapping[str, str]) -> dict[str, str]:
 
 
 def node_environment(
-    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, index: int, master_addr: str,
-    home: str | None = None,
+    alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, index: int, home: str | None = None,
 ) -> dict[str, str]:
     """The full environment of node `index`'s container (before `$` escaping)."""
     node = alloc.nodes[index]
@@ -142,15 +140,9 @@ def node_environment(
             # One script instance per node, so node index = task rank, local rank 0.
             "SLURM_PROCID": str(index),
             "SLURM_LOCALID": "0",
-            # torch.distributed & co.: one process per node; torchrun overrides RANK/WORLD_SIZE for
-            # its workers and reads NODE_RANK. MASTER_ADDR is the first node as every pod can
-            # resolve it (translate.first_node_named): the first Slurm node's name, or with the
-            # partition's host_network the first Kubernetes node's.
-            "RANK": str(index),
-            "NODE_RANK": str(index),
-            "WORLD_SIZE": str(count),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(MASTER_PORT_BASE + alloc.job_id % 10000),
+            # No RANK, WORLD_SIZE or MASTER_ADDR: Slurm sets none, and a step's tasks would all
+            # inherit their pod's (code that prefers RANK to SLURM_PROCID, as torchrun-aware
+            # training scripts do, would make every task rank 0 of a world of one).
         }
     )
     if node.cpus > 0:
@@ -219,19 +211,14 @@ def task_gpu_environment(
     return dict.fromkeys(GPU_ORDINAL_VARIABLES, ",".join(ordinals)), []
 
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-"""The PATH the agent's bin directory is put before when the job brought none (the host's is dropped)."""
-
-
 def container_environment(
     alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig, index: int,
-    k8s_names: list[str], home: str | None, delivered: bool,
+    home: str | None, delivered: bool,
 ) -> dict[str, str]:
     """Everything node `index`'s container gets in its environment (before `$` escaping) but the
     paths of the user's files (bridge.core.pod_user): the job's, node `index`'s Slurm variables,
     and what the bridge's agent reads. `delivered`: the script is copied into the first pod."""
-    master = alloc.nodes[0].name if first_node_named(alloc, part) else k8s_names[0]
-    env = node_environment(alloc, payload, part, index, master_addr=master, home=home)
+    env = node_environment(alloc, payload, part, index, home=home)
     if delivered and index == 0:
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
     if not cfg.pods.agent_image:
@@ -240,8 +227,6 @@ def container_environment(
         # one slurmstepd falls back to, which every image has.
         env["TMPDIR"] = "/tmp"
     else:
-        # `srun` in the job is the agent's step launcher (a symlink in its bin directory).
-        env["PATH"] = f"{wellknown.AGENT_DIR}/bin:" + (env.get("PATH") or DEFAULT_PATH)
         if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:
             env[wellknown.ENV_USAGE_INTERVAL] = str(cfg.pods.usage_interval_s)
         if index == 0 and cfg.termination_grace_s != wellknown.DEFAULT_TERMINATION_GRACE_S:

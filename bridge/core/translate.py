@@ -139,7 +139,7 @@ def desired_objects(
     k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     delivered = script_bytes > MAX_SCRIPT_BYTES
-    envs = [container_environment(alloc, payload, part, cfg, index, k8s_names, home, delivered)
+    envs = [container_environment(alloc, payload, part, cfg, index, home, delivered)
             for index in range(len(alloc.nodes))]
     shared = shared_environment(envs)
     env_bytes = sum(len(value.encode("utf-8", "surrogateescape")) for value in shared.values())
@@ -159,7 +159,7 @@ def desired_objects(
                 f"together exceed the {SECRET_DATA_BYTES} bytes that fit into Kubernetes (a Secret) "
                 "without the bridge's in-pod agent ([pods] agent_image)")
         delivered = True  # the agent copies the script in once the first pod runs
-        envs = [container_environment(alloc, payload, part, cfg, index, k8s_names, home, delivered)
+        envs = [container_environment(alloc, payload, part, cfg, index, home, delivered)
                 for index in range(len(alloc.nodes))]
         shared = shared_environment(envs)
     secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script, files)

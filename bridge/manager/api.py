@@ -211,7 +211,7 @@ class Api:
         except ValueError:
             raise web.HTTPBadRequest(text="task request needs key, node and env") from None
         key = body.key
-        task_env = {k: v for k, v in (body.env or {}).items() if k.startswith("SLURM")}
+        task_env = {k: v for k, v in (body.env or {}).items() if k.startswith("SLURM") or k == "SRUN_DEBUG"}
         step = self.reconciler.step_of(job_id, key)
         if step is None or step.get("command"):  # a Slurm command's key runs no task
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")

@@ -3,7 +3,9 @@
 # as OCI archives cached in $SBX_CACHE/images/<recipe-hash>/, then import them
 # into the given containerd sockets (skipped when already there).
 #
-#   sandbox.local/busybox:1        busybox-static, applets linked in /bin etc.
+#   sandbox.local/busybox:1        busybox-static, applets linked in /bin etc.; its PATH starts with
+#                                  /opt/busybox-image/bin, as a conda or CUDA image's starts with its
+#                                  own directories (image-path-probe there says it was found)
 #   sandbox.local/debian-python:12 debootstrap minbase bookworm + python3 (its whole standard library)
 #   sandbox.local/pause:1          pod sandbox ("pause") image, busybox layer
 #
@@ -54,7 +56,12 @@ build_busybox() { # also the pause image: same layer, other entrypoint
   done
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$tmp/root/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$tmp/root/etc/group"
+  mkdir -p "$tmp/root/opt/busybox-image/bin"
+  printf '#!/bin/sh\necho "image-path-probe: found on the image'"'"'s PATH"\n' \
+    >"$tmp/root/opt/busybox-image/bin/image-path-probe"
+  chmod 755 "$tmp/root/opt/busybox-image/bin/image-path-probe"
   mkimage --rootfs "$tmp/root" --name sandbox.local/busybox:1 --cmd '["sh"]' \
+    --env PATH=/opt/busybox-image/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --out "$IMG_DIR/busybox-1.tar" >"$IMG_DIR/busybox-1.digest"
   # pause: PID 1 of each pod; sh reaps orphans while waiting, exits on TERM.
   mkimage --rootfs "$tmp/root" --name sandbox.local/pause:1 \

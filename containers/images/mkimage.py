@@ -56,7 +56,9 @@ def main():
         layer_digest = sha256_file(layer)
         layer_size = os.path.getsize(layer)
 
-        env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + a.env
+        # A PATH given replaces the default one (a runtime would take either of two).
+        env = [e for e in ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+               if not any(given.startswith("PATH=") for given in a.env)] + a.env
         cfg = {"Env": env, "WorkingDir": a.workdir}
         if a.entrypoint is not None:
             cfg["Entrypoint"] = a.entrypoint

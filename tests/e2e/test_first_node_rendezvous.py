@@ -43,7 +43,7 @@ else:
 SCRIPT = """#!/bin/sh
 #K8S image=sandbox.local/debian-python:12
 first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-echo "first node $first, bridge MASTER_ADDR $MASTER_ADDR"
+echo "first node $first, MASTER_ADDR ${{MASTER_ADDR-unset}}, RANK ${{RANK-unset}}"
 export MASTER_ADDR=$first
 srun -l python3 {path} | sort
 """
@@ -63,7 +63,7 @@ def _run(bridge: Sandbox, copies: int) -> None:
         assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{text}\n{job_trail(job_id)}"
         first = row["NodeList"].replace("kreal[1-2]", "kreal1").split(",")[0]
         assert text == (
-            f"first node {first}, bridge MASTER_ADDR {first}\n"
+            f"first node {first}, MASTER_ADDR unset, RANK unset\n"
             "0: rank 0 served its peers\n"
             f"1: rank 1 got: hello from rank 0 on {first}\n"
         ), f"{text}\n{job_trail(job_id)}"

@@ -251,13 +251,15 @@ def test_a_script_killed_by_signal_n_exits_128_plus_n(
 
 @pytest.mark.parametrize("program", ["/nonexistent/interpreter", "nonexistent-interpreter"])
 def test_a_missing_program_exits_127_as_in_a_shell(agent: Path, tmp_path: Path, program: str) -> None:
-    """127 like sh's "not found", whether the shebang names a path or a bare name."""
+    """127 like sh's "not found", whether the shebang names a path or a bare name, said on the
+    job's stream (a path: the exec failed in the agent that gives it its limits) or the agent's
+    (a name found nowhere on the PATH: nothing was started)."""
     result = subprocess.run([str(agent), "run", str(tmp_path / "pid"), "merged", "--", program, "x"],
                             capture_output=True, timeout=30, check=False)
 
     assert result.returncode == 127, result.stderr
-    assert result.stdout == b""
-    assert program.encode() in result.stderr
+    said = stream(result.stdout, "o").decode() + result.stderr.decode()
+    assert f"slurm-k8s-bridge-agent: cannot run {program}: " in said, said
 
 
 def test_a_program_that_is_not_executable_exits_126(agent: Path, tmp_path: Path) -> None:
@@ -276,6 +278,37 @@ def test_the_pid_file_holds_the_scripts_pid(agent: Path, tmp_path: Path) -> None
 
     assert result.returncode == 0
     assert (tmp_path / "script.pid").read_text().strip() == stream(result.stdout, "o").decode().strip()
+
+
+def test_the_script_and_a_task_get_their_own_pid_as_slurm_task_pid(agent: Path, tmp_path: Path) -> None:
+    """slurmstepd sets SLURM_TASK_PID to the program's pid; a step task's environment brought the
+    pid of its proxy on the slurmd host, which means nothing in the pod."""
+    result = run(agent, tmp_path, 'echo "$SLURM_TASK_PID $$"', env={**os.environ, "SLURM_TASK_PID": "1"})
+    task_pid, own_pid = stream(result.stdout, "o").decode().split()
+    assert task_pid == own_pid
+
+    encoded = base64.b64encode(json.dumps({"SLURM_TASK_PID": "27367"}).encode()).decode()
+    task = subprocess.run([str(agent), "task", str(tmp_path / "t.pid"), encoded, "--", "/bin/sh", "-c",
+                           'echo "$SLURM_TASK_PID $$"'], capture_output=True, timeout=60, check=False)
+    task_pid, own_pid = task.stdout.decode().split()
+    assert task_pid == own_pid == (tmp_path / "t.pid").read_text().strip()
+
+
+def test_the_images_path_stays_after_the_agents_links(agent: Path, tmp_path: Path) -> None:
+    """The pod's spec sets no PATH: the script finds the image's programs (a conda or CUDA image's
+    directories) and, first, the agent's srun and Slurm commands. A task whose srun brought a PATH
+    keeps it as it is; one that brought none (an interactive step) gets the container's."""
+    image_path = "/opt/conda/bin:/usr/bin:/bin"
+    bin_dir = f"{agent.parent}/bin"
+    result = run(agent, tmp_path, 'echo "$PATH"', env={**os.environ, "PATH": image_path})
+    assert stream(result.stdout, "o") == f"{bin_dir}:{image_path}\n".encode()
+
+    for task_env, expected in (({}, f"{bin_dir}:{image_path}"), ({"PATH": "/usr/bin:/bin"}, "/usr/bin:/bin")):
+        encoded = base64.b64encode(json.dumps(task_env).encode()).decode()
+        task = subprocess.run([str(agent), "task", str(tmp_path / "t.pid"), encoded, "--", "/bin/sh", "-c",
+                               'echo "$PATH"'], capture_output=True, timeout=60, check=False,
+                              env={**os.environ, "PATH": image_path})
+        assert task.stdout.decode().strip() == expected, (task_env, task)
 
 
 def test_what_the_script_left_running_is_killed_when_it_exits(agent: Path, tmp_path: Path) -> None:

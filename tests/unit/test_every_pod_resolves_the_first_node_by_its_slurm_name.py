@@ -54,9 +54,12 @@ def test_the_others_then_resolve_the_first_nodes_name_to_it() -> None:
     assert "hostAliases" not in pods[1]["spec"], "the desired manifests are not changed"
 
 
-def test_master_addr_is_the_first_slurm_nodes_name() -> None:
+def test_the_first_node_is_found_by_its_slurm_name_not_by_a_variable_of_the_bridges() -> None:
+    """`MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)` is the script's
+    own, as natively: the pods resolve that name, and set no MASTER_ADDR of their own."""
     _, pods = _manifests()
-    assert {_env(p)["MASTER_ADDR"] for p in pods} == {"kube1"}
+    assert [p["spec"]["hostname"] for p in pods] == ["kube1", "kube2"]
+    assert all("MASTER_ADDR" not in _env(p) for p in pods)
 
 
 @pytest.mark.parametrize(("part", "nodes"), [

@@ -172,3 +172,23 @@ def test_a_signal_of_the_task_reaches_the_daemon(
                                   else "/v1/jobs/42/user-task-signal")
     assert_request(ran.requests[1][1], signalled)
     assert len(ran.requests) == 2
+
+
+def test_a_task_sends_slurms_variables_the_guard_held_under_their_own_names(
+    waiter: list[str], tmp_path: Path,
+) -> None:
+    """The SPANK guard holds every variable but SLURM_* of a task proxy: slurmstepd's SLURMD_DEBUG
+    and srun's SRUN_DEBUG, which a native task has, go to the task under their own names; the
+    user's own held ones (EDITOR) come from the script's srun, not from here."""
+    env = {**TASK_ENV, "SLURM_K8S_BRIDGE_ENV_HELD": "1", "SLURM_K8S_BRIDGE_HELD_SLURMD_DEBUG": "2",
+           "SLURM_K8S_BRIDGE_HELD_SRUN_DEBUG": "3", "SLURM_K8S_BRIDGE_HELD_EDITOR": "vi"}
+    directory = tmp_path / "step"
+    directory.mkdir()
+    daemon = FakeDaemon([], {"task": task_answer({"exit": 0})})
+    try:
+        ran = run_waiter(waiter, daemon, args=["task", "7"], env=env, cwd=directory, opt=fakes(directory))
+    finally:
+        daemon.close()
+    assert ran.returncode == 0
+    expected_env = {**TASK_REQUEST["env"], "SLURMD_DEBUG": "2", "SRUN_DEBUG": "3"}  # type: ignore[dict-item]
+    assert_request(ran.requests[0][1], {**TASK_REQUEST, "env": expected_env})

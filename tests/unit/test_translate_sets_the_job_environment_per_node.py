@@ -71,9 +71,6 @@ def test_per_node_slurm_variables() -> None:
         "SLURM_SUBMIT_DIR": "/home/alice/run",
         "SLURM_LOCALID": "0",
         "TMPDIR": "/tmp",  # no agent in this config to check the job's own
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "kube1",
-        "MASTER_PORT": "20042",
         "HOME": "/home/alice",
         # Not exported by this job: filled in from Slurm's user name, as a login environment would.
         "USER": "alice",
@@ -86,8 +83,6 @@ def test_per_node_slurm_variables() -> None:
         "SLURMD_NODENAME": "kube1",
         "SLURM_NODEID": "0",
         "SLURM_PROCID": "0",
-        "RANK": "0",
-        "NODE_RANK": "0",
         "SLURM_CPUS_ON_NODE": "2",
         "SLURM_JOB_GPUS": "1,3",
         "SLURM_GPUS_ON_NODE": "2",
@@ -102,8 +97,6 @@ def test_per_node_slurm_variables() -> None:
         "SLURMD_NODENAME": "kube2",
         "SLURM_NODEID": "1",
         "SLURM_PROCID": "1",
-        "RANK": "1",
-        "NODE_RANK": "1",
         "SLURM_CPUS_ON_NODE": "1",
         "NVIDIA_VISIBLE_DEVICES": "void",
     }
@@ -155,20 +148,36 @@ def test_job_environment_filter(name: str, kept: bool) -> None:
 
 
 def test_the_script_gets_the_batch_hosts_values_and_tmpdir_as_natively() -> None:
-    """Natively the batch script has SLURM_GTIDS, SLURM_TOPOLOGY_ADDR(_PATTERN) of node 0 and the
-    TMPDIR slurmstepd checked (the agent checks it again in the pod): the first node's pod, which
-    runs the script, has them; another node's has none of node 0's. Each is in the pod's own env,
-    not the Secret an array's tasks share (a site's prolog may give each job a TMPDIR of its own)."""
+    """Natively the batch script has SLURM_GTIDS, SLURM_TOPOLOGY_ADDR(_PATTERN) of node 0, its
+    step's id (the batch step's, -5) and the TMPDIR slurmstepd checked (the agent checks it again
+    in the pod): the first node's pod, which runs the script, has them; another node's has none of
+    node 0's. Each is in the pod's own env, not the Secret an array's tasks share (a site's prolog
+    may give each job a TMPDIR of its own)."""
     host = {"SLURM_GTIDS": "0", "SLURM_TOPOLOGY_ADDR": "kube1", "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
-            "TMPDIR": "/tmp/job-42"}
+            "SLURM_STEP_ID": "-5", "SLURM_STEPID": "-5", "TMPDIR": "/tmp/job-42"}
     with_agent = config(pods=PodsConfig(supplemental_groups_policy="", agent_image="agent:1"))
     secret, pods = objects(payload=payload(environment=host), cfg=with_agent)
     first, second = (seen(secret, pod) for pod in pods)
     assert {name: first.get(name) for name in host} == host
     assert {name: second.get(name) for name in host} == {
         "SLURM_GTIDS": None, "SLURM_TOPOLOGY_ADDR": None, "SLURM_TOPOLOGY_ADDR_PATTERN": None,
-        "TMPDIR": "/tmp/job-42"}
+        "SLURM_STEP_ID": None, "SLURM_STEPID": None, "TMPDIR": "/tmp/job-42"}
     assert not set(host) & set(secret["data"])
+
+
+@pytest.mark.parametrize("agent_image", [None, "agent:1"])
+def test_no_pod_sets_a_path_or_training_variables_slurm_does_not_set(agent_image: str | None) -> None:
+    """The image's PATH stays (a conda or CUDA image finds its programs; the agent puts its own
+    directory first in the pod), and no RANK, WORLD_SIZE or MASTER_ADDR: natively there are none,
+    and a step's tasks would all inherit their pod's, each one taking itself for rank 0 where code
+    prefers RANK to SLURM_PROCID. What the user exported goes through as natively."""
+    cfg = config(pods=PodsConfig(supplemental_groups_policy="", agent_image=agent_image))
+    exported = {"PATH": "/home/alice/bin:/usr/bin", "WORLD_SIZE": "8"}
+    secret, pods = objects(payload=payload(environment=exported), cfg=cfg)
+    for env in (seen(secret, pod) for pod in pods):
+        assert "PATH" not in env
+        assert not {"RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"} & set(env)
+        assert env["WORLD_SIZE"] == "8"
 
 
 def test_without_the_agent_to_check_it_tmpdir_is_tmp() -> None:
@@ -244,7 +253,7 @@ def test_the_secret_holds_the_script_and_shared_values_and_the_pods_only_their_o
     assert "TOKEN" not in own[0] and "HOME" not in own[0], "the user's values are not repeated"
     # Slurm's and the bridge's per-job values are the pods' own: the Secret is the same for every
     # task of an array.
-    assert {"SLURM_NODEID", "SLURM_JOB_ID", "MASTER_PORT"} <= own[0]
+    assert {"SLURM_NODEID", "SLURM_JOB_ID", "SLURM_JOB_NODELIST"} <= own[0]
     assert not any(key.startswith("SLURM_") and key != wellknown.SECRET_SCRIPT_KEY for key in data)
     assert all(wellknown.SECRET_SCRIPT_KEY in names for names in own), "the script never becomes a variable"
 
@@ -356,8 +365,8 @@ def test_kubelet_gives_back_the_original_value(value: str) -> None:
 
 def test_a_job_exported_without_home_user_and_logname_gets_them_from_slurm_and_nss() -> None:
     bare = payload(environment={"SLURM_JOB_ID": "42"})
-    env = node_environment(allocation(), bare, PartitionConfig(), 0, "kube1", home="/nss/alice")
+    env = node_environment(allocation(), bare, PartitionConfig(), 0, home="/nss/alice")
     assert (env["HOME"], env["USER"], env["LOGNAME"]) == ("/nss/alice", "alice", "alice")
     exported = payload(environment={"HOME": "/elsewhere", "USER": "alias"})
-    env = node_environment(allocation(), exported, PartitionConfig(), 0, "kube1", home="/nss/alice")
+    env = node_environment(allocation(), exported, PartitionConfig(), 0, home="/nss/alice")
     assert (env["HOME"], env["USER"]) == ("/elsewhere", "alias"), "what the job exported wins"

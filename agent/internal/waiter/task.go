@@ -71,11 +71,25 @@ func endAsTheTask(code int64) int {
 	return int(code)
 }
 
-// slurmVariables are the SLURM* variables of environ but the bridge's own.
+// slurmVariables are the SLURM* variables of environ but the bridge's own, and the SRUN_DEBUG
+// srun sets for its tasks: what Slurm gave this task of its own.
 func slurmVariables(environ Object) Object {
 	var env Object
 	for _, f := range environ {
-		if strings.HasPrefix(f.Key, "SLURM") && !strings.HasPrefix(f.Key, "SLURM_K8S_BRIDGE") {
+		if (strings.HasPrefix(f.Key, "SLURM") && !strings.HasPrefix(f.Key, "SLURM_K8S_BRIDGE")) || f.Key == "SRUN_DEBUG" {
+			env = append(env, f)
+		}
+	}
+	return env
+}
+
+// taskVariables are Slurm's variables for this task: those slurmstepd set after the guard held the
+// environment (SLURM_*, SLURMD_NODENAME), then those the guard held (SLURMD_DEBUG, srun's
+// SRUN_DEBUG) under their own names again.
+func taskVariables(environ Object) Object {
+	env := slurmVariables(environ)
+	for _, f := range slurmVariables(JobEnvironment(environ)) {
+		if _, ok := env.Get(f.Key); !ok {
 			env = append(env, f)
 		}
 	}
@@ -90,7 +104,7 @@ func RunTask(apiURL, caFile, key string, early chan os.Signal) int {
 		return crash(problem)
 	}
 	node := lookup(environ, "SLURMD_NODENAME")
-	body := Object{{"key", key}, {"node", node}, {"env", WithLimits(slurmVariables(environ))}}
+	body := Object{{"key", key}, {"node", node}, {"env", WithLimits(taskVariables(environ))}}
 	stdin, err := taskInput()
 	if err != nil {
 		Say(err.Error())

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func agentBin(t *testing.T) string {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(filepath.Dir(self), "bin")
+}
+
+func TestTheImagesPathFollowsTheAgentsBin(t *testing.T) {
+	t.Setenv("PATH", "/opt/conda/bin:/usr/bin:/bin")
+	agentFirstOnPath()
+	if got, want := os.Getenv("PATH"), agentBin(t)+":/opt/conda/bin:/usr/bin:/bin"; got != want {
+		t.Fatalf("PATH %q, want %q", got, want)
+	}
+	agentFirstOnPath() // a task of the script's step: already first, not twice
+	if got, want := os.Getenv("PATH"), agentBin(t)+":/opt/conda/bin:/usr/bin:/bin"; got != want {
+		t.Fatalf("PATH %q after a second call, want %q", got, want)
+	}
+}
+
+func TestAnImageWithoutPathGetsTheRuntimesDefault(t *testing.T) {
+	t.Setenv("PATH", "")
+	agentFirstOnPath()
+	if got, want := os.Getenv("PATH"), agentBin(t)+":"+defaultPath; got != want {
+		t.Fatalf("PATH %q, want %q", got, want)
+	}
+}
