@@ -303,6 +303,19 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin = nil // /dev/null, as for a batch script
+	if path := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_STDIN"); path != "" {
+		// sbatch --input: the file slurmstepd opened on the slurmd host, as the job's user; here
+		// it is opened by the same user, through the volume the pod shares with that host.
+		_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT_STDIN")
+		input, err := os.Open(path)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot open the script's input (sbatch --input) %s in the pod: %v\n",
+				path, err)
+			return 1, false
+		}
+		defer input.Close()
+		cmd.Stdin = input
+	}
 	stdout, stdoutW, err := os.Pipe()
 	if err != nil {
 		fail(err.Error())

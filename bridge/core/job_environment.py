@@ -9,6 +9,7 @@ sends the whole environment and the daemon decides here.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 
@@ -213,12 +214,15 @@ def task_gpu_environment(
 
 def container_environment(
     alloc: JobAllocation, payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig, index: int,
-    home: str | None, delivered: bool,
+    home: str | None, delivered: bool, stdin: str | None = None,
 ) -> dict[str, str]:
     """Everything node `index`'s container gets in its environment (before `$` escaping) but the
     paths of the user's files (bridge.core.pod_user): the job's, node `index`'s Slurm variables,
-    and what the bridge's agent reads. `delivered`: the script is copied into the first pod."""
+    and what the bridge's agent reads. `delivered`: the script is copied into the first pod;
+    `stdin`: the script's stdin in the first pod (script_stdin)."""
     env = node_environment(alloc, payload, part, index, home=home)
+    if stdin and index == 0:
+        env[wellknown.ENV_SCRIPT_STDIN] = stdin
     if delivered and index == 0:
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
     if not cfg.pods.agent_image:
@@ -240,6 +244,35 @@ def script_path(index: int, delivered: bool) -> str:
     if delivered and index == 0:
         return wellknown.AGENT_SCRIPT  # copied in once the pod runs (agent receive-script)
     return f"{wellknown.SCRIPT_DIR}/{wellknown.SCRIPT_FILE}"
+
+
+def script_stdin(payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig) -> str | None:
+    """The pod's path of the file `sbatch --input` gave the batch script as its stdin (slurmstepd
+    opened it on the slurmd host, as the user), through the partition volume whose host path
+    holds it most closely; None for the default /dev/null. ValueError, in the user's words, for a
+    file no pod can open there."""
+    named = payload.environment.get(wellknown.ENV_BATCH_STDIN)
+    if not named:
+        return None
+    # The kernel's name for the waiter's fd 0 is absolute and has no `..`; one sent otherwise
+    # must not climb out of the volume it is matched to.
+    host_path = posixpath.normpath(posixpath.join("/", named))
+    best = None
+    for volume in part.volumes:
+        root = posixpath.normpath(volume.host_path)
+        if (host_path == root or host_path.startswith(root.rstrip("/") + "/")) and (
+                best is None or len(root) > len(posixpath.normpath(best.host_path))):
+            best = volume
+    if best is None:
+        shared = ", ".join(sorted(volume.host_path for volume in part.volumes)) or "none"
+        raise ValueError(
+            f"sbatch --input={host_path}: the file is not on a volume the pods share with the slurmd host "
+            f"(shared: {shared}); name a file under one of them")
+    if not cfg.pods.agent_image:
+        raise ValueError(f"sbatch --input={host_path}: a pod reads a file as its script's stdin only "
+                         "with the bridge's in-pod agent ([pods] agent_image)")
+    rest = host_path[len(posixpath.normpath(best.host_path)):].lstrip("/")
+    return posixpath.join(best.mount_path, rest) if rest else best.mount_path
 
 
 def without_limits(env: dict[str, str]) -> dict[str, str]:

@@ -28,7 +28,7 @@ from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.device_claims import claim_pod
 from bridge.core.directives import Directives, interpreter_of
 from bridge.core.errors import PermanentError
-from bridge.core.job_environment import container_environment, script_path
+from bridge.core.job_environment import container_environment, script_path, script_stdin
 from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.payload_secret import (
     MAX_POD_ENV_BYTES,
@@ -139,7 +139,11 @@ def desired_objects(
     k8s_names = kubernetes_node_names(alloc, part, k8s_nodes)
     groups = sorted({g for g in supplemental_groups if g > 0 and g != alloc.gid})
     delivered = script_bytes > MAX_SCRIPT_BYTES
-    envs = [container_environment(alloc, payload, part, cfg, index, home, delivered)
+    try:
+        stdin = script_stdin(payload, part, cfg)
+    except ValueError as error:
+        raise TranslateError(str(error)) from None
+    envs = [container_environment(alloc, payload, part, cfg, index, home, delivered, stdin)
             for index in range(len(alloc.nodes))]
     shared = shared_environment(envs)
     env_bytes = sum(len(value.encode("utf-8", "surrogateescape")) for value in shared.values())
@@ -159,7 +163,7 @@ def desired_objects(
                 f"together exceed the {SECRET_DATA_BYTES} bytes that fit into Kubernetes (a Secret) "
                 "without the bridge's in-pod agent ([pods] agent_image)")
         delivered = True  # the agent copies the script in once the first pod runs
-        envs = [container_environment(alloc, payload, part, cfg, index, home, delivered)
+        envs = [container_environment(alloc, payload, part, cfg, index, home, delivered, stdin)
                 for index in range(len(alloc.nodes))]
         shared = shared_environment(envs)
     secret = payload_secret(alloc, cfg, shared, "" if delivered else payload.script, files)

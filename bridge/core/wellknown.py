@@ -124,6 +124,13 @@ before the script runs."""
 ENV_SCRIPT_PENDING: Final = "SLURM_K8S_BRIDGE_SCRIPT_PENDING"
 """Set in the first pod when its script is copied in: the agent waits for that file."""
 
+ENV_BATCH_STDIN: Final = "SLURM_K8S_BRIDGE_BATCH_STDIN"
+"""In the environment the waiter sends: the slurmd host's path of the file slurmstepd opened as the
+batch script's stdin (sbatch --input); absent for /dev/null (agent/internal/waiter/batch_stdin.go)."""
+
+ENV_SCRIPT_STDIN: Final = "SLURM_K8S_BRIDGE_SCRIPT_STDIN"
+"""In the first pod's env: that file's path in the pod, which the agent opens as the script's stdin."""
+
 ENV_USAGE_INTERVAL: Final = "SLURM_K8S_BRIDGE_USAGE_INTERVAL"
 """Seconds between the usage samples the first pod's agent sends ([pods] usage_interval_s), when
 not its default of 30 (agent/usage.go). The agent unsets it before the script runs."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bridge.controller.log_relay import output_event as _output_event
-from bridge.core import agent_protocol
+from bridge.core import agent_protocol, wellknown
 
 AGENT_SOURCE = Path(__file__).resolve().parents[2] / "agent"
 GO = Path("/usr/local/go/bin/go")
@@ -215,6 +215,25 @@ def test_the_script_reads_dev_null_not_the_agents_stdin(agent: Path, tmp_path: P
             raise
     assert proc.returncode == 0
     assert stream(out, "o") == b"done\n"
+
+
+def test_sbatch_inputs_file_is_the_scripts_stdin_and_its_variable_is_gone(
+        agent: Path, tmp_path: Path) -> None:
+    data = bytes(range(256)) + b"no newline at the end"
+    (tmp_path / "input").write_bytes(data)
+    env = {**os.environ, wellknown.ENV_SCRIPT_STDIN: str(tmp_path / "input")}
+    result = run(agent, tmp_path, f'cat; echo "[${{{wellknown.ENV_SCRIPT_STDIN}-unset}}]"', env=env)
+    assert result.returncode == 0, result.stderr
+    assert stream(result.stdout, "o") == data + b"[unset]\n"
+
+
+def test_an_input_file_the_user_cannot_open_fails_the_script_before_it_runs(
+        agent: Path, tmp_path: Path) -> None:
+    env = {**os.environ, wellknown.ENV_SCRIPT_STDIN: str(tmp_path / "missing")}
+    result = run(agent, tmp_path, "echo never", env=env)
+    assert result.returncode == 1
+    assert b"never" not in result.stdout
+    assert f"cannot open the script's input (sbatch --input) {tmp_path / 'missing'}".encode() in result.stderr
 
 
 # -- exit status ------------------------------------------------------------------------------

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 from typing import Any
 
 import pytest
 
 from bridge.core import wellknown
 from bridge.core.config import PartitionConfig, PodsConfig
+from bridge.core.config_sections import VolumeConfig
 from bridge.core.directives import Directives
 from bridge.core.job_environment import gpu_environment, job_environment, node_environment
 from bridge.core.model import NodeAllocation
@@ -370,3 +372,53 @@ def test_a_job_exported_without_home_user_and_logname_gets_them_from_slurm_and_n
     exported = payload(environment={"HOME": "/elsewhere", "USER": "alias"})
     env = node_environment(allocation(), exported, PartitionConfig(), 0, home="/nss/alice")
     assert (env["HOME"], env["USER"]) == ("/elsewhere", "alias"), "what the job exported wins"
+
+
+def stdin_part() -> PartitionConfig:
+    return PartitionConfig(resolve_first_node=False, volumes=[
+        VolumeConfig(name="home", host_path="/home", mount_path="/home"),
+        VolumeConfig(name="data", host_path="/home/alice/data/", mount_path="/data"),
+    ])
+
+
+AGENT = config(pods=PodsConfig(supplemental_groups_policy="", agent_image="agent:1"))
+
+
+@pytest.mark.parametrize(("host_path", "in_pod"), [
+    ("/home/alice/in.txt", "/home/alice/in.txt"),
+    ("/home/alice/data/in.txt", "/data/in.txt"),  # the volume that holds it most closely
+    ("/home/alice/data", "/data"),
+    ("/home/alice/data/../in.txt", "/home/alice/in.txt"),  # resolved before the match
+])
+def test_sbatch_input_is_the_first_pods_script_stdin_through_the_volume_that_holds_it(
+        host_path: str, in_pod: str) -> None:
+    """Natively slurmstepd opens the --input file as the batch script's stdin on the batch host;
+    the waiter names it, and the first pod, which runs the script, opens it through the volume."""
+    job = payload(environment={wellknown.ENV_BATCH_STDIN: host_path})
+    secret, pods = objects(stdin_part(), payload=job, cfg=AGENT)
+    first, second = (seen(secret, pod) for pod in pods)
+    assert first[wellknown.ENV_SCRIPT_STDIN] == in_pod
+    assert wellknown.ENV_SCRIPT_STDIN not in second
+    assert wellknown.ENV_BATCH_STDIN not in first and wellknown.ENV_BATCH_STDIN not in second
+
+
+def test_without_sbatch_input_no_pod_names_a_stdin_and_a_planted_one_never_reaches_a_pod() -> None:
+    planted = {wellknown.ENV_SCRIPT_STDIN: "/etc/shadow"}
+    secret, pods = objects(stdin_part(), payload=payload(environment=planted), cfg=AGENT)
+    assert all(wellknown.ENV_SCRIPT_STDIN not in seen(secret, pod) for pod in pods)
+
+
+@pytest.mark.parametrize("host_path", ["/tmp/in.txt", "/home2/in.txt", "/homealice", "/home/../etc/shadow"])
+def test_sbatch_input_no_pod_can_open_fails_the_job_naming_the_file_and_the_shared_volumes(
+        host_path: str) -> None:
+    job = payload(environment={wellknown.ENV_BATCH_STDIN: host_path})
+    with pytest.raises(TranslateError) as failure:
+        objects(stdin_part(), payload=job, cfg=AGENT)
+    assert f"sbatch --input={posixpath.normpath(host_path)}" in str(failure.value)
+    assert "/home, /home/alice/data/" in str(failure.value)
+
+
+def test_sbatch_input_without_the_agent_fails_the_job_saying_why() -> None:
+    job = payload(environment={wellknown.ENV_BATCH_STDIN: "/home/alice/in.txt"})
+    with pytest.raises(TranslateError, match=r"only with the bridge's in-pod agent"):
+        objects(stdin_part(), payload=job, cfg=config())

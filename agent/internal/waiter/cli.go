@@ -75,7 +75,7 @@ func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []stri
 	}
 	client := &Client{URL: url, CAFile: caFile, JobID: jobID}
 	ownCommand := append([]string{}, os.Args[:len(os.Args)-1-len(arguments)]...)
-	waiter := NewWaiter(client, script, environment, workDir, arguments, ownCommand)
+	waiter := NewWaiter(client, script, WithBatchStdin(environment), workDir, arguments, ownCommand)
 	handle := func(sig os.Signal) {
 		number := sig.(syscall.Signal)
 		if number == syscall.SIGTERM {
