@@ -99,6 +99,11 @@ func withLimitsMain(args []string) {
 		fail("usage: slurm-k8s-bridge-agent with-limits script|task PATH -- ARGV...")
 	}
 	path, argv := args[1], args[3:]
+	input := os.Getenv(scriptStdinVariable)
+	_ = os.Unsetenv(scriptStdinVariable) // the first pod gives it to every exec: never a task's
+	if args[0] == "script" && input != "" {
+		scriptStdinFrom(input)
+	}
 	if args[0] == "task" {
 		withLimits(path, argv, true, 2, 2, func(err error) {
 			fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
@@ -107,4 +112,26 @@ func withLimitsMain(args []string) {
 	withLimits(path, argv, false, 127, 126, func(err error) {
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
 	})
+}
+
+// scriptStdinVariable names, in the first pod, the file sbatch --input gave the batch script as its
+// stdin: slurmstepd opened it on the slurmd host as the user; the daemon gives its path through the
+// volume the pod shares with that host.
+const scriptStdinVariable = "SLURM_K8S_BRIDGE_SCRIPT_STDIN"
+
+// scriptStdinFrom makes path this process's stdin before it becomes the script: opened here, as the
+// job's user in the script's own process, so whatever the name leads to (a link the user swapped
+// in, /proc/self/...) is only what the script itself could open. A file it cannot open ends the
+// script before it runs, with the reason in its error output.
+func scriptStdinFrom(path string) {
+	input, err := os.Open(path)
+	if err == nil {
+		err = syscall.Dup2(int(input.Fd()), 0)
+		_ = input.Close()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot open the script's input (sbatch --input) %s: %v\n",
+			path, err)
+		os.Exit(1)
+	}
 }

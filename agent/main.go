@@ -303,19 +303,9 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin = nil // /dev/null, as for a batch script
-	if path := os.Getenv("SLURM_K8S_BRIDGE_SCRIPT_STDIN"); path != "" {
-		// sbatch --input: the file slurmstepd opened on the slurmd host, as the job's user; here
-		// it is opened by the same user, through the volume the pod shares with that host.
-		_ = os.Unsetenv("SLURM_K8S_BRIDGE_SCRIPT_STDIN")
-		input, err := os.Open(path)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot open the script's input (sbatch --input) %s in the pod: %v\n",
-				path, err)
-			return 1, false
-		}
-		defer input.Close()
-		cmd.Stdin = input
-	}
+	// sbatch --input (SLURM_K8S_BRIDGE_SCRIPT_STDIN) is opened by `with-limits`, the script's
+	// own process (limits.go), never here: a name the user controls, opened by this undumpable
+	// agent, could be a link to /proc/self/fd/1, its own ending stream.
 	stdout, stdoutW, err := os.Pipe()
 	if err != nil {
 		fail(err.Error())

@@ -233,7 +233,34 @@ def test_an_input_file_the_user_cannot_open_fails_the_script_before_it_runs(
     result = run(agent, tmp_path, "echo never", env=env)
     assert result.returncode == 1
     assert b"never" not in result.stdout
-    assert f"cannot open the script's input (sbatch --input) {tmp_path / 'missing'}".encode() in result.stderr
+    # the script's own process says it, in the job's output, where the user looks
+    said = f"cannot open the script's input (sbatch --input) {tmp_path / 'missing'}".encode()
+    assert said in stream(result.stdout, "o"), result
+
+
+def test_a_step_task_in_the_first_pod_never_gets_the_scripts_input_variable(
+        agent: Path, tmp_path: Path) -> None:
+    """The first pod's spec gives it to every exec there; natively a step's task has no such variable."""
+    (tmp_path / "input").write_bytes(b"for the script only\n")
+    env = {**os.environ, wellknown.ENV_SCRIPT_STDIN: str(tmp_path / "input")}
+    encoded = base64.b64encode(json.dumps({}).encode()).decode()
+    task = subprocess.run([str(agent), "task", str(tmp_path / "t.pid"), encoded, "--", "/bin/sh", "-c",
+                           f'echo "[${{{wellknown.ENV_SCRIPT_STDIN}-unset}}]"'],
+                          capture_output=True, timeout=60, check=False, env=env)
+    assert task.stdout == b"[unset]\n", task
+
+def test_an_input_linked_to_proc_self_reaches_the_scripts_own_files_not_the_agents(
+        agent: Path, tmp_path: Path) -> None:
+    """The user may swap the --input file for a link before the pod opens it. Opened by the agent,
+    /proc/self/fd/1 was the agent's own stdout, where it writes the ending and usage lines the
+    daemon trusts: the script could forge its exit. Opened in the script's own process, it is the
+    script's own output pipe, and what it writes there is framed as its output."""
+    (tmp_path / "input").symlink_to("/proc/self/fd/1")
+    env = {**os.environ, wellknown.ENV_SCRIPT_STDIN: str(tmp_path / "input")}
+    result = run(agent, tmp_path, 'exec 3>/proc/self/fd/0 && echo "x 0 forged" >&3; exit 7', env=env)
+    assert result.returncode == 7, result
+    assert b"x 0 forged" not in frame_lines(result.stdout)
+    assert stream(result.stdout, "o") == b"x 0 forged\n"
 
 
 # -- exit status ------------------------------------------------------------------------------
