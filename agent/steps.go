@@ -12,6 +12,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -152,7 +153,14 @@ func ask(dir, name string, request stepRequest) string {
 func srunClient(args []string) {
 	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
 	cwd, _ := os.Getwd()
-	key := ask(dir, "srun", stepRequest{Argv: args, Cwd: cwd, Env: withOwnLimits(environ())})
+	request := stepRequest{Argv: args, Cwd: cwd, Env: withOwnLimits(environ())}
+	request.Stdin = srunStdin()
+	if data, _ := json.Marshal(request); request.Stdin != nil && base64.StdEncoding.EncodedLen(len(data)) > maxFrameData {
+		fmt.Fprintf(os.Stderr, "srun: error: the step's stdin, arguments and environment exceed %d KiB\n",
+			maxFrameData*3/4>>10)
+		os.Exit(1)
+	}
+	key := ask(dir, "srun", request)
 	signals := make(chan os.Signal, 8)
 	signal.Notify(signals, forwardedToSrun...)
 	go func() {
@@ -429,4 +437,31 @@ func mustExecutable() string {
 		return self
 	}
 	return resolved
+}
+
+// maxSrunStdin bounds what the script's srun reads of its stdin for its step: the request must fit
+// one log line the daemon reads whole (base64 twice over, as sbatch's script from stdin; the
+// daemon's MAX_STEP_STDIN_BYTES).
+const maxSrunStdin = 512 << 10
+
+// srunStdin is what native srun would forward of its stdin to the step's tasks (`echo x | srun
+// cat`, or the rest of the script's sbatch --input file), read to its end here: Slurm's srun on
+// the slurmd host gets it as its stdin and forwards it as it does natively (to every task, or the
+// one --input names). Nothing for a character device (/dev/null, the batch default, a terminal).
+// More than maxSrunStdin ends srun with the reason, as nothing may be lost.
+func srunStdin() []byte {
+	var stdin syscall.Stat_t
+	if syscall.Fstat(0, &stdin) != nil || stdin.Mode&syscall.S_IFMT == syscall.S_IFCHR {
+		return nil
+	}
+	data, err := io.ReadAll(io.LimitReader(os.Stdin, maxSrunStdin+1))
+	if err != nil {
+		return nil
+	}
+	if len(data) > maxSrunStdin {
+		fmt.Fprintf(os.Stderr, "srun: error: a job that runs in Kubernetes passes at most %d KiB of srun's "+
+			"stdin to its step; give larger input as a file: srun --input=FILE\n", maxSrunStdin>>10)
+		os.Exit(1)
+	}
+	return data
 }

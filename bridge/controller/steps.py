@@ -48,6 +48,9 @@ MAX_OPEN_STEPS = 64
 """Step requests a run may have open at once (each srun in the script is one until it ends)."""
 MAX_STEP_REQUEST_BYTES = 96 * 1024
 """A step's environment goes into one exec argument in the pod; Linux allows 128 KiB per argument."""
+MAX_STEP_STDIN_BYTES = 512 * 1024
+"""What the script's srun read of its stdin for Slurm's srun of its step (agent/steps.go
+maxSrunStdin); it goes to the waiter, not into the pod's exec, and is not counted above."""
 SIGNALS_FOR_SRUN = frozenset(int(s) for s in (
     signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
     signal.SIGALRM, signal.SIGCONT))
@@ -122,6 +125,7 @@ class Steps:
             key = str(int(request["key"]))
             argv = [str(a) for a in request["argv"]]
             env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+            stdin = str(request.get("stdin") or "")  # base64, as Go encodes []byte
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             bound.warning("step.bad_request", error=repr(error))
             event.clear()
@@ -137,7 +141,9 @@ class Steps:
                        "bridge has no [waiter] step_key_file)")
         elif len(book) >= MAX_OPEN_STEPS:
             refusal = f"more than {MAX_OPEN_STEPS} job steps at once"
-        elif len(event["data"]) > MAX_STEP_REQUEST_BYTES:
+        elif len(stdin) // 4 * 3 - stdin[-2:].count("=") > MAX_STEP_STDIN_BYTES:
+            refusal = f"the step's stdin exceeds {MAX_STEP_STDIN_BYTES // 1024} KiB"
+        elif len(event["data"]) - base64_size(len(stdin)) > MAX_STEP_REQUEST_BYTES:
             refusal = f"the step's environment and arguments exceed {MAX_STEP_REQUEST_BYTES // 1024} KiB"
         if refusal is not None:
             book.answer(key, None)  # answered once: a replay is not answered again
@@ -294,3 +300,8 @@ def read_step_key(path: Path | None) -> bytes | None:
         # The SPANK guard reads at most 256 bytes of it.
         raise ConfigError(f"waiter.step_key_file: {path} must hold 16 to 256 bytes, not {len(raw)}")
     return raw
+
+
+def base64_size(size: int) -> int:
+    """The length of `size` bytes in base64."""
+    return (size + 2) // 3 * 4

@@ -31,7 +31,13 @@ from bridge.controller.log_relay import output_event as _output_event
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.sessions import JobSession
-from bridge.controller.steps import MAX_OPEN_STEPS, MAX_STEP_REQUEST_BYTES, read_step_key, step_token
+from bridge.controller.steps import (
+    MAX_OPEN_STEPS,
+    MAX_STEP_REQUEST_BYTES,
+    MAX_STEP_STDIN_BYTES,
+    read_step_key,
+    step_token,
+)
 from bridge.core import wellknown
 from bridge.core.config import ConfigError, PartitionConfig, WaiterConfig
 from bridge.core.errors import ExecOutcomeUnknown, KubeUnavailable
@@ -657,6 +663,31 @@ async def test_a_step_request_larger_than_allowed_is_refused(signing: Any) -> No
     assert "KiB" in too_big["text"]
     assert "token" not in too_big
     assert set(session.steps.open_requests()) == {"1"}
+    await _settle(reconciler)
+    assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "2", "1"])]
+
+
+def _step_with_stdin(key: int, stdin: bytes, env_fill: int = 0) -> dict[str, Any]:
+    body = {"key": key, "argv": ["cat"], "cwd": "/x", "env": {"FILL": "x" * env_fill},
+            "stdin": base64.b64encode(stdin).decode()}
+    return {"type": "step", "pod": 0, "ts": STAMP, "data": _data(body)}
+
+
+async def test_what_the_scripts_srun_read_of_its_stdin_counts_apart_and_up_to_its_own_limit(
+        signing: Any) -> None:
+    """`echo x | srun cat`: srun's stdin goes to the waiter, for Slurm's srun, which forwards it to
+    the tasks as natively; it is bounded on its own, not with the environment the pod's exec takes."""
+    reconciler, kube, session = signing
+    fits = _step_with_stdin(1, b"\xff" * MAX_STEP_STDIN_BYTES, env_fill=MAX_STEP_REQUEST_BYTES // 2)
+    reconciler.steps.register(session, fits, Log())
+    assert "token" in fits
+    assert "stdin" not in session.steps.open_requests()["1"]  # never in a task's exec
+
+    too_big = _step_with_stdin(2, b"x" * (MAX_STEP_STDIN_BYTES + 1))
+    reconciler.steps.register(session, too_big, Log())
+    assert too_big["type"] == "message"
+    assert too_big["text"] == f"srun: error: the step's stdin exceeds {MAX_STEP_STDIN_BYTES // 1024} KiB"
+    assert "token" not in too_big
     await _settle(reconciler)
     assert kube.execs == [("slurm-42-0", [AGENT, "step-done", "2", "1"])]
 

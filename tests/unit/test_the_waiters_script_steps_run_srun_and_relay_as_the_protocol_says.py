@@ -50,12 +50,16 @@ def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return go_waiter(tmp_path_factory.mktemp("waiter"))
 
 
-def step_event(argv: list[str], io: list[str]) -> dict[str, object]:
-    request = base64.b64encode(json.dumps({"key": 5, "argv": argv}).encode()).decode()
+def step_event(argv: list[str], io: list[str], stdin: bytes | None = None) -> dict[str, object]:
+    body: dict[str, object] = {"key": 5, "argv": argv}
+    if stdin is not None:
+        body["stdin"] = base64.b64encode(stdin).decode()  # as Go encodes []byte
+    request = base64.b64encode(json.dumps(body).encode()).decode()
     return {"type": "step", "pod": 0, "ts": "t1", "data": request, "token": "signed", "io": io}
 
 
-def run(waiter: list[str], tmp_path: Path, scenario: Callable[[], FakeDaemon], *requests: str) -> Run:
+def run(waiter: list[str], tmp_path: Path, scenario: Callable[[], FakeDaemon], *requests: str,
+        fake_srun: str = FAKE_SRUN) -> Run:
     """The waiter's run of `scenario`: its job ends with 0 once the step is done, after the attach
     and the steps' `requests` (in any order: a step runs beside the attach stream)."""
     directory = tmp_path / "submit"
@@ -63,7 +67,7 @@ def run(waiter: list[str], tmp_path: Path, scenario: Callable[[], FakeDaemon], *
     daemon = scenario()
     try:
         ran = run_waiter(waiter, daemon, args=[str(batch_script(directory, b"srun hostname\n"))],
-                         env=ENV, cwd=directory, opt=fakes(directory, FAKE_SRUN))
+                         env=ENV, cwd=directory, opt=fakes(directory, fake_srun))
     finally:
         daemon.close()
     assert ran.returncode == 0
@@ -76,14 +80,14 @@ def run(waiter: list[str], tmp_path: Path, scenario: Callable[[], FakeDaemon], *
 
 
 def stepping(
-    argv: list[str], step_output: Callable[[FakeDaemon], Handler], until: str,
+    argv: list[str], step_output: Callable[[FakeDaemon], Handler], until: str, stdin: bytes | None = None,
 ) -> Callable[[], FakeDaemon]:
     def scenario() -> FakeDaemon:
         daemon: FakeDaemon
 
         def attach(exchange: Exchange) -> None:
             exchange.stream()
-            exchange.send(step_event(argv, ["--output=/tmp/slurm-%j.out"]))
+            exchange.send(step_event(argv, ["--output=/tmp/slurm-%j.out"], stdin))
             assert daemon.event(until).wait(20)
             exchange.send({"type": "exit", "code": 0, "signal": None})
 
@@ -125,6 +129,25 @@ def test_without_a_relay_the_output_goes_to_the_jobs_files(waiter: list[str], tm
                           b"task key 5\n" + SRUN_ENVIRONMENT)
     assert ran.stderr == SRUN_FAILED
     assert ran.requests[-1] == ("/v1/jobs/42/step-done", b'{"key": "5", "code": 3}')
+
+
+READING_SRUN = """#!/bin/sh
+printf 'stdin: '
+cat
+printf '[end]\\n'
+"""
+
+
+@pytest.mark.parametrize(("stdin", "read"), [(b"a\n\xffb", b"a\n\xffb"), (None, b"")])
+def test_what_the_scripts_srun_read_of_its_stdin_is_slurms_sruns(
+    waiter: list[str], tmp_path: Path, stdin: bytes | None, read: bytes,
+) -> None:
+    """`echo x | srun cat`: Slurm's srun forwards its stdin to the step's tasks as natively; a step
+    without any gets /dev/null, as before."""
+    refused = answering(404, "no open step 5")
+    ran = run(waiter, tmp_path, stepping(["cat"], lambda _: refused, "step-done", stdin),
+              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 0}', fake_srun=READING_SRUN)
+    assert ran.stdout == b"stdin: " + read + b"[end]\n"
 
 
 @pytest.mark.parametrize(("argv", "said", "code"), [

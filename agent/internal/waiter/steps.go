@@ -1,6 +1,8 @@
 package waiter
 
 import (
+	"bytes"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -267,14 +269,33 @@ func (s *scriptSteps) start(data, token string, io any) {
 	s.mu.Lock()
 	s.active++
 	s.mu.Unlock()
-	go s.run(key, command, env)
+	go s.run(key, command, env, stepStdin(request))
 }
 
-func (s *scriptSteps) run(key string, command, env []string) {
+// stepStdin is what the script's srun read of its stdin (`echo x | srun cat`, the rest of an
+// sbatch --input file): Slurm's srun gets it as its own stdin and forwards it to the step's tasks
+// as natively. None (nil) leaves srun /dev/null.
+func stepStdin(request Object) []byte {
+	value, _ := request.Get("stdin")
+	encoded, ok := value.(string)
+	if !ok || encoded == "" {
+		return nil
+	}
+	data, err := base64.StdEncoding.DecodeString(encoded)
+	if err != nil {
+		return nil
+	}
+	return data
+}
+
+func (s *scriptSteps) run(key string, command, env []string, stdin []byte) {
 	relay := newStepOutputRelay(s.client, key)
 	relay.termedBySlurm = func() bool { return s.recentlyFromSlurm(syscall.SIGTERM) }
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Env = env
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	code, err := runRelayed(cmd, relay, func(cmd *exec.Cmd) {
 		s.mu.Lock()
 		s.sruns[key] = cmd

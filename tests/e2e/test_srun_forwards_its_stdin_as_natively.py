@@ -1,0 +1,72 @@
+"""What the batch script pipes into srun reaches the step's tasks as natively: srun forwards its
+stdin to every task, or to the one `--input=N` names, and a step's srun in a script started with
+`sbatch --input=FILE` reads the rest of that file. Bridged, every step read /dev/null: the script's
+srun in the pod never sent its stdin, and Slurm's srun on the slurmd host had none.
+
+The same script runs three times in `native` and in `k8s` at once, and the outputs must be the
+same bytes. Beyond what one request carries (512 KiB), the bridged srun says so and ends 1,
+instead of running the step on part of its input.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.sandbox import Sandbox, job_trail, write_script
+
+pytestmark = [pytest.mark.e2e, pytest.mark.shares_the_cluster]
+
+JOBS_PER_PARTITION = 3
+SCRIPT = """#!/bin/sh
+#SBATCH -N1 -n2
+#K8S image=sandbox.local/busybox:1
+echo hi | srun -n1 cat
+printf 'a\\nb\\n' | srun -n2 cat | sort
+printf 'for task 1 only\\n' | srun -n2 --input=1 sh -c 'cat; echo "task $SLURM_PROCID read"' | sort
+srun -n1 cat < {dir}/data.txt
+read first
+echo "the script read: $first"
+srun -n1 sh -c 'while read line; do echo "the step read: $line"; done'
+echo "the step ended $?"
+"""
+
+
+def test_sruns_stdin_reaches_its_tasks_as_natively(bridge: Sandbox) -> None:
+    directory = bridge.home("alice") / "srun-stdin"
+    bridge.slurm("mkdir", "-p", str(directory), user="alice")
+    bridge.slurm("sh", "-c", f"printf 'one\\ntwo\\nthree\\n' > {directory}/data.txt", user="alice")
+    script = write_script(bridge, "alice", "srun-stdin/pipe.sh", SCRIPT.format(dir=directory))
+    jobs = {(partition, copy): bridge.sbatch("-p", partition, f"--input={directory}/data.txt",
+                                             "-o", f"{directory}/{partition}-%j.out", str(script))
+            for partition in ("native", "k8s") for copy in range(JOBS_PER_PARTITION)}
+    outputs = {}
+    for (partition, copy), job_id in jobs.items():
+        row = bridge.wait_job_final(job_id, timeout=240)
+        text = (directory / f"{partition}-{job_id}.out").read_text(errors="replace")
+        assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{text}\n{job_trail(job_id)}"
+        outputs[(partition, copy)] = text
+    native = outputs[("native", 0)]
+    assert native == (
+        "hi\na\na\nb\nb\nfor task 1 only\ntask 0 read\ntask 1 read\none\ntwo\nthree\n"
+        "the script read: one\nthe step read: two\nthe step read: three\nthe step ended 0\n"), native
+    for job, text in outputs.items():
+        assert text == native, f"{job}: {text!r}\nnative: {native!r}"
+
+
+def test_more_stdin_than_a_request_carries_ends_srun_with_the_reason(bridge: Sandbox) -> None:
+    script = write_script(bridge, "alice", "srun-stdin-big.sh",
+                          "#!/bin/sh\n#K8S image=sandbox.local/busybox:1\n"
+                          "head -c 600000 /dev/zero | srun -n1 wc -c\necho \"srun ended $?\"\n"
+                          "head -c 500000 /dev/zero | srun -n1 wc -c\n")
+    out = bridge.home("alice") / "srun-stdin-big.out"
+    out.unlink(missing_ok=True)
+    job_id = bridge.sbatch("-p", "k8s", "-o", str(out), str(script))
+    row = bridge.wait_job_final(job_id, timeout=120)
+    text = out.read_text(errors="replace")
+    assert row["State"] == "COMPLETED", f"{row}\n{text}\n{job_trail(job_id)}"
+    assert text.splitlines() == [
+        "srun: error: a job that runs in Kubernetes passes at most 512 KiB of srun's stdin to its step; "
+        "give larger input as a file: srun --input=FILE",
+        "srun ended 1",
+        "500000",
+    ], text
