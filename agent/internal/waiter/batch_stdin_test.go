@@ -15,6 +15,12 @@ func withStdin(t *testing.T, path string, f func()) {
 		t.Fatal(err)
 	}
 	defer file.Close()
+	withStdinFile(t, file, f)
+}
+
+// withStdinFile runs f with fd 0 replaced by file, restoring it after.
+func withStdinFile(t *testing.T, file *os.File, f func()) {
+	t.Helper()
 	saved, err := syscall.Dup(0)
 	if err != nil {
 		t.Fatal(err)
@@ -60,15 +66,9 @@ func TestAPipeNamesNothing(t *testing.T) {
 	}
 	defer reader.Close()
 	defer writer.Close()
-	saved, err := syscall.Dup(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = syscall.Dup2(saved, 0); _ = syscall.Close(saved) }()
-	if err := syscall.Dup2(int(reader.Fd()), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := WithBatchStdin(Object{}).Get(BatchStdinVariable); ok {
-		t.Fatal("a pipe on fd 0 was named as the script's input")
-	}
+	withStdinFile(t, reader, func() {
+		if _, ok := WithBatchStdin(Object{}).Get(BatchStdinVariable); ok {
+			t.Fatal("a pipe on fd 0 was named as the script's input")
+		}
+	})
 }
