@@ -4,8 +4,9 @@ stdin to every task, or to the one `--input=N` names, and a step's srun in a scr
 srun in the pod never sent its stdin, and Slurm's srun on the slurmd host had none.
 
 The same script runs three times in `native` and in `k8s` at once, and the outputs must be the
-same bytes. Beyond what one request carries (512 KiB), the bridged srun says so and ends 1,
-instead of running the step on part of its input.
+same bytes. A whole file beyond what one request carries (512 KiB) is opened by Slurm's srun on
+the slurmd host; a pipe beyond it ends the bridged srun with the reason, instead of running the
+step on part of its input.
 """
 
 from __future__ import annotations
@@ -51,6 +52,34 @@ def test_sruns_stdin_reaches_its_tasks_as_natively(bridge: Sandbox) -> None:
         "the script read: one\nthe step read: two\nthe step read: three\nthe step ended 0\n"), native
     for job, text in outputs.items():
         assert text == native, f"{job}: {text!r}\nnative: {native!r}"
+
+
+BIG = 600_000
+BIG_SCRIPT = """#!/bin/sh
+#SBATCH -N1 -n2
+#K8S image=sandbox.local/busybox:1
+srun -n2 wc -c < {dir}/big.dat
+srun -n1 wc -c
+echo "the script then read $(head -c 1000 | wc -c)"
+"""
+
+
+def test_a_file_too_big_for_a_request_reaches_the_tasks_whole_as_natively(bridge: Sandbox) -> None:
+    """More than a request carries, from a whole file (`srun prog < big`, an sbatch --input file
+    the script has not read): Slurm's srun opens it on the slurmd host, and the script's stdin is
+    at its end after, as native srun leaves it."""
+    directory = bridge.home("alice") / "srun-stdin-big"
+    bridge.slurm("mkdir", "-p", str(directory), user="alice")
+    bridge.slurm("sh", "-c", f"head -c {BIG} /dev/urandom > {directory}/big.dat", user="alice")
+    script = write_script(bridge, "alice", "srun-stdin-big/big.sh", BIG_SCRIPT.format(dir=directory))
+    jobs = {(partition, copy): bridge.sbatch("-p", partition, f"--input={directory}/big.dat",
+                                             "-o", f"{directory}/{partition}-%j.out", str(script))
+            for partition in ("native", "k8s") for copy in range(2)}
+    for (partition, _), job_id in jobs.items():
+        row = bridge.wait_job_final(job_id, timeout=240)
+        text = (directory / f"{partition}-{job_id}.out").read_text(errors="replace")
+        assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{text}\n{job_trail(job_id)}"
+        assert text == f"{BIG}\n{BIG}\n{BIG}\nthe script then read 0\n", f"{partition}: {text!r}"
 
 
 def test_more_stdin_than_a_request_carries_ends_srun_with_the_reason(bridge: Sandbox) -> None:
