@@ -153,7 +153,7 @@ func ask(dir, name string, request stepRequest) string {
 func srunClient(args []string) {
 	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
 	cwd, _ := os.Getwd()
-	stdin, asFile := srunStdin()
+	stdin, asFile := srunStdin(args)
 	request := stepRequest{Argv: append(asFile, args...), Cwd: cwd, Env: withOwnLimits(environ()), Stdin: stdin}
 	if data, _ := json.Marshal(request); request.Stdin != nil && base64.StdEncoding.EncodedLen(len(data)) > maxFrameData {
 		fmt.Fprintf(os.Stderr, "srun: error: the step's stdin, arguments and environment exceed %d KiB\n",
@@ -437,46 +437,4 @@ func mustExecutable() string {
 		return self
 	}
 	return resolved
-}
-
-// maxSrunStdin bounds what the script's srun reads of its stdin for its step: the request must fit
-// one log line the daemon reads whole (base64 twice over, as sbatch's script from stdin; the
-// daemon's MAX_STEP_STDIN_BYTES).
-const maxSrunStdin = 512 << 10
-
-// srunStdin is what native srun would forward of its stdin to the step's tasks (`echo x | srun
-// cat`, the rest of the script's sbatch --input file), read to its end here: Slurm's srun on the
-// slurmd host gets it as its stdin and forwards it as it does natively (to every task, or the one
-// --input names). Nothing for a character device (/dev/null, the batch default, a terminal).
-// A whole file too big for that (`srun prog < big`, an sbatch --input file the script has not
-// read) is named instead, as an --input option before the user's own: Slurm's srun opens it on
-// the slurmd host through the volume the pod shares (the daemon maps the path, or refuses one on
-// no volume), and this srun's stdin is left at its end, as native srun leaves it. More than
-// maxSrunStdin of anything else ends srun with the reason, as nothing may be lost.
-func srunStdin() ([]byte, []string) {
-	var stdin syscall.Stat_t
-	if syscall.Fstat(0, &stdin) != nil || stdin.Mode&syscall.S_IFMT == syscall.S_IFCHR {
-		return nil, nil
-	}
-	if stdin.Mode&syscall.S_IFMT == syscall.S_IFREG {
-		offset, err := syscall.Seek(0, 0, io.SeekCurrent)
-		path, linkErr := os.Readlink("/proc/self/fd/0")
-		// Slurm reads % in a file name as a pattern; a deleted file has no name to open.
-		named := linkErr == nil && strings.HasPrefix(path, "/") && !strings.ContainsRune(path, '%') &&
-			!strings.HasSuffix(path, " (deleted)")
-		if err == nil && offset == 0 && stdin.Size > maxSrunStdin && named {
-			_, _ = syscall.Seek(0, 0, io.SeekEnd)
-			return nil, []string{"--input=" + path}
-		}
-	}
-	data, err := io.ReadAll(io.LimitReader(os.Stdin, maxSrunStdin+1))
-	if err != nil {
-		return nil, nil
-	}
-	if len(data) > maxSrunStdin {
-		fmt.Fprintf(os.Stderr, "srun: error: a job that runs in Kubernetes passes at most %d KiB of srun's "+
-			"stdin to its step; give larger input as a file: srun --input=FILE\n", maxSrunStdin>>10)
-		os.Exit(1)
-	}
-	return data, nil
 }

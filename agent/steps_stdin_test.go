@@ -6,23 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"syscall"
 	"testing"
-)
 
-// onStdin runs f with fd 0 replaced by file, restoring it after.
-func onStdin(t *testing.T, file *os.File, f func()) {
-	t.Helper()
-	saved, err := syscall.Dup(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = syscall.Dup2(saved, 0); _ = syscall.Close(saved) }()
-	if err := syscall.Dup2(int(file.Fd()), 0); err != nil {
-		t.Fatal(err)
-	}
-	f()
-}
+	"slurm-k8s-bridge/agent/internal/fdtest"
+)
 
 func fileOf(t *testing.T, size int) (string, []byte) {
 	t.Helper()
@@ -47,8 +34,8 @@ func TestSrunStdinSendsAWholeSmallFileOrTheRestOfABigOne(t *testing.T) {
 		if _, err := file.Seek(c.offset, io.SeekStart); err != nil {
 			t.Fatal(err)
 		}
-		onStdin(t, file, func() {
-			sent, options := srunStdin()
+		fdtest.OnStdin(t, file, func() {
+			sent, options := srunStdin([]string{"cat"})
 			if !bytes.Equal(sent, data[c.offset:]) || options != nil {
 				t.Fatalf("size %d offset %d: sent %d bytes, options %v", c.size, c.offset, len(sent), options)
 			}
@@ -64,8 +51,8 @@ func TestSrunStdinNamesAWholeFileTooBigToSendAndLeavesItAtItsEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	onStdin(t, file, func() {
-		sent, options := srunStdin()
+	fdtest.OnStdin(t, file, func() {
+		sent, options := srunStdin([]string{"cat"})
 		if sent != nil || !reflect.DeepEqual(options, []string{"--input=" + path}) {
 			t.Fatalf("sent %d bytes, options %v", len(sent), options)
 		}
@@ -83,8 +70,8 @@ func TestSrunStdinSendsAPipesBytesAndNothingOfDevNull(t *testing.T) {
 	_, _ = writer.Write([]byte("a\nb\n"))
 	writer.Close()
 	defer reader.Close()
-	onStdin(t, reader, func() {
-		if sent, options := srunStdin(); string(sent) != "a\nb\n" || options != nil {
+	fdtest.OnStdin(t, reader, func() {
+		if sent, options := srunStdin([]string{"cat"}); string(sent) != "a\nb\n" || options != nil {
 			t.Fatalf("sent %q, options %v", sent, options)
 		}
 	})
@@ -93,9 +80,60 @@ func TestSrunStdinSendsAPipesBytesAndNothingOfDevNull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer null.Close()
-	onStdin(t, null, func() {
-		if sent, options := srunStdin(); sent != nil || options != nil {
+	fdtest.OnStdin(t, null, func() {
+		if sent, options := srunStdin([]string{"cat"}); sent != nil || options != nil {
 			t.Fatalf("sent %q, options %v from /dev/null", sent, options)
+		}
+	})
+}
+
+// Native srun leaves its stdin alone with --input=none or a file: MPICH's mpiexec starts its srun
+// with --input none and forwards its own stdin, the same open file, itself.
+func TestSrunStdinLeavesStdinAloneWhenInputIsAFileOrNone(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		read bool
+	}{
+		{[]string{"--input", "none", "hydra_pmi_proxy"}, false},
+		{[]string{"-inone", "prog"}, false},
+		{[]string{"-N1", "--inp=/home/alice/in.txt", "prog"}, false},
+		{[]string{"--input=0", "prog"}, true},
+		{[]string{"--input=all", "prog"}, true},
+		{[]string{"grep", "-i", "none"}, true}, // the command's own -i
+	} {
+		path, data := fileOf(t, 100)
+		file, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fdtest.OnStdin(t, file, func() {
+			sent, options := srunStdin(c.args)
+			if options != nil || (c.read && !bytes.Equal(sent, data)) || (!c.read && sent != nil) {
+				t.Fatalf("%v: sent %q, options %v", c.args, sent, options)
+			}
+		})
+		offset, _ := file.Seek(0, io.SeekCurrent)
+		if want := map[bool]int64{true: int64(len(data)), false: 0}[c.read]; offset != want {
+			t.Fatalf("%v: stdin left at %d, want %d", c.args, offset, want)
+		}
+		file.Close()
+	}
+}
+
+func TestSrunStdinReadsABigFileWhenAnInputTaskIsGiven(t *testing.T) {
+	path, data := fileOf(t, 600_000)
+	file, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	if _, err := file.Seek(int64(len(data))-1000, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	// --input=1 cannot be said together with a file: the bytes go, within the limit
+	fdtest.OnStdin(t, file, func() {
+		if sent, options := srunStdin([]string{"--input=1", "cat"}); len(sent) != 1000 || options != nil {
+			t.Fatalf("sent %d bytes, options %v", len(sent), options)
 		}
 	})
 }

@@ -125,7 +125,9 @@ class Steps:
             key = str(int(request["key"]))
             argv = [str(a) for a in request["argv"]]
             env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
-            stdin = str(request.get("stdin") or "")  # base64, as Go encodes []byte
+            stdin = request.get("stdin") or ""  # base64, as Go encodes []byte
+            if not isinstance(stdin, str):
+                raise TypeError("stdin is not base64 text")
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             bound.warning("step.bad_request", error=repr(error))
             event.clear()

@@ -13,7 +13,7 @@ IMAGES_SRC="$(cd "$(dirname "$0")" && pwd)"
 
 REF=sandbox.local/slurm-k8s-bridge-agent:1
 hash=$(cat "$IMAGES_SRC/agent.sh" "$IMAGES_SRC/mkimage.py" "$SBX_REPO"/agent/go.mod "$SBX_REPO"/agent/*.go \
-  "$SBX_REPO"/agent/internal/startlimits/*.go | sha256sum | cut -c1-12)
+  "$SBX_REPO"/agent/internal/startlimits/*.go "$SBX_REPO"/agent/internal/srunargs/*.go | sha256sum | cut -c1-12)
 dir="$SBX_CACHE/images/agent-$hash"
 if ! [ -s "$dir/agent.digest" ]; then
   # Without cgo: the agent is the first process of every job's container, in any image and under

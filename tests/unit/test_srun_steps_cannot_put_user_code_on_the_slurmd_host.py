@@ -707,6 +707,7 @@ async def test_what_the_scripts_srun_read_of_its_stdin_counts_apart_and_up_to_it
         _data({"key": "one", "argv": ["hostname"]}),
         _data({"key": None, "argv": ["hostname"]}),
         _data({"key": 1, "argv": 5}),
+        _data({"key": 1, "argv": ["cat"], "stdin": ["x" * 1000]}),  # only base64 text is counted right
     ],
 )
 async def test_a_malformed_step_request_becomes_a_heartbeat(signing: Any, data: str) -> None:

@@ -3,8 +3,9 @@ package waiter
 import (
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
+
+	"slurm-k8s-bridge/agent/internal/fdtest"
 )
 
 // withStdin runs f with fd 0 replaced by path's file, restoring it after.
@@ -15,21 +16,7 @@ func withStdin(t *testing.T, path string, f func()) {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	withStdinFile(t, file, f)
-}
-
-// withStdinFile runs f with fd 0 replaced by file, restoring it after.
-func withStdinFile(t *testing.T, file *os.File, f func()) {
-	t.Helper()
-	saved, err := syscall.Dup(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = syscall.Dup2(saved, 0); _ = syscall.Close(saved) }()
-	if err := syscall.Dup2(int(file.Fd()), 0); err != nil {
-		t.Fatal(err)
-	}
-	f()
+	fdtest.OnStdin(t, file, f)
 }
 
 func TestTheFileSbatchInputOpenedIsNamed(t *testing.T) {
@@ -66,7 +53,7 @@ func TestAPipeNamesNothing(t *testing.T) {
 	}
 	defer reader.Close()
 	defer writer.Close()
-	withStdinFile(t, reader, func() {
+	fdtest.OnStdin(t, reader, func() {
 		if _, ok := WithBatchStdin(Object{}).Get(BatchStdinVariable); ok {
 			t.Fatal("a pipe on fd 0 was named as the script's input")
 		}

@@ -240,7 +240,7 @@ func (s *scriptSteps) start(data, token string, io any) {
 	}
 	if err != nil {
 		_ = WriteAll(2, []byte(err.Error()+"\n"))
-		go s.done(key, err.(srunError).exitCode())
+		go s.done(key, err.(srunError).ExitCode())
 		return
 	}
 	s.mu.Lock()

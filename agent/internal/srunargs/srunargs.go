@@ -1,0 +1,268 @@
+// Package srunargs reads srun's command line as srun does (bridge/core/srun_options.py): which
+// options a step of a bridged job may use, and where the command starts. The waiter refuses a
+// step with any other before it runs Slurm's srun; the pod's srun reads its --input here.
+package srunargs
+
+import (
+	"strings"
+)
+
+// Messages are srun's wording, as the Python module writes them.
+
+const notHere = "is not available in a job that runs in Kubernetes"
+
+var srunPassed = map[string]int{
+	"nodes": 1, "ntasks": 1, "ntasks-per-node": 1, "cpus-per-task": 1, "nodelist": 1, "exclude": 1,
+	"job-name": 1, "time": 1, "time-min": 1, "mem": 1, "mem-per-cpu": 1, "mem-per-gpu": 1, "gres": 1,
+	"gres-flags": 1, "gpus": 1, "gpus-per-node": 1, "gpus-per-task": 1, "gpus-per-socket": 1,
+	"cpus-per-gpu": 1, "distribution": 1, "mpi": 1, "cpu-bind": 1, "gpu-bind": 1, "mem-bind": 1,
+	"hint": 1, "ntasks-per-gpu": 1, "ntasks-per-core": 1, "ntasks-per-socket": 1, "network": 1,
+	"relative": 1, "wait": 1, "constraint": 1, "mincpus": 1, "sockets-per-node": 1,
+	"cores-per-socket": 1, "threads-per-core": 1, "extra-node-info": 1, "tres-per-task": 1,
+	"tres-bind": 1, "comment": 1, "signal": 1, "threads": 1, "ignore-signals": 1, "acctg-freq": 1,
+	"account": 1, "partition": 1, "qos": 1, "reservation": 1, "wckey": 1, "overlap": 0,
+	"exclusive": 2, "label": 0, "kill-on-bad-exit": 2, "unbuffered": 0, "quiet": 0, "verbose": 0,
+	"disable-status": 0, "whole": 0, "exact": 0, "overcommit": 0, "oversubscribe": 0,
+	"contiguous": 0, "spread-job": 0, "use-min-nodes": 0, "wait-for-children": 0,
+	"quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 0, "immediate": 2, "preserve-env": 0,
+	"propagate": 2, "oom-kill-step": 2, "external-launcher": 0,
+}
+
+var srunHonoured = map[string]int{"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
+
+const onHost = "it would run a program on the slurmd host, outside the job's pods"
+const placesAJob = "it places a job, and a step of a bridged job runs in its allocation"
+
+var srunRefused = map[string]string{
+	"prolog": onHost, "epilog": onHost, "task-prolog": onHost, "task-epilog": onHost,
+	"bcast":           "it copies a file onto the step's nodes, which here are the slurmd hosts, not the pods",
+	"bcast-exclude":   "it belongs to --bcast, which copies files onto the slurmd hosts",
+	"send-libs":       "it copies libraries onto the slurmd hosts, not the pods",
+	"compress":        "it belongs to --bcast, which copies files onto the slurmd hosts",
+	"container":       "it runs the task in an OCI container on the slurmd host; the task runs in the job's pod image already",
+	"container-id":    "it runs the task in an OCI container on the slurmd host",
+	"container-type":  "it runs the task in an OCI container on the slurmd host",
+	"x11":             "it forwards X11 through the slurmd host",
+	"cpu-freq":        "slurmstepd would set the slurmd host's CPU frequency, not the pods' node's",
+	"gpu-freq":        "slurmstepd would set the slurmd host's GPU frequency, not the pods' node's",
+	"bb":              "burst buffers are staged by Slurm on its own hosts, not in the pods",
+	"bbf":             "it reads a burst buffer file on the slurmd host",
+	"profile":         "slurmstepd would profile the slurmd host's proxies, not the pods' tasks",
+	"slurmd-debug":    "slurmstepd's own debug log describes the slurmd host",
+	"pty":             "a terminal for a step's task is not available in a bridged job yet",
+	"jobid":           "a step of a bridged job runs in that job (the bridge names it to Slurm's srun)",
+	"no-allocate":     "it is for Slurm's administrators",
+	"het-group":       "heterogeneous steps are not available in a bridged job",
+	"async":           "the bridge relays a step's output and end through its srun, which must wait",
+	"parsable":        "it belongs to --async",
+	"spread-segments": placesAJob, "begin": placesAJob, "dependency": placesAJob, "hold": placesAJob,
+	"deadline": placesAJob, "delay-boot": placesAJob, "licenses": placesAJob, "clusters": placesAJob,
+	"mail-type": placesAJob, "mail-user": placesAJob, "mcs-label": placesAJob, "nice": placesAJob,
+	"priority": placesAJob, "power": placesAJob, "reboot": placesAJob, "tmp": placesAJob,
+	"core-spec": placesAJob, "thread-spec": placesAJob, "switches": placesAJob,
+	"cluster-constraint": placesAJob, "uid": placesAJob, "gid": placesAJob, "get-user-env": placesAJob,
+}
+
+var srunShort = map[byte]string{
+	'N': "nodes", 'n': "ntasks", 'c': "cpus-per-task", 'w': "nodelist", 'x': "exclude", 'J': "job-name",
+	't': "time", 'G': "gpus", 'm': "distribution", 'r': "relative", 'W': "wait", 'C': "constraint",
+	'B': "extra-node-info", 'T': "threads", 'A': "account", 'p': "partition", 'q': "qos", 'l': "label",
+	'K': "kill-on-bad-exit", 'u': "unbuffered", 'Q': "quiet", 'v': "verbose", 'X': "disable-status",
+	'O': "overcommit", 's': "oversubscribe", 'k': "no-kill", 'I': "immediate", 'E': "preserve-env",
+	'o': "output", 'e': "error", 'i': "input", 'D': "chdir", 'Z': "no-allocate", 'b': "begin",
+	'd': "dependency", 'H': "hold", 'L': "licenses", 'M': "clusters", 'S': "core-spec",
+}
+
+var srunRefusedTakes = map[string]int{"no-allocate": 0, "async": 0, "parsable": 0, "spread-segments": 0,
+	"hold": 0, "reboot": 0, "x11": 2, "pty": 2, "get-user-env": 2, "send-libs": 2, "compress": 2, "bcast": 2,
+	"nice": 2}
+
+// srunTakes is how many values each option takes: 0 none, 1 one, 2 optional (attached).
+func srunTakes(name string) (int, bool) {
+	if n, ok := srunPassed[name]; ok {
+		return n, true
+	}
+	if n, ok := srunHonoured[name]; ok {
+		return n, true
+	}
+	if _, ok := srunRefused[name]; ok {
+		if n, ok := srunRefusedTakes[name]; ok {
+			return n, true
+		}
+		return 1, true
+	}
+	return 0, false
+}
+
+// Error is a refusal in srun's words; fatal ones end srun with 1, the others with 255.
+type Error string
+
+func (e Error) Error() string { return string(e) }
+
+// ExitCode is srun's exit code natively for this refusal.
+func (e Error) ExitCode() int {
+	if strings.HasPrefix(string(e), "srun: fatal:") {
+		return 1
+	}
+	return 255
+}
+
+func longName(word string) string {
+	if _, ok := srunTakes(word); ok {
+		return word
+	}
+	var matches []string
+	for _, table := range []map[string]int{srunPassed, srunHonoured, srunRefusedTakes} {
+		for name := range table {
+			if strings.HasPrefix(name, word) {
+				matches = append(matches, name)
+			}
+		}
+	}
+	for name := range srunRefused {
+		if _, counted := srunRefusedTakes[name]; !counted && strings.HasPrefix(name, word) {
+			matches = append(matches, name)
+		}
+	}
+	if len(matches) == 1 {
+		return matches[0]
+	}
+	return word
+}
+
+// Split reads srun's options and command as srun does: the options Slurm's srun gets, and the
+// command; an Error for an option a bridged step cannot take, or no command.
+func Split(argv []string) ([]string, []string, error) {
+	passed, command, _, err := split(argv)
+	return passed, command, err
+}
+
+// Input is the step's last --input (srun's own option, before the command), and whether one was
+// given; "" and false for a command line srun would refuse.
+func Input(argv []string) (string, bool) {
+	_, _, input, err := split(argv)
+	if err != nil || input == nil {
+		return "", false
+	}
+	return *input, true
+}
+
+func split(argv []string) ([]string, []string, *string, error) {
+	var passed []string
+	var input *string
+	take := func(name string, value *string) error {
+		if reason, refused := srunRefused[name]; refused {
+			return Error("srun: error: option --" + name + " " + notHere + ": " + reason)
+		}
+		if name == "mpi" && (value == nil || *value != "none") {
+			shown := "None"
+			if value != nil {
+				shown = *value
+			}
+			return Error("srun: error: --mpi=" + shown + " " + notHere +
+				": start MPI programs with mpirun (it starts its daemons by srun)")
+		}
+		switch name {
+		case "output", "error", "input":
+			if value == nil || *value == "" {
+				return Error("srun: error: option --" + name + " needs a file name")
+			}
+			if name == "input" {
+				input = value
+			}
+		case "open-mode":
+			ok := false
+			for _, mode := range []string{"append", "truncate"} {
+				ok = ok || value != nil && *value != "" && strings.HasPrefix(mode, strings.ToLower(*value))
+			}
+			if !ok {
+				shown := "None"
+				if value != nil {
+					shown = *value
+				}
+				return Error("srun: error: Invalid --open-mode argument: " + shown + ". Ignored")
+			}
+		case "chdir", "export", "multi-prog":
+		default:
+			if value == nil {
+				passed = append(passed, "--"+name)
+			} else {
+				passed = append(passed, "--"+name+"="+*value)
+			}
+		}
+		return nil
+	}
+	i := 0
+	for i < len(argv) {
+		word := argv[i]
+		i++
+		if word == "--" {
+			break
+		}
+		if !strings.HasPrefix(word, "-") || word == "-" {
+			i--
+			break
+		}
+		if strings.HasPrefix(word, "--") {
+			given, value, eq := strings.Cut(word[2:], "=")
+			name := longName(given)
+			takes, known := srunTakes(name)
+			if !known {
+				return nil, nil, nil, Error("srun: error: option --" + given + " " + notHere + ": srun has no such option")
+			}
+			if takes == 0 && eq {
+				return nil, nil, nil, Error("srun: error: option --" + name + " takes no value (" + word + ")")
+			}
+			hasValue := eq
+			if takes == 1 && !eq {
+				if i >= len(argv) {
+					return nil, nil, nil, Error("srun: error: option --" + name + " requires an argument")
+				}
+				value, hasValue = argv[i], true
+				i++
+			}
+			var given2 *string
+			if hasValue {
+				given2 = &value
+			}
+			if err := take(name, given2); err != nil {
+				return nil, nil, nil, err
+			}
+			continue
+		}
+		for j := 1; j < len(word); j++ {
+			name, ok := srunShort[word[j]]
+			if !ok {
+				return nil, nil, nil, Error("srun: error: option -" + word[j:j+1] + " " + notHere + ": srun has no such option")
+			}
+			rest := word[j+1:]
+			takes, _ := srunTakes(name)
+			if takes == 0 || takes == 2 && rest == "" {
+				if err := take(name, nil); err != nil {
+					return nil, nil, nil, err
+				}
+				continue
+			}
+			var err error
+			switch {
+			case takes == 2 || rest != "":
+				err = take(name, &rest)
+			case i < len(argv):
+				value := argv[i]
+				i++
+				err = take(name, &value)
+			default:
+				err = Error("srun: error: option -" + word[j:j+1] + " requires an argument")
+			}
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			break
+		}
+	}
+	command := argv[i:]
+	if len(command) == 0 {
+		return nil, nil, nil, Error("srun: fatal: No command given to execute.")
+	}
+	return passed, command, input, nil
+}
