@@ -4,7 +4,8 @@ stdin to every task, or to the one `--input=N` names, and a step's srun in a scr
 srun in the pod never sent its stdin, and Slurm's srun on the slurmd host had none.
 
 The same script runs three times in `native` and in `k8s` at once, and the outputs must be the
-same bytes. A whole file beyond what one request carries (512 KiB) is opened by Slurm's srun on
+same bytes; a step with `--input=none` leaves the script's stdin to the script (MPICH's mpiexec
+starts its srun so). A whole file beyond what one request carries (512 KiB) is opened by Slurm's srun on
 the slurmd host; a pipe beyond it ends the bridged srun with the reason, instead of running the
 step on part of its input.
 """
@@ -25,6 +26,7 @@ echo hi | srun -n1 cat
 printf 'a\\nb\\n' | srun -n2 cat | sort
 printf 'for task 1 only\\n' | srun -n2 --input=1 sh -c 'cat; echo "task $SLURM_PROCID read"' | sort
 srun -n1 cat < {dir}/data.txt
+srun -n1 --input=none sh -c 'cat; echo "with --input=none a step reads nothing"'
 read first
 echo "the script read: $first"
 srun -n1 sh -c 'while read line; do echo "the step read: $line"; done'
@@ -49,6 +51,7 @@ def test_sruns_stdin_reaches_its_tasks_as_natively(bridge: Sandbox) -> None:
     native = outputs[("native", 0)]
     assert native == (
         "hi\na\na\nb\nb\nfor task 1 only\ntask 0 read\ntask 1 read\none\ntwo\nthree\n"
+        "with --input=none a step reads nothing\n"
         "the script read: one\nthe step read: two\nthe step read: three\nthe step ended 0\n"), native
     for job, text in outputs.items():
         assert text == native, f"{job}: {text!r}\nnative: {native!r}"
