@@ -367,8 +367,11 @@ class Reconciler(ApiFacade):
         if session is None or pods:
             return  # the waiter leaves only once the pods are gone: Slurm frees what they used
         # A cancel needs no word: slurmstepd writes its own "*** JOB ... CANCELLED ***" line, as
-        # for a native job, and anything more would differ from native output.
-        reason = "" if cancelled else f"this run of the job is over ({state})"
+        # for a native job, and anything more would differ from native output. Slurm's watch may
+        # show such an end before the waiter's cancel request arrives.
+        told_by_slurmstepd = (alloc is not None and alloc.run == session.run
+                              and alloc.state in SLURMSTEPD_TELLS)
+        reason = "" if cancelled or told_by_slurmstepd else f"this run of the job is over ({state})"
         code, signum = session.stopped_with or (0, 15)
         event = {"type": "exit", "code": code, "signal": signum, "reason": reason}
         run_over = alloc is None or over(alloc) or alloc.run != session.run
@@ -392,6 +395,11 @@ class Reconciler(ApiFacade):
         for pod in self.cache.pods_of(alloc.job_id):
             if run_of(pod) == session.run:
                 await self.kube.delete_pod(pod["metadata"]["name"], 0)
+
+
+SLURMSTEPD_TELLS = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"})
+"""Ends of a run whose "*** JOB ... CANCELLED ... ***" line slurmstepd writes into the job's output
+itself, as for a native job."""
 
 
 def describe(alloc: JobAllocation | None, run: int | None) -> str:

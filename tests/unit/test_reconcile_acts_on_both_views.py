@@ -308,3 +308,33 @@ async def test_a_pass_asks_to_look_again_when_the_start_deadline_runs_out(world:
         cache.apply("MODIFIED", _pod(manifest, phase="Running", containerStatuses=[
             {"name": "job", "state": {"running": {"startedAt": started}}}]))
     assert (await reconciler.reconcile(42)).requeue_after is None
+
+
+@pytest.mark.parametrize(("state", "reason"), [
+    ("CANCELLED", ""), ("TIMEOUT", ""), ("PREEMPTED", ""),
+    ("NODE_FAIL", "this run of the job is over (NODE_FAIL)"),
+])
+async def test_slurms_own_end_seen_before_the_waiters_word_adds_no_line_to_the_output(
+    world: Any, state: str, reason: str,
+) -> None:
+    """scancel, a time limit or a preemption: slurmstepd writes its own "*** JOB ... CANCELLED
+    ***" line, natively too. Slurm's watch may show the run over before the waiter's cancel
+    request arrives (CI saw it); a line of the bridge's own after slurmstepd's would differ from
+    native output."""
+    reconciler, kube, _slurm, cache, _ = world
+    _see(reconciler, allocation())
+    queue = _attach(reconciler)
+    await reconciler.reconcile(42)
+    for manifest in kube.created:
+        cache.apply("ADDED", _pod(manifest, phase="Running"))
+    _see(reconciler, replace(allocation(), state=state))
+    await reconciler.reconcile(42)
+    for manifest in kube.created:
+        cache.apply("DELETED", _pod(manifest))
+    await reconciler.reconcile(42)
+
+    events = []
+    while not queue.empty():
+        events.append(queue.get_nowait())
+    assert events[-1]["type"] == "exit"
+    assert events[-1]["reason"] == reason
