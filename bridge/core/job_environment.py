@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from bridge.core import wellknown
 from bridge.core.config import BridgeConfig, PartitionConfig
 from bridge.core.model import JobAllocation, JobPayload
+from bridge.core.volume_paths import through_volumes
 
 # Variables that describe the slurmd host, the waiter process or the login session, not the job.
 # PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's,
@@ -257,13 +258,8 @@ def script_stdin(payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig) 
     # The kernel's name for the waiter's fd 0 is absolute and has no `..`; one sent otherwise
     # must not climb out of the volume it is matched to.
     host_path = posixpath.normpath(posixpath.join("/", named))
-    best = None
-    for volume in part.volumes:
-        root = posixpath.normpath(volume.host_path)
-        if (host_path == root or host_path.startswith(root.rstrip("/") + "/")) and (
-                best is None or len(root) > len(posixpath.normpath(best.host_path))):
-            best = volume
-    if best is None:
+    in_pod = through_volumes(host_path, ((v.host_path, v.mount_path) for v in part.volumes))
+    if in_pod is None:
         shared = ", ".join(sorted(volume.host_path for volume in part.volumes)) or "none"
         raise ValueError(
             f"sbatch --input={host_path}: the file is not on a volume the pods share with the slurmd host "
@@ -271,8 +267,7 @@ def script_stdin(payload: JobPayload, part: PartitionConfig, cfg: BridgeConfig) 
     if not cfg.pods.agent_image:
         raise ValueError(f"sbatch --input={host_path}: a pod reads a file as its script's stdin only "
                          "with the bridge's in-pod agent ([pods] agent_image)")
-    rest = host_path[len(posixpath.normpath(best.host_path)):].lstrip("/")
-    return posixpath.join(best.mount_path, rest) if rest else best.mount_path
+    return in_pod
 
 
 def without_limits(env: dict[str, str]) -> dict[str, str]:

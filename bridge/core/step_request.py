@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from bridge.core.job_environment import task_gpu_environment
 from bridge.core.srun_options import NOT_HERE, SrunArgs, special_io
+from bridge.core.volume_paths import through_volumes
 
 Volumes = Sequence[tuple[str, str]]
 """(mount_path in the pods, host_path) of each of the partition's volumes."""
@@ -77,16 +78,7 @@ def task_cwd(args: SrunArgs, cwd: str) -> str:
 def on_host(path: str, volumes: Volumes) -> str | None:
     """The slurmd host's path of the pods' `path` (absolute, normalised), through the volume whose
     mount_path holds it most closely; None outside every volume."""
-    best: tuple[str, str] | None = None
-    for mount, host in volumes:
-        mount = posixpath.normpath(mount)
-        if (path == mount or path.startswith(mount.rstrip("/") + "/")) and (
-                best is None or len(mount) > len(best[0])):
-            best = (mount, posixpath.normpath(host))
-    if best is None:
-        return None
-    rest = path[len(best[0]):].lstrip("/")
-    return posixpath.join(best[1], rest) if rest else best[1]
+    return through_volumes(path, volumes)
 
 
 def host_io_options(args: SrunArgs, cwd: str, volumes: Volumes) -> list[str]:
