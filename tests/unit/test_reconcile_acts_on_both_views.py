@@ -138,13 +138,20 @@ async def test_without_a_waiter_nothing_is_created(world: Any) -> None:
     assert kube.created == []
 
 
-async def test_a_job_slurm_ended_loses_its_pods_and_its_session(world: Any) -> None:
+async def _running_with_a_waiter(world: Any) -> Any:
+    """Job 42 running in its pods, its waiter attached: the waiter's event queue."""
     reconciler, kube, _slurm, cache, _ = world
     _see(reconciler, allocation())
-    _attach(reconciler)
+    queue = _attach(reconciler)
     await reconciler.reconcile(42)
     for manifest in kube.created:
         cache.apply("ADDED", _pod(manifest, phase="Running"))
+    return queue
+
+
+async def test_a_job_slurm_ended_loses_its_pods_and_its_session(world: Any) -> None:
+    reconciler, kube, _slurm, cache, _ = world
+    await _running_with_a_waiter(world)
     _see(reconciler, replace(allocation(), state="COMPLETED"))
 
     await reconciler.reconcile(42)
@@ -158,11 +165,7 @@ async def test_a_job_slurm_ended_loses_its_pods_and_its_session(world: Any) -> N
 
 async def test_cancel_gives_the_pods_their_grace_then_tells_the_waiter_once_they_are_gone(world: Any) -> None:
     reconciler, kube, _slurm, cache, _ = world
-    _see(reconciler, allocation())
-    queue = _attach(reconciler)
-    await reconciler.reconcile(42)
-    for manifest in kube.created:
-        cache.apply("ADDED", _pod(manifest, phase="Running"))
+    queue = await _running_with_a_waiter(world)
     reconciler.sessions.of_job(42)[0].cancel_requested = True
 
     await reconciler.reconcile(42)
@@ -322,11 +325,7 @@ async def test_slurms_own_end_seen_before_the_waiters_word_adds_no_line_to_the_o
     request arrives (CI saw it); a line of the bridge's own after slurmstepd's would differ from
     native output."""
     reconciler, kube, _slurm, cache, _ = world
-    _see(reconciler, allocation())
-    queue = _attach(reconciler)
-    await reconciler.reconcile(42)
-    for manifest in kube.created:
-        cache.apply("ADDED", _pod(manifest, phase="Running"))
+    queue = await _running_with_a_waiter(world)
     _see(reconciler, replace(allocation(), state=state))
     await reconciler.reconcile(42)
     for manifest in kube.created:
