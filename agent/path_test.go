@@ -33,3 +33,16 @@ func TestAnImageWithoutPathGetsTheRuntimesDefault(t *testing.T) {
 		t.Fatalf("PATH %q, want %q", got, want)
 	}
 }
+
+func TestTheJobsSharedDirectoriesComeBeforeTheImagesPathAndTheVariableGoes(t *testing.T) {
+	t.Setenv("PATH", "/usr/bin:/bin")
+	t.Setenv(jobPathVariable, "/home/alice/conda/envs/x/bin:/home/alice/bin")
+	agentFirstOnPath()
+	want := agentBin(t) + ":/home/alice/conda/envs/x/bin:/home/alice/bin:/usr/bin:/bin"
+	if got := os.Getenv("PATH"); got != want {
+		t.Fatalf("PATH %q, want %q", got, want)
+	}
+	if _, set := os.LookupEnv(jobPathVariable); set {
+		t.Fatalf("%s is still in the script's environment", jobPathVariable)
+	}
+}

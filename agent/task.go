@@ -86,7 +86,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT",
 		"SLURM_K8S_BRIDGE_TASK_UNSET", "SLURM_K8S_BRIDGE_TASK_TTY_SIZE",
 		// The first pod's spec gives them to every exec too: the agent's, never a task's.
-		"SLURM_K8S_BRIDGE_USAGE_INTERVAL", "SLURM_K8S_BRIDGE_STOP_GRACE", scriptStdinVariable} {
+		"SLURM_K8S_BRIDGE_USAGE_INTERVAL", "SLURM_K8S_BRIDGE_STOP_GRACE", scriptStdinVariable, jobPathVariable} {
 		_ = os.Unsetenv(key)
 	}
 	path := argv[0]

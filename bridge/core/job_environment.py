@@ -19,8 +19,9 @@ from bridge.core.model import JobAllocation, JobPayload
 from bridge.core.volume_paths import through_volumes
 
 # Variables that describe the slurmd host, the waiter process or the login session, not the job.
-# PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's,
-# so the pod's spec sets none (the agent puts its own bin directory first on the image's).
+# PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's
+# system directories, so the pod's spec sets none; the agent puts its own bin directory first, then
+# the submitted PATH's entries on shared volumes (shared_path_entries), then the image's.
 # LD_* point at host libraries and would break (or hijack) binaries in the image.
 HOST_ONLY_ENV = frozenset(
     {
@@ -226,6 +227,10 @@ def container_environment(
         env[wellknown.ENV_SCRIPT_STDIN] = stdin
     if delivered and index == 0:
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
+    if cfg.pods.agent_image:
+        shared = shared_path_entries(payload.environment.get("PATH", ""), part)
+        if shared:
+            env[wellknown.ENV_JOB_PATH] = shared
     if not cfg.pods.agent_image:
         env = without_limits(env)
         # No agent to check the job's TMPDIR in the pod (a host path may not exist there): the
@@ -238,6 +243,22 @@ def container_environment(
             env[wellknown.ENV_STOP_GRACE] = str(cfg.termination_grace_s)
     env[wellknown.SECRET_SCRIPT_KEY] = script_path(index, delivered)
     return env
+
+
+def shared_path_entries(path: str, part: PartitionConfig) -> str:
+    """The entries of a submitted PATH that lie on the partition's volumes, as the pods see them, in
+    the user's order, once each: `conda activate env; sbatch job.sh` (or ~/bin first) finds the
+    env's python in the pod as natively. Entries of the slurmd host's own directories (/usr/bin,
+    a module tree) are not the pod's and stay out, as do relative and empty ones."""
+    roots = [(volume.host_path, volume.mount_path) for volume in part.volumes]
+    entries: list[str] = []
+    for entry in path.split(":"):
+        if not entry.startswith("/"):
+            continue
+        in_pod = through_volumes(posixpath.normpath(entry), roots)
+        if in_pod is not None and in_pod not in entries:
+            entries.append(in_pod)
+    return ":".join(entries)
 
 
 def script_path(index: int, delivered: bool) -> str:

@@ -131,6 +131,11 @@ batch script's stdin (sbatch --input); absent for /dev/null (agent/internal/wait
 ENV_SCRIPT_STDIN: Final = "SLURM_K8S_BRIDGE_SCRIPT_STDIN"
 """In the first pod's env: that file's path in the pod, which the agent opens as the script's stdin."""
 
+ENV_JOB_PATH: Final = "SLURM_K8S_BRIDGE_JOB_PATH"
+"""In each pod's env: the entries of the PATH the job was submitted with that lie on a volume the pods
+share with the slurmd host (a conda env's or ~/bin), as the pods see them, in the user's order. The
+agent puts them after its own bin directory and before the image's PATH, and unsets it."""
+
 ENV_USAGE_INTERVAL: Final = "SLURM_K8S_BRIDGE_USAGE_INTERVAL"
 """Seconds between the usage samples the first pod's agent sends ([pods] usage_interval_s), when
 not its default of 30 (agent/usage.go). The agent unsets it before the script runs."""

@@ -12,10 +12,13 @@ slurm.conf are set aside.
 - The image's PATH: busybox's starts with /opt/busybox-image/bin, as a conda or CUDA image's starts
   with its own directories; the pod's spec set a PATH of its own over it, and such an image's
   programs were not found. The agent's bin directory (srun, Slurm's commands) comes first.
+- The submitted PATH's directories on shared volumes: `conda activate env; sbatch job.sh` runs the
+  env's python natively; the bridge dropped the whole submitted PATH as the slurmd host's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -120,3 +123,40 @@ def test_the_script_and_its_tasks_find_the_images_programs_after_the_agents(brid
             "image-path-probe: found on the image's PATH\n"
             f"task PATH={AGENT_BIN}:{IMAGE_PATH}\n"
         ), f"{text}\n{job_trail(job_id)}"
+
+
+SUBMITTED_PATH_PROBE = """#!/bin/sh
+python3
+tool-of-mine
+srun -n1 sh -c 'python3; tool-of-mine'
+"""
+
+
+def test_the_submitted_paths_shared_directories_come_first_as_natively(bridge: Sandbox) -> None:
+    """Directories of the user's on the shared home, first on the PATH sbatch was run with (an
+    activated conda env, ~/bin): the script and its step's task find their programs there before
+    the system's (a python3 of the env's own), in `native` and `k8s` alike, three jobs each at once."""
+    env_bin = bridge.home("alice") / "submitted-path" / "env" / "bin"
+    tools = bridge.home("alice") / "submitted-path" / "tools"
+    bridge.slurm("mkdir", "-p", str(env_bin), str(tools), user="alice")
+    for directory, program in ((env_bin, "python3"), (tools, "tool-of-mine")):
+        write_script(bridge, "alice", str((directory / program).relative_to(bridge.home("alice"))),
+                     f'#!/bin/sh\necho "{program} of the submitted PATH: $0"\n')
+        bridge.slurm("chmod", "+x", str(directory / program), user="alice")
+    script = write_script(bridge, "alice", "submitted-path.sh", SUBMITTED_PATH_PROBE)
+    submitted_path = f"{env_bin}:/usr/bin:/bin:{tools}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    outputs: dict[tuple[str, int], tuple[int, Path]] = {}
+    for partition in ("native", "k8s"):
+        for copy in range(JOBS_PER_PARTITION):
+            out = bridge.home("alice") / f"submitted-path-{partition}-{copy}.out"
+            out.unlink(missing_ok=True)
+            answer = bridge.slurm("env", f"PATH={submitted_path}", "sbatch", "--parsable", "-p", partition,
+                                  "-o", str(out), str(script), user="alice", cwd=str(bridge.home("alice")))
+            outputs[(partition, copy)] = (int(answer.stdout.split(";")[0]), out)
+    expected = (f"python3 of the submitted PATH: {env_bin}/python3\n"
+                f"tool-of-mine of the submitted PATH: {tools}/tool-of-mine\n") * 2
+    for (partition, _), (job_id, out) in outputs.items():
+        row = bridge.wait_job_final(job_id, timeout=240)
+        text = out.read_text(errors="replace")
+        assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{text}\n{job_trail(job_id)}"
+        assert text == expected, f"{partition} job {job_id}\n{job_trail(job_id)}"

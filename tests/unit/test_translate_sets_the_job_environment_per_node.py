@@ -422,3 +422,27 @@ def test_sbatch_input_without_the_agent_fails_the_job_saying_why() -> None:
     job = payload(environment={wellknown.ENV_BATCH_STDIN: "/home/alice/in.txt"})
     with pytest.raises(TranslateError, match=r"only with the bridge's in-pod agent"):
         objects(stdin_part(), payload=job, cfg=config())
+
+
+def test_the_submitted_paths_entries_on_shared_volumes_reach_every_pod_in_the_users_order() -> None:
+    """`conda activate env; sbatch job.sh` natively runs the env's python: the submitted PATH is the
+    script's. The host's own directories are not the pod's; entries on shared volumes are."""
+    submitted = ("/home/alice/conda/envs/x/bin:/usr/local/bin:/usr/bin:relative::"
+                 "/home/alice/data/tools/bin:/home/alice/bin/:/home/alice/bin:/opt/modules/gcc/bin")
+    secret, pods = objects(stdin_part(), payload=payload(environment={"PATH": submitted}), cfg=AGENT)
+    for pod in pods:
+        env = seen(secret, pod)
+        assert env[wellknown.ENV_JOB_PATH] == "/home/alice/conda/envs/x/bin:/data/tools/bin:/home/alice/bin"
+        assert "PATH" not in env, "the image's PATH stays; the agent puts these before it"
+
+
+@pytest.mark.parametrize("submitted", ["/usr/bin:/bin", ""])
+def test_a_path_of_host_directories_only_names_none(submitted: str) -> None:
+    secret, pods = objects(stdin_part(), payload=payload(environment={"PATH": submitted}), cfg=AGENT)
+    assert all(wellknown.ENV_JOB_PATH not in seen(secret, pod) for pod in pods)
+
+
+def test_a_planted_job_path_never_reaches_a_pod() -> None:
+    planted = {wellknown.ENV_JOB_PATH: "/evil", "PATH": "/usr/bin"}
+    secret, pods = objects(stdin_part(), payload=payload(environment=planted), cfg=AGENT)
+    assert all(wellknown.ENV_JOB_PATH not in seen(secret, pod) for pod in pods)
