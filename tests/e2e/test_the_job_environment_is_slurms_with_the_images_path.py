@@ -18,7 +18,6 @@ slurm.conf are set aside.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -144,7 +143,7 @@ def test_the_submitted_paths_shared_directories_come_first_as_natively(bridge: S
                      f'#!/bin/sh\necho "{program} of the submitted PATH: $0"\n')
         bridge.slurm("chmod", "+x", str(directory / program), user="alice")
     script = write_script(bridge, "alice", "submitted-path.sh", SUBMITTED_PATH_PROBE)
-    submitted_path = f"{env_bin}:/usr/bin:/bin:{tools}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    submitted_path = f"{env_bin}:/usr/bin:/bin:{tools}:{bridge.environ()['PATH']}"
     outputs: dict[tuple[str, int], tuple[int, Path]] = {}
     for partition in ("native", "k8s"):
         for copy in range(JOBS_PER_PARTITION):
