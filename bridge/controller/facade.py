@@ -211,9 +211,9 @@ class ApiFacade:
     def close_step(self, job_id: int, key: str) -> None:
         self.steps.close(job_id, key)
 
-    async def finish_step(self, job_id: int, key: str, code: int) -> None:
-        """Tell the script's srun how the step ended (Slurm's srun exit code)."""
-        await self.steps.finish(job_id, key, code)
+    async def finish_step(self, job_id: int, key: str, code: int, run: int | None = None) -> None:
+        """Tell the script's srun how the step ended (Slurm's srun exit code); `run`: the waiter's."""
+        await self.steps.finish(job_id, key, code, run)
 
     def volumes_of(self, job_id: int) -> list[tuple[str, str]]:
         """(mount_path, host_path) of the job's partition's volumes: where its per-step files land."""

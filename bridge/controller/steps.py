@@ -243,10 +243,14 @@ class Steps:
         for session in reversed(self._sessions.of_job(job_id)):
             session.steps.end(key)
 
-    async def finish(self, job_id: int, key: str, code: int) -> None:
+    async def finish(self, job_id: int, key: str, code: int, waiter_run: int | None = None) -> None:
         """Tell the script's srun how the step ended (Slurm's srun exit code), in the pod of the
-        run that answered the key: also when told again (the last try failed), the step closed."""
+        run that answered the key: also when told again (the last try failed), the step closed.
+        A key no run here answered was answered before this daemon started (a restart while the
+        step ran): the waiter's own run (`waiter_run`) names the pod, whose srun waits for it."""
         run = self.answered_run(job_id, key)
+        if run is None:
+            run = waiter_run
         self.close(job_id, key)
         pod = None if run is None else self._pods.of_index(job_id, 0, run)
         if pod is None:

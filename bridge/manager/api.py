@@ -284,7 +284,7 @@ class Api:
         except ValueError:
             raise web.HTTPBadRequest(text="step-done needs key and code") from None
         try:
-            await self.reconciler.finish_step(job_id, body.key, body.code)
+            await self.reconciler.finish_step(job_id, body.key, body.code, body.run)
         except BridgeError as error:
             raise web.HTTPServiceUnavailable(text=f"cannot tell the pod the step ended: {error}") from None
         return web.json_response({"step": body.key, "code": body.code})

@@ -78,6 +78,9 @@ class StepDoneBody(_Body):
 
     key: Decimal
     code: int
+    run: int | None = None
+    """The waiter's run (SLURM_RESTART_COUNT): whose pod to tell when this daemon never saw the
+    step (started again since it began); absent from older waiters."""
 
 
 class TaskBody(_Body):

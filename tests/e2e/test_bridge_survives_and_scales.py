@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.e2e.conftest import bridge_ready
-from tests.e2e.sandbox import BRIDGE_UP, JOB_NAMESPACE, Sandbox, wait_until, write_script
+from tests.e2e.sandbox import BRIDGE_UP, JOB_NAMESPACE, Sandbox, job_trail, wait_until, write_script
 
 STATE = "/var/lib/slurm-k8s-sandbox"
 
@@ -151,3 +151,60 @@ def test_metrics_are_served_in_prometheus_text(bridge: Sandbox) -> None:
     )
     assert float(created.split()[1]) >= 0
     assert "slurm_k8s_bridge_ready 1" in text
+
+
+STDIN_SCRIPT = """#!/bin/sh
+#SBATCH -N1 -n2
+#K8S image=sandbox.local/busybox:1
+read first
+echo "the script read: $first"
+printf 'in flight\\n' | srun -n1 sh -c 'sleep 8; cat'
+printf 'a\\nb\\n' | srun -n2 cat | sort
+srun -n1 sh -c 'while read line; do echo "the step read: $line"; done'
+echo "the end $?"
+"""
+
+
+def test_kill_9_during_steps_fed_from_stdin_hangs_no_script_and_loses_no_later_input(bridge: Sandbox) -> None:
+    """Scripts started with `sbatch --input` pipe into srun; the daemon is killed with -9 while each
+    one's first step runs, and their next steps start once it is back. A step's tasks stream through
+    the daemon, so the one in flight ends with the reason, as an interactive step does (it may have
+    ended before the kill; what it wrote then may be lost with the daemon, but Slurm shows it
+    failed). The end the waiter then told went nowhere (the new daemon knew no step
+    of that key): every bridged script hung in that srun until its time limit. Now each goes on,
+    and the later steps read every byte of their input, as in the three native jobs beside."""
+    directory = bridge.home("alice") / f"stdin-kill9-{int(time.time())}"
+    bridge.slurm("mkdir", "-p", str(directory), user="alice")
+    bridge.slurm("sh", "-c", f"printf 'one\\ntwo\\nthree\\n' > {directory}/data.txt", user="alice")
+    script = write_script(bridge, "alice", f"{directory.name}/pipe.sh", STDIN_SCRIPT)
+    jobs = {(partition, copy): bridge.sbatch("-p", partition, "--time=5", f"--input={directory}/data.txt",
+                                             "-o", f"{directory}/{partition}-%j.out", str(script))
+            for partition, copies in (("native", 3), ("k8s", 6)) for copy in range(copies)}
+    bridged = [job for (partition, _), job in jobs.items() if partition == "k8s"]
+
+    def first_steps_running() -> bool:
+        steps = set(bridge.slurm("squeue", "-h", "-s", "-t", "RUNNING", "-o", "%i").stdout.split())
+        return all(f"{job}.0" in steps for job in bridged)
+
+    wait_until("every bridged job's first step running", first_steps_running, timeout=120, interval=0.3)
+    os.kill(_daemon_pid(), signal.SIGKILL)
+    time.sleep(3)
+    assert not bridge_ready()
+    subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True)
+    head, in_flight = "the script read: one\n", "in flight\n"
+    tail = "a\na\nb\nb\nthe step read: two\nthe step read: three\nthe end 0\n"
+    for (partition, _), job in jobs.items():
+        row = bridge.wait_job_final(job, timeout=120)
+        text = (directory / f"{partition}-{job}.out").read_text(errors="replace")
+        trail = f"{partition} job {job}: {row}\n{text!r}\n{job_trail(job)}"
+        assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), trail
+        assert text.startswith(head) and text.endswith(tail), trail
+        middle = text[len(head):-len(tail)]
+        if partition == "native" or middle == in_flight:
+            assert middle == in_flight, trail
+        else:
+            # Its output (the proxy's reason, srun's error) may have gone with the killed daemon;
+            # its failure never: Slurm's accounting shows the step failed.
+            step = bridge.slurm("sacct", "-n", "-P", "-j", f"{job}.0", "-o", "State,ExitCode").stdout.split()
+            assert step == ["FAILED|1:0"], f"step {job}.0: {step}\n{trail}"
+            assert in_flight not in middle, trail

@@ -14,7 +14,7 @@ from bridge.controller.jobstore import JobStore
 from bridge.controller.run_pods import RunPods
 from bridge.controller.sessions import SessionRegistry
 from bridge.controller.steps import Steps
-from bridge.core import wellknown
+from bridge.core import agent_protocol, wellknown
 from bridge.core.pod_identity import pod_name
 from tests.unit.builders import NoSlurmJobs, RecordedExecs, allocation
 
@@ -74,3 +74,20 @@ def test_a_step_end_told_again_goes_to_the_same_runs_pod() -> None:
     asyncio.run(steps.finish(42, "2", 0))
     asyncio.run(steps.finish(42, "2", 0))
     assert [pod for pod, _ in kube.execs] == ["slurm-42-0", "slurm-42-0"]
+
+
+def test_a_step_begun_before_the_daemon_started_ends_in_the_waiters_runs_pod() -> None:
+    """Killed with -9 while a step ran, the daemon came back knowing no step of the run: the end the
+    waiter told went nowhere, and the script's srun in the pod waited until the time limit."""
+    steps, kube, _ = _requeued_job()
+    asyncio.run(steps.finish(42, "5", 1, 1))  # key 5 was never answered by this daemon
+    asyncio.run(steps.finish(42, "6", 1, 0))
+    asyncio.run(steps.finish(42, "7", 1))  # an older waiter names no run: nothing to tell
+    assert kube.execs[0] == ("slurm-42-r1-0", agent_protocol.step_done_command("5", 1))
+    assert [pod for pod, _ in kube.execs] == ["slurm-42-r1-0", "slurm-42-0"]
+
+
+def test_the_run_that_answered_the_key_wins_over_the_one_the_waiter_names() -> None:
+    steps, kube, _ = _requeued_job()
+    asyncio.run(steps.finish(42, "2", 0, 1))
+    assert [pod for pod, _ in kube.execs] == ["slurm-42-0"]

@@ -43,7 +43,7 @@ class Controller:
     def __init__(self) -> None:
         self.cfg = config()
         self.taken: list[tuple[int, int, int | None]] = []
-        self.finished: list[tuple[int, str, int]] = []
+        self.finished: list[tuple[int, str, int, int | None]] = []
         self.tasks = Tasks(self, self)  # type: ignore[arg-type]
         self.step_streams = StepStreams(self, self)  # type: ignore[arg-type]
 
@@ -60,8 +60,8 @@ class Controller:
         self.taken.append((job_id, signum, seq))
         return True
 
-    async def finish_step(self, job_id: int, key: str, code: int) -> None:
-        self.finished.append((job_id, key, code))
+    async def finish_step(self, job_id: int, key: str, code: int, run: int | None = None) -> None:
+        self.finished.append((job_id, key, code, run))
 
     def step_of(self, _job_id: int, key: str) -> dict[str, Any] | None:
         return {"argv": ["--", "true"], "env": {}, "cwd": "/"} if key == "7" else None
@@ -118,7 +118,9 @@ async def test_a_step_end_takes_the_key_as_text_or_number(tmp_path: Path) -> Non
     as_number = await _post(tmp_path, controller, "/v1/jobs/42/step-done", {"key": 8, "code": 0})
 
     assert as_text[0] == as_number[0] == 200
-    assert controller.finished == [(42, "7", 3), (42, "8", 0)]
+    with_run = await _post(tmp_path, controller, "/v1/jobs/42/step-done", {"key": "9", "code": 1, "run": 2})
+    assert with_run[0] == 200
+    assert controller.finished == [(42, "7", 3, None), (42, "8", 0, None), (42, "9", 1, 2)]
 
 
 @pytest.mark.parametrize("body", [

@@ -124,11 +124,11 @@ def test_a_steps_output_and_end_go_back_through_the_relay(waiter: list[str], tmp
 def test_without_a_relay_the_output_goes_to_the_jobs_files(waiter: list[str], tmp_path: Path) -> None:
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, stepping(["hostname"], lambda _: refused, "step-done"),
-              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 3}')
+              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 3, "run": 0}')
     assert ran.stdout == (b"option --jobid=42\noption --output=/tmp/slurm-%j.out\noption --chdir=/\n"
                           b"task key 5\n" + SRUN_ENVIRONMENT)
     assert ran.stderr == SRUN_FAILED
-    assert ran.requests[-1] == ("/v1/jobs/42/step-done", b'{"key": "5", "code": 3}')
+    assert ran.requests[-1] == ("/v1/jobs/42/step-done", b'{"key": "5", "code": 3, "run": 0}')
 
 
 READING_SRUN = """#!/bin/sh
@@ -146,7 +146,7 @@ def test_what_the_scripts_srun_read_of_its_stdin_is_slurms_sruns(
     without any gets /dev/null, as before."""
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, stepping(["cat"], lambda _: refused, "step-done", stdin),
-              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 0}', fake_srun=READING_SRUN)
+              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 0, "run": 0}', fake_srun=READING_SRUN)
     assert ran.stdout == b"stdin: " + read + b"[end]\n"
 
 
@@ -163,5 +163,5 @@ def test_a_refused_step_is_told_as_srun_would(
     the daemon."""
     never = answering(404, "never asked")
     ran = run(waiter, tmp_path, stepping(argv, lambda _: never, "step-done"),
-              f'step-done {{"key": "5", "code": {code}}}')
+              f'step-done {{"key": "5", "code": {code}, "run": 0}}')
     assert (ran.stdout, ran.stderr) == (b"", said)

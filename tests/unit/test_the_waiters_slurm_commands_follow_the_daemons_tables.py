@@ -233,6 +233,6 @@ def test_without_a_relay_the_output_goes_to_the_jobs_files(
     """The daemon takes no output (404): it goes to the job's files, the code in a step-done."""
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, commanding(event, lambda _: refused, "step-done"),
-              'step-output {"key": "5"}\n', f'step-done {{"key": "5", "code": {code}}}')
+              'step-output {"key": "5"}\n', f'step-done {{"key": "5", "code": {code}, "run": 0}}')
     assert (ran.stdout, ran.stderr) == (stdout, stderr)
-    assert ran.requests[-1] == ("/v1/jobs/42/step-done", f'{{"key": "5", "code": {code}}}'.encode())
+    assert ran.requests[-1] == ("/v1/jobs/42/step-done", f'{{"key": "5", "code": {code}, "run": 0}}'.encode())

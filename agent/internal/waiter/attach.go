@@ -66,6 +66,9 @@ func NewWaiter(client *Client, script []byte, environment Object, workDir string
 		workDir: workDir, arguments: arguments, lastLog: Object{}, merged: OutputMerged(), usage: NewUsageFile()}
 	w.signals = newScriptSignals(w.post)
 	w.steps = newScriptSteps(client, ownCommand, w.post)
+	if run, known := w.run(); known {
+		w.steps.jobRun = run
+	}
 	w.commands = newScriptCommands(client, w.steps.done)
 	return w
 }
@@ -160,19 +163,25 @@ const cancelRetries = 2
 // cancelBody names this waiter's run: a late TERM of a requeued run must not reach the next one.
 // forwards: the waiter sends a TERM that is only a signal on itself (cancelAnswered).
 func (w *Waiter) cancelBody(forwards bool) []byte {
-	run := int64(0)
-	if value, ok := w.environment.Get("SLURM_RESTART_COUNT"); ok {
-		text, _ := value.(string) // the job's environment holds text; anything else names no run
-		parsed, valid := pyInt(text)
-		if !valid {
-			return []byte("{}")
-		}
-		run = parsed
+	run, known := w.run()
+	if !known {
+		return []byte("{}")
 	}
 	if !forwards {
 		return Dumps(Object{{"run", run}})
 	}
 	return Dumps(Object{{"run", run}, {"forwards", true}})
+}
+
+// run is this waiter's run of the job (SLURM_RESTART_COUNT, 0 before any requeue); not known
+// when the variable is not a number.
+func (w *Waiter) run() (int64, bool) {
+	value, ok := w.environment.Get("SLURM_RESTART_COUNT")
+	if !ok {
+		return 0, true
+	}
+	text, _ := value.(string) // the job's environment holds text; anything else names no run
+	return pyInt(text)
 }
 
 // cancelAnswered acts on the daemon's answer to a cancel: a TERM that stops the run comes back

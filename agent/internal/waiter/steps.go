@@ -128,6 +128,9 @@ type scriptSteps struct {
 	// the steps whose srun in the pod has passed that stop's TERM back.
 	stopping   bool
 	stopEchoes map[string]bool
+	// jobRun is the waiter's run of the job (-1: not known), named with each step's end: a daemon
+	// started again since the step began knows no step of that key, and finds the run's pod by it.
+	jobRun int64
 }
 
 // echoWindow is how long after slurmstepd signalled the batch step the same signal from the
@@ -137,7 +140,7 @@ const echoWindow = 3 * time.Second
 func newScriptSteps(client *Client, ownCommand []string, post postAction) *scriptSteps {
 	return &scriptSteps{client: client, ownCommand: ownCommand, post: post, started: map[string]bool{},
 		sruns: map[string]*exec.Cmd{}, fromSlurm: map[syscall.Signal]time.Time{}, passedBack: map[string]time.Time{},
-		stopEchoes: map[string]bool{}}
+		stopEchoes: map[string]bool{}, jobRun: -1}
 }
 
 // slurmSignalled: slurmstepd sent the batch step sig. A TERM may stop the run (cli.go):
@@ -334,8 +337,12 @@ func (s *scriptSteps) signal(key string, sig any) {
 
 // done tells the daemon the step ended with code (the script's srun exits with it).
 func (s *scriptSteps) done(key string, code int) {
+	body := Object{{"key", key}, {"code", code}}
+	if s.jobRun >= 0 {
+		body = append(body, Field{"run", s.jobRun})
+	}
 	for attempt := range 20 {
-		err := s.post("step-done", Dumps(Object{{"key", key}, {"code", code}}), 10*time.Second)
+		err := s.post("step-done", Dumps(body), 10*time.Second)
 		if status := daemonStatus(err); err == nil || status >= 400 && status < 500 {
 			return
 		}

@@ -317,3 +317,25 @@ func TestEndAsTheTask(t *testing.T) {
 	}
 	os.Exit(endAsTheTask(code))
 }
+
+// A daemon started again while a step ran knows no step of that key: the end names the waiter's
+// run, whose first pod's srun waits for it (without it the script hung until its time limit).
+func TestAStepsEndNamesTheWaitersRun(t *testing.T) {
+	for _, test := range []struct {
+		environment Object
+		want        string
+	}{
+		{Object{}, `{"key": "3", "code": 1, "run": 0}`},
+		{Object{{"SLURM_RESTART_COUNT", "2"}}, `{"key": "3", "code": 1, "run": 2}`},
+		{Object{{"SLURM_RESTART_COUNT", "x"}}, `{"key": "3", "code": 1}`},
+	} {
+		waiter := NewWaiter(&Client{JobID: testJobID}, nil, test.environment, "/", nil, nil)
+		var posted []string
+		waiter.steps.post = func(action string, body []byte, _ time.Duration) error {
+			posted = append(posted, action+" "+string(body))
+			return nil
+		}
+		waiter.steps.done("3", 1)
+		expectEqual(t, "posted", posted, []string{"step-done " + test.want})
+	}
+}
