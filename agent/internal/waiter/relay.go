@@ -108,6 +108,7 @@ type stepOutputRelay struct {
 	seq       uint64
 	delivered bool
 	gone      bool
+	toldLost  bool
 	// termedBySlurm: slurmstepd has just sent the process a TERM itself (nil: never).
 	termedBySlurm func() bool
 }
@@ -187,6 +188,7 @@ func (r *stepOutputRelay) send(fd int, data []byte) {
 		part := data[start:min(len(data), start+MaxOutputFrame)]
 		if _, err := r.conn.Write(chunk(SignOutputFrame(r.streamKey, r.seq, byte(fd), part))); err != nil {
 			r.drop()
+			r.sayMaybeLost()
 			_ = WriteAll(fd, data[start:])
 			return
 		}
@@ -201,15 +203,30 @@ func (r *stepOutputRelay) finish(code int) {
 		return
 	}
 	end := append(chunk(SignOutputFrame(r.streamKey, r.seq, 0, []byte(strconv.Itoa(code)))), "0\r\n\r\n"...)
+	heard := false
 	if _, err := r.conn.Write(end); err == nil {
 		select {
 		case data := <-r.answer:
 			done, _ := jsonObject(data).Get("done")
-			r.delivered = done == true
+			r.delivered, heard = done == true, data != nil
 		case <-time.After(streamEndTimeout):
 		}
 	}
 	r.drop()
+	if !heard {
+		r.sayMaybeLost()
+	}
+}
+
+// sayMaybeLost tells the job's files, where the user looks, that the daemon went away (kill -9,
+// a failover) with frames of this step's output it never confirmed: the kernel took them for a
+// peer that was gone, and the script's srun may never have written them.
+func (r *stepOutputRelay) sayMaybeLost() {
+	if r.seq > 0 && !r.toldLost {
+		r.toldLost = true
+		_ = WriteAll(2, []byte("slurm-k8s-bridge: the bridge went away while it relayed this step's output: "+
+			"some of what srun wrote may be missing\n"))
+	}
 }
 
 // answered: the daemon spoke before the end (the script's srun is gone, or the pod could not
@@ -222,6 +239,9 @@ func (r *stepOutputRelay) answered() bool {
 	case data := <-r.answer:
 		_, r.gone = jsonObject(data).Get("gone")
 		r.drop()
+		if data == nil { // the connection ended without a word: the daemon died
+			r.sayMaybeLost()
+		}
 		return true
 	default:
 		return false
