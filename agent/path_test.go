@@ -46,3 +46,17 @@ func TestTheJobsSharedDirectoriesComeBeforeTheImagesPathAndTheVariableGoes(t *te
 		t.Fatalf("%s is still in the script's environment", jobPathVariable)
 	}
 }
+
+func TestTheJobsDirectoriesAfterTheHostsOwnComeAfterTheImagesPath(t *testing.T) {
+	for jobPath, want := range map[string]string{
+		"/a:/b":     "BIN:/a:/b:IMAGE",
+		"/a::/c":    "BIN:/a:IMAGE:/c",
+		":/c:/d":    "BIN:IMAGE:/c:/d",
+		"/a:/b::/c": "BIN:/a:/b:IMAGE:/c",
+		"":          "BIN:IMAGE",
+	} {
+		if got := withJobPath("BIN", jobPath, "IMAGE"); got != want {
+			t.Errorf("withJobPath(%q) = %q, want %q", jobPath, got, want)
+		}
+	}
+}

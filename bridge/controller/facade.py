@@ -212,7 +212,15 @@ class ApiFacade:
         self.steps.close(job_id, key)
 
     async def finish_step(self, job_id: int, key: str, code: int, run: int | None = None) -> None:
-        """Tell the script's srun how the step ended (Slurm's srun exit code); `run`: the waiter's."""
+        """Tell the script's srun how the step ended (Slurm's srun exit code); `run`: the waiter's
+        SLURM_RESTART_COUNT, which one beyond the job's run was inherited by a first run (as in
+        _term_session)."""
+        view = self.jobs.get(job_id)
+        alloc = view.alloc if view is not None else None
+        if run is not None and (run < 0 or alloc is None):
+            run = None
+        elif run is not None and alloc is not None and run > alloc.run:
+            run = 0
         await self.steps.finish(job_id, key, code, run)
 
     def volumes_of(self, job_id: int) -> list[tuple[str, str]]:

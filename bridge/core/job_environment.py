@@ -245,20 +245,38 @@ def container_environment(
     return env
 
 
+MAX_JOB_PATH_BYTES = 64 * 1024
+"""What the submitted PATH's shared entries may weigh in the pods (Linux allows 128 KiB for one
+variable, and the image's PATH joins them); entries beyond are left out."""
+
+
 def shared_path_entries(path: str, part: PartitionConfig) -> str:
-    """The entries of a submitted PATH that lie on the partition's volumes, as the pods see them, in
-    the user's order, once each: `conda activate env; sbatch job.sh` (or ~/bin first) finds the
-    env's python in the pod as natively. Entries of the slurmd host's own directories (/usr/bin,
-    a module tree) are not the pod's and stay out, as do relative and empty ones."""
+    """The entries of a submitted PATH that lie on the partition's volumes, as the pods see them,
+    once each: `conda activate env; sbatch job.sh` (or ~/bin first) finds the env's python in the
+    pod as natively. Entries of the slurmd host's own directories (/usr/bin, a module tree) are
+    not the pod's and stay out; the image's PATH takes the place of the first of them, so a shared
+    entry the user put after the system's still comes after the image's (an empty entry marks
+    that place: `before::after`). Relative and empty entries stay out."""
     roots = [(volume.host_path, volume.mount_path) for volume in part.volumes]
-    entries: list[str] = []
+    before: list[str] = []
+    after: list[str] = []
+    seen: set[str] = set()
+    size = 0
+    past_the_hosts = False
     for entry in path.split(":"):
         if not entry.startswith("/"):
             continue
-        in_pod = through_volumes(posixpath.normpath(entry), roots)
-        if in_pod is not None and in_pod not in entries:
-            entries.append(in_pod)
-    return ":".join(entries)
+        # "//x" is "/x" to the kernel; normpath keeps two leading slashes (POSIX leaves them open).
+        in_pod = through_volumes(posixpath.normpath("/" + entry.lstrip("/")), roots)
+        if in_pod is None:
+            past_the_hosts = True  # the image's PATH goes here
+            continue
+        if in_pod in seen or size + len(in_pod) + 1 > MAX_JOB_PATH_BYTES:
+            continue
+        seen.add(in_pod)
+        size += len(in_pod) + 1
+        (after if past_the_hosts else before).append(in_pod)
+    return ":".join(before + (["", *after] if after else []))
 
 
 def script_path(index: int, delivered: bool) -> str:

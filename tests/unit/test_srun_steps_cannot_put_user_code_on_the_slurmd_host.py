@@ -836,3 +836,19 @@ def test_a_task_that_claims_a_segfault_leaves_no_core_on_the_slurmd_host(tmp_pat
                           timeout=30, check=False)
     assert proc.returncode == -11
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("core")]
+
+
+@pytest.mark.parametrize(("waiter_run", "told"), [
+    (0, [("slurm-42-0", [AGENT, "step-done", "4", "1"])]),
+    # A first run's waiter inherits SLURM_RESTART_COUNT from where sbatch ran: one beyond the
+    # job's run is that, and the step is the first run's.
+    (3, [("slurm-42-0", [AGENT, "step-done", "4", "1"])]),
+    (-1, []),
+    (None, []),
+])
+async def test_a_step_this_daemon_never_saw_ends_in_the_run_its_waiter_names(
+        tmp_path: Path, waiter_run: int | None, told: list[tuple[str, list[str]]]) -> None:
+    """The daemon was started again while the step ran: no run here answered key 4."""
+    reconciler, kube = _reconciler(_key_file(tmp_path, STEP_KEY))
+    await reconciler.finish_step(42, "4", 1, waiter_run)
+    assert kube.execs == told

@@ -146,7 +146,8 @@ def test_what_the_scripts_srun_read_of_its_stdin_is_slurms_sruns(
     without any gets /dev/null, as before."""
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, stepping(["cat"], lambda _: refused, "step-done", stdin),
-              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 0, "run": 0}', fake_srun=READING_SRUN)
+              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 0, "run": 0}',
+              fake_srun=READING_SRUN)
     assert ran.stdout == b"stdin: " + read + b"[end]\n"
 
 

@@ -15,7 +15,13 @@ from bridge.core import wellknown
 from bridge.core.config import PartitionConfig, PodsConfig
 from bridge.core.config_sections import VolumeConfig
 from bridge.core.directives import Directives
-from bridge.core.job_environment import gpu_environment, job_environment, node_environment
+from bridge.core.job_environment import (
+    MAX_JOB_PATH_BYTES,
+    gpu_environment,
+    job_environment,
+    node_environment,
+    shared_path_entries,
+)
 from bridge.core.model import NodeAllocation
 from bridge.core.payload_secret import SECRET_DATA_BYTES
 from bridge.core.pod_identity import payload_secret_name
@@ -432,8 +438,28 @@ def test_the_submitted_paths_entries_on_shared_volumes_reach_every_pod_in_the_us
     secret, pods = objects(stdin_part(), payload=payload(environment={"PATH": submitted}), cfg=AGENT)
     for pod in pods:
         env = seen(secret, pod)
-        assert env[wellknown.ENV_JOB_PATH] == "/home/alice/conda/envs/x/bin:/data/tools/bin:/home/alice/bin"
-        assert "PATH" not in env, "the image's PATH stays; the agent puts these before it"
+        # The image's PATH takes the place of the host's first own directory (the empty entry).
+        assert env[wellknown.ENV_JOB_PATH] == "/home/alice/conda/envs/x/bin::/data/tools/bin:/home/alice/bin"
+        assert "PATH" not in env, "the image's PATH stays; the agent puts these around it"
+
+
+@pytest.mark.parametrize(("submitted", "passed"), [
+    ("/home/alice/a:/home/alice/b", "/home/alice/a:/home/alice/b"),
+    ("/usr/bin:/home/alice/a", ":/home/alice/a"),
+    ("//home/alice/a:/home//alice/b/:/home/alice/a", "/home/alice/a:/home/alice/b"),
+    (":.:bin:/home/alice/a", "/home/alice/a"),
+])
+def test_shared_path_entries_keep_their_place_around_the_images(submitted: str, passed: str) -> None:
+    assert shared_path_entries(submitted, stdin_part()) == passed
+
+
+def test_a_huge_submitted_path_is_cut_and_costs_the_daemon_little() -> None:
+    """13,500 distinct entries (128 KiB, Linux's most for one variable) once made the daemon's
+    loop spend seconds per job (its duplicates were looked for in a list)."""
+    huge = ":".join(f"/home/{n:x}" for n in range(13_500))
+    passed = shared_path_entries(huge, stdin_part())
+    assert len(passed) <= MAX_JOB_PATH_BYTES and passed.startswith("/home/0:/home/1:")
+    assert len(set(passed.split(":"))) == len(passed.split(":"))
 
 
 @pytest.mark.parametrize("submitted", ["/usr/bin:/bin", ""])

@@ -339,3 +339,20 @@ func TestAStepsEndNamesTheWaitersRun(t *testing.T) {
 		expectEqual(t, "posted", posted, []string{"step-done " + test.want})
 	}
 }
+
+// A daemon rolled back to before the run refuses the field (its bodies forbid unknown ones): the
+// end is told again without it, or a refused step's srun in the pod would wait for ever.
+func TestAStepsEndIsToldWithoutTheRunToADaemonThatRefusesIt(t *testing.T) {
+	steps := newScriptSteps(nil, nil, nil)
+	steps.jobRun = 1
+	var posted []string
+	steps.post = func(action string, body []byte, _ time.Duration) error {
+		posted = append(posted, string(body))
+		if strings.Contains(string(body), "run") {
+			return &DaemonError{Status: 400, Text: "unknown field"}
+		}
+		return nil
+	}
+	steps.done("2", 0)
+	expectEqual(t, "posted", posted, []string{`{"key": "2", "code": 0, "run": 1}`, `{"key": "2", "code": 0}`})
+}
