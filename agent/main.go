@@ -286,7 +286,7 @@ func (f *frames) relay(tag byte, from io.Reader, done chan<- struct{}) {
 // told in the ending frame.
 func run(pidfile string, merged bool, argv []string) (int, bool) {
 	unsetSecretKeys() // the payload Secret's file keys: never the script's variables
-	agentFirstOnPath()
+	jobSearchPaths()
 	// Before any process of the job exists (ending.go).
 	tellEnding := undumpable()
 	interval := usageInterval() // the bridge's, not the job's: read, then gone from its environment

@@ -62,7 +62,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 	}
 	if _, given := env["PATH"]; !given && env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] == "" {
 		// The container's PATH (an interactive step's task): the image's, after the agent's links.
-		agentFirstOnPath()
+		jobSearchPaths()
 	}
 	searchPath := os.Getenv("PATH")
 	if cwd := env["SLURM_K8S_BRIDGE_TASK_CWD"]; cwd != "" {
@@ -86,7 +86,7 @@ func task(pidfile, encodedEnv string, argv []string) {
 		"SLURM_K8S_BRIDGE_TASK_STDIN_SIZE", "SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT",
 		"SLURM_K8S_BRIDGE_TASK_UNSET", "SLURM_K8S_BRIDGE_TASK_TTY_SIZE",
 		// The first pod's spec gives them to every exec too: the agent's, never a task's.
-		"SLURM_K8S_BRIDGE_USAGE_INTERVAL", "SLURM_K8S_BRIDGE_STOP_GRACE", scriptStdinVariable, jobPathVariable} {
+		"SLURM_K8S_BRIDGE_USAGE_INTERVAL", "SLURM_K8S_BRIDGE_STOP_GRACE", scriptStdinVariable, jobPathVariable, jobLibraryPathVariable} {
 		_ = os.Unsetenv(key)
 	}
 	path := argv[0]

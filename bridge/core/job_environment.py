@@ -22,7 +22,8 @@ from bridge.core.volume_paths import through_volumes
 # PATH is one of them: the image's PATH (conda, /usr/local/cuda/bin, ...) must win over the host's
 # system directories, so the pod's spec sets none; the agent puts its own bin directory first, then
 # the submitted PATH's entries on shared volumes (shared_path_entries), then the image's.
-# LD_* point at host libraries and would break (or hijack) binaries in the image.
+# LD_* point at host libraries and would break (or hijack) binaries in the image; LD_LIBRARY_PATH's
+# entries on shared volumes (a module tree the pods mount, ~/lib) are passed as PATH's are.
 HOST_ONLY_ENV = frozenset(
     {
         "PATH",
@@ -228,9 +229,11 @@ def container_environment(
     if delivered and index == 0:
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
     if cfg.pods.agent_image:
-        shared = shared_path_entries(payload.environment.get("PATH", ""), part)
-        if shared:
-            env[wellknown.ENV_JOB_PATH] = shared
+        for variable, for_the_agent in (("PATH", wellknown.ENV_JOB_PATH),
+                                        ("LD_LIBRARY_PATH", wellknown.ENV_JOB_LIBRARY_PATH)):
+            shared = shared_path_entries(payload.environment.get(variable, ""), part)
+            if shared:
+                env[for_the_agent] = shared
     if not cfg.pods.agent_image:
         env = without_limits(env)
         # No agent to check the job's TMPDIR in the pod (a host path may not exist there): the
@@ -251,12 +254,13 @@ variable, and the image's PATH joins them); entries beyond are left out."""
 
 
 def shared_path_entries(path: str, part: PartitionConfig) -> str:
-    """The entries of a submitted PATH that lie on the partition's volumes, as the pods see them,
-    once each: `conda activate env; sbatch job.sh` (or ~/bin first) finds the env's python in the
-    pod as natively. Entries of the slurmd host's own directories (/usr/bin, a module tree) are
-    not the pod's and stay out; the image's PATH takes the place of the first of them, so a shared
-    entry the user put after the system's still comes after the image's (an empty entry marks
-    that place: `before::after`). Relative and empty entries stay out."""
+    """The entries of a submitted PATH (or LD_LIBRARY_PATH) that lie on the partition's volumes,
+    as the pods see them, once each: `conda activate env; sbatch job.sh` (or ~/bin first) finds
+    the env's python in the pod as natively. Entries of the slurmd host's own directories
+    (/usr/bin, a module tree the pods lack) are not the pod's and stay out; the image's list takes
+    the place of the first of them, so a shared entry the user put after the system's still comes
+    after the image's (an empty entry marks that place: `before::after`). Relative and empty
+    entries stay out."""
     roots = [(volume.host_path, volume.mount_path) for volume in part.volumes]
     before: list[str] = []
     after: list[str] = []

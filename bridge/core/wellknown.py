@@ -133,8 +133,12 @@ ENV_SCRIPT_STDIN: Final = "SLURM_K8S_BRIDGE_SCRIPT_STDIN"
 
 ENV_JOB_PATH: Final = "SLURM_K8S_BRIDGE_JOB_PATH"
 """In each pod's env: the entries of the PATH the job was submitted with that lie on a volume the pods
-share with the slurmd host (a conda env's or ~/bin), as the pods see them, in the user's order. The
-agent puts them after its own bin directory and before the image's PATH, and unsets it."""
+share with the slurmd host (a conda env's or ~/bin), as the pods see them, in the user's order, an
+empty entry marking the image's PATH's place (job_environment.shared_path_entries). The agent puts
+them after its own bin directory, around the image's PATH, and unsets it."""
+
+ENV_JOB_LIBRARY_PATH: Final = "SLURM_K8S_BRIDGE_JOB_LIBRARY_PATH"
+"""The same for LD_LIBRARY_PATH: the agent puts them around the image's own LD_LIBRARY_PATH."""
 
 ENV_USAGE_INTERVAL: Final = "SLURM_K8S_BRIDGE_USAGE_INTERVAL"
 """Seconds between the usage samples the first pod's agent sends ([pods] usage_interval_s), when

@@ -13,7 +13,8 @@ slurm.conf are set aside.
   with its own directories; the pod's spec set a PATH of its own over it, and such an image's
   programs were not found. The agent's bin directory (srun, Slurm's commands) comes first.
 - The submitted PATH's directories on shared volumes: `conda activate env; sbatch job.sh` runs the
-  env's python natively; the bridge dropped the whole submitted PATH as the slurmd host's.
+  env's python natively; the bridge dropped the whole submitted PATH as the slurmd host's. So with
+  LD_LIBRARY_PATH (`module load` of a tree the pods mount, ~/lib).
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def test_the_script_and_its_tasks_find_the_images_programs_after_the_agents(brid
 SUBMITTED_PATH_PROBE = """#!/bin/sh
 python3
 tool-of-mine
-srun -n1 sh -c 'python3; tool-of-mine'
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+srun -n1 sh -c 'python3; tool-of-mine; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"'
 """
 
 
@@ -136,6 +138,7 @@ def test_the_submitted_paths_shared_directories_come_first_as_natively(bridge: S
     activated conda env, ~/bin): the script and its step's task find their programs there before
     the system's (a python3 of the env's own), in `native` and `k8s` alike, three jobs each at once."""
     env_bin = bridge.home("alice") / "submitted-path" / "env" / "bin"
+    library = bridge.home("alice") / "submitted-path" / "env" / "lib"
     tools = bridge.home("alice") / "submitted-path" / "tools"
     bridge.slurm("mkdir", "-p", str(env_bin), str(tools), user="alice")
     for directory, program in ((env_bin, "python3"), (tools, "tool-of-mine")):
@@ -149,11 +152,13 @@ def test_the_submitted_paths_shared_directories_come_first_as_natively(bridge: S
         for copy in range(JOBS_PER_PARTITION):
             out = bridge.home("alice") / f"submitted-path-{partition}-{copy}.out"
             out.unlink(missing_ok=True)
-            answer = bridge.slurm("env", f"PATH={submitted_path}", "sbatch", "--parsable", "-p", partition,
+            answer = bridge.slurm("env", f"PATH={submitted_path}", f"LD_LIBRARY_PATH={library}",
+                                  "sbatch", "--parsable", "-p", partition,
                                   "-o", str(out), str(script), user="alice", cwd=str(bridge.home("alice")))
             outputs[(partition, copy)] = (int(answer.stdout.split(";")[0]), out)
     expected = (f"python3 of the submitted PATH: {env_bin}/python3\n"
-                f"tool-of-mine of the submitted PATH: {tools}/tool-of-mine\n") * 2
+                f"tool-of-mine of the submitted PATH: {tools}/tool-of-mine\n"
+                f"LD_LIBRARY_PATH={library}\n") * 2
     for (partition, _), (job_id, out) in outputs.items():
         row = bridge.wait_job_final(job_id, timeout=240)
         text = out.read_text(errors="replace")

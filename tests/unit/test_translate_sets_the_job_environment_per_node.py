@@ -472,3 +472,15 @@ def test_a_planted_job_path_never_reaches_a_pod() -> None:
     planted = {wellknown.ENV_JOB_PATH: "/evil", "PATH": "/usr/bin"}
     secret, pods = objects(stdin_part(), payload=payload(environment=planted), cfg=AGENT)
     assert all(wellknown.ENV_JOB_PATH not in seen(secret, pod) for pod in pods)
+
+
+def test_the_submitted_library_paths_shared_entries_reach_the_pods_as_paths_do() -> None:
+    """`module load` of a tree the pods mount, or ~/lib, sets LD_LIBRARY_PATH natively; the bridge
+    dropped it whole as the slurmd host's, and such binaries failed to load their libraries."""
+    submitted = {"LD_LIBRARY_PATH": "/home/alice/lib:/usr/lib/host:/home/alice/data/lib64",
+                 "PATH": "/usr/bin"}
+    secret, pods = objects(stdin_part(), payload=payload(environment=submitted), cfg=AGENT)
+    for pod in pods:
+        env = seen(secret, pod)
+        assert env[wellknown.ENV_JOB_LIBRARY_PATH] == "/home/alice/lib::/data/lib64"
+        assert "LD_LIBRARY_PATH" not in env and wellknown.ENV_JOB_PATH not in env
