@@ -128,9 +128,7 @@ class ApiFacade:
             return self.cancel_session(job_id)
         view = self.jobs.get(job_id)
         alloc = view.alloc if view is not None else None
-        # Slurm sets SLURM_RESTART_COUNT for every run but the first: one beyond the job's run is
-        # inherited (from the environment sbatch ran in), and the waiter's run is the first.
-        run = 0 if alloc is not None and run > alloc.run else run
+        run = _waiters_run(alloc, run) if alloc is not None else run
         session = self.sessions.get(job_id, run)
         if session is None and alloc is not None and alloc.run == run and alloc.state == "RUNNING" \
                 and not over(alloc):
@@ -217,10 +215,8 @@ class ApiFacade:
         _term_session)."""
         view = self.jobs.get(job_id)
         alloc = view.alloc if view is not None else None
-        if run is not None and (run < 0 or alloc is None):
-            run = None
-        elif run is not None and alloc is not None and run > alloc.run:
-            run = 0
+        if run is not None:
+            run = None if run < 0 or alloc is None else _waiters_run(alloc, run)
         await self.steps.finish(job_id, key, code, run)
 
     def volumes_of(self, job_id: int) -> list[tuple[str, str]]:
@@ -273,3 +269,9 @@ async def _until_commands_answered(session: JobSession) -> None:
     waited_until = time.monotonic() + COMMAND_ANSWER_WAIT_S
     while session.steps.commands_open() and time.monotonic() < waited_until:
         await asyncio.sleep(COMMAND_ANSWER_POLL_S)
+
+
+def _waiters_run(alloc: JobAllocation, run: int) -> int:
+    """The run a waiter's SLURM_RESTART_COUNT names: Slurm sets it for every run but the first, so
+    one beyond the job's run was inherited (from the environment sbatch ran in) by the first."""
+    return 0 if run > alloc.run else run

@@ -228,18 +228,17 @@ def container_environment(
         env[wellknown.ENV_SCRIPT_STDIN] = stdin
     if delivered and index == 0:
         env[wellknown.ENV_SCRIPT_PENDING] = wellknown.AGENT_SCRIPT
-    if cfg.pods.agent_image:
-        for variable, for_the_agent in (("PATH", wellknown.ENV_JOB_PATH),
-                                        ("LD_LIBRARY_PATH", wellknown.ENV_JOB_LIBRARY_PATH)):
-            shared = shared_path_entries(payload.environment.get(variable, ""), part)
-            if shared:
-                env[for_the_agent] = shared
     if not cfg.pods.agent_image:
         env = without_limits(env)
         # No agent to check the job's TMPDIR in the pod (a host path may not exist there): the
         # one slurmstepd falls back to, which every image has.
         env["TMPDIR"] = "/tmp"
     else:
+        for variable, for_the_agent in (("PATH", wellknown.ENV_JOB_PATH),
+                                        ("LD_LIBRARY_PATH", wellknown.ENV_JOB_LIBRARY_PATH)):
+            shared = shared_path_entries(payload.environment.get(variable, ""), part)
+            if shared:
+                env[for_the_agent] = shared
         if index == 0 and cfg.pods.usage_interval_s != wellknown.DEFAULT_USAGE_INTERVAL_S:
             env[wellknown.ENV_USAGE_INTERVAL] = str(cfg.pods.usage_interval_s)
         if index == 0 and cfg.termination_grace_s != wellknown.DEFAULT_TERMINATION_GRACE_S:
