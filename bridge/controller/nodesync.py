@@ -269,6 +269,7 @@ class NodeHealthSync:
         unhealthy, total = len(twins & self._not_ready_since.keys()), len(self._slurm_nodes)
         if total >= MASS_FAILURE_MIN_NODES and unhealthy > total * MASS_FAILURE_FRACTION:
             self.metrics.inc("node_mass_failure_brakes_total")
+            log.warning("node.mass_failure_brake", unhealthy=unhealthy, nodes=total, why=health.why)
             return Health("drain", f"{health.why}; not DOWN: {unhealthy} of {total} nodes are unhealthy at "
                           "once, a Kubernetes control-plane problem is likelier")
         return health

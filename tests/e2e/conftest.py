@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 import urllib.request
@@ -85,6 +86,26 @@ def bridge_still_up(request: pytest.FixtureRequest) -> None:
 
 
 CALL_FAILED = pytest.StashKey[bool]()
+DAEMON_LOG_AT_START = pytest.StashKey[int]()
+# What of the daemon's log a failure report shows: its complaints, and every node health decision.
+TELLING_LOG_LINE = re.compile(r'"level": "(warning|error|critical)"|"event": "node\.')
+LOG_LINES_SHOWN = 60
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[DAEMON_LOG_AT_START] = DAEMON_LOG.stat().st_size if DAEMON_LOG.exists() else 0
+
+
+def daemon_log_since(offset: int) -> str:
+    """The telling lines the daemon logged from `offset` on (the last LOG_LINES_SHOWN of them)."""
+    try:
+        with DAEMON_LOG.open("rb") as log:
+            log.seek(offset if offset <= DAEMON_LOG.stat().st_size else 0)  # a restart truncates it
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    telling = [line[:400] for line in lines if TELLING_LOG_LINE.search(line)]
+    return "\n".join(telling[-LOG_LINES_SHOWN:])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -92,6 +113,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report: pytest.TestReport = yield
     if report.when == "call":
         item.stash[CALL_FAILED] = report.failed
+        # CI keeps no daemon log: a failure carries what the daemon said meanwhile (a node that never
+        # went down once left nothing to go on).
+        if report.failed and item.get_closest_marker("e2e") and DAEMON_LOG_AT_START in item.stash:
+            told = daemon_log_since(item.stash[DAEMON_LOG_AT_START])
+            if told:
+                report.sections.append(("the bridge daemon's warnings and node decisions meanwhile", told))
     return report
 
 

@@ -37,13 +37,27 @@ def node_state(sandbox: Sandbox, node: str) -> tuple[str, str]:
     return state.rstrip("*~#$@^-!%"), reason
 
 
+def node_flags(sandbox: Sandbox, node: str) -> set[str]:
+    """scontrol's State of the node as its flags: DOWN+DRAIN is {"DOWN", "DRAIN"}."""
+    out = sandbox.slurm("scontrol", "show", "node", node, check=False).stdout
+    match = re.search(r"\bState=(\S+)", out)
+    return set(match.group(1).split("+")) if match else set()
+
+
 def wait_node(sandbox: Sandbox, node: str, states: tuple[str, ...], timeout: float) -> tuple[float, str]:
-    """Wait until the node is in one of `states`; returns (seconds waited, reason)."""
+    """Wait until the node is in one of `states`; returns (seconds waited, reason). A node that is
+    DOWN and DRAIN at once is down, though sinfo calls it "drained" (the bridge adds the DRAIN once
+    it has seen slurmctld return one of its DOWN nodes to service)."""
     started = time.monotonic()
-    found = wait_until(
-        f"Slurm node {node} in {states}",
-        lambda: (s := node_state(sandbox, node))[0] in states and s, timeout=timeout, interval=0.1,
-    )
+
+    def reached() -> tuple[str, str] | None:
+        state, reason = node_state(sandbox, node)
+        down_and_drained = state == "drained" and "DOWN" in node_flags(sandbox, node)
+        if state in states or ("down" in states and down_and_drained):
+            return state, reason
+        return None
+
+    found = wait_until(f"Slurm node {node} in {states}", reached, timeout=timeout, interval=0.1)
     return time.monotonic() - started, found[1]
 
 
