@@ -28,7 +28,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.workqueue import WorkQueue
 from bridge.core import nodehealth
 from bridge.core.config import BridgeConfig
-from bridge.core.errors import BridgeError
+from bridge.core.errors import BridgeError, PermanentError, TemporaryError
 from bridge.core.nodehealth import Health, KubeNode, SlurmNode
 
 log = structlog.get_logger(__name__)
@@ -40,6 +40,7 @@ STANDBY_POLL_FACTOR = 5
 ANNOUNCE_LEAD_S = 0.3
 """Between telling the jobs of a node why it goes down and downing it: their waiters print the
 reason before Slurm's kill reaches them."""
+MISSING_NODE_RECHECK_S = 5.0
 
 
 class NodeHealthSync:
@@ -194,7 +195,16 @@ class NodeHealthSync:
 
     # -- the loop body ---------------------------------------------------------------------------
     async def sync(self, name: str) -> None:
-        """Make Slurm node `name` match its Kubernetes twin, and the twin show an admin's state."""
+        """Make Slurm node `name` match its Kubernetes twin, and the twin show an admin's state.
+        A node is never given up: an answer slurmrestd garbled under load (a "permanent" error to a
+        job's reconcile) is tried again with the queue's back-off. Dropped, a paused kubelet's node
+        sent no further event and stayed up for good."""
+        try:
+            await self._sync(name)
+        except PermanentError as error:
+            raise TemporaryError(f"node {name}: {error}") from error
+
+    async def _sync(self, name: str) -> None:
         if not self._settings.enabled or not self._leading():
             return
         if not self.synced:
@@ -221,11 +231,16 @@ class NodeHealthSync:
             # slurmctld's answer of now, never override an admin's fresh decision.
             fresh = await self.slurm.node(name)
             if fresh is None:
+                # Unknown to slurmctld just now: the poll drops a node that is gone for good.
+                self.queue.add_after(name, MISSING_NODE_RECHECK_S)
                 return
             slurm = fresh if fresh.partitions else nodehealth.SlurmNode(
                 fresh.name, fresh.states, fresh.reason, slurm.partitions)
             self._slurm_nodes[name] = slurm
-            if health.verdict == "down" and name in self._downed and "DOWN" not in slurm.states:
+            # slurmctld's return to service clears the reason; a node still showing the bridge's is
+            # not back (downed again below, not drained for the daemon's life).
+            returned = "DOWN" not in slurm.states and not slurm.set_by_bridge
+            if health.verdict == "down" and name in self._downed and returned:
                 if not self.drain_with_down:
                     bound.warning("node.returned_to_service_while_down",
                                   hint="ReturnToService=2 undoes DOWN; the bridge now drains such nodes too")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.sandbox import BRIDGE_UP, Sandbox, one_starter
+from tests.e2e.sandbox import BRIDGE_UP, DAEMON_LOG, Sandbox, daemon_log_since, daemon_log_size, one_starter
 
 
 def bridge_ready() -> bool:
@@ -59,7 +59,6 @@ def bridge(sandbox: Sandbox) -> Sandbox:
 # Fixtures that run the daemon their own way (in a Deployment, on pyslurm) for a whole module:
 # their tests must not get the host daemon back in between.
 OWN_DAEMON_FIXTURES = frozenset({"deployed", "deployed_with_pyslurm", "pyslurm_bridge"})
-DAEMON_LOG = Path("/var/lib/slurm-k8s-sandbox/log/bridge.log")
 
 
 @pytest.fixture(autouse=True)
@@ -93,18 +92,12 @@ LOG_LINES_SHOWN = 60
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    item.stash[DAEMON_LOG_AT_START] = DAEMON_LOG.stat().st_size if DAEMON_LOG.exists() else 0
+    item.stash[DAEMON_LOG_AT_START] = daemon_log_size()
 
 
-def daemon_log_since(offset: int) -> str:
+def daemon_log_told(offset: int) -> str:
     """The telling lines the daemon logged from `offset` on (the last LOG_LINES_SHOWN of them)."""
-    try:
-        with DAEMON_LOG.open("rb") as log:
-            log.seek(offset if offset <= DAEMON_LOG.stat().st_size else 0)  # a restart truncates it
-            lines = log.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    telling = [line[:400] for line in lines if TELLING_LOG_LINE.search(line)]
+    telling = [line[:400] for line in daemon_log_since(offset) if TELLING_LOG_LINE.search(line)]
     return "\n".join(telling[-LOG_LINES_SHOWN:])
 
 
@@ -116,7 +109,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         # CI keeps no daemon log: a failure carries what the daemon said meanwhile (a node that never
         # went down once left nothing to go on).
         if report.failed and item.get_closest_marker("e2e") and DAEMON_LOG_AT_START in item.stash:
-            told = daemon_log_since(item.stash[DAEMON_LOG_AT_START])
+            told = daemon_log_told(item.stash[DAEMON_LOG_AT_START])
             if told:
                 report.sections.append(("the bridge daemon's warnings and node decisions meanwhile", told))
     return report

@@ -185,6 +185,21 @@ class Sandbox:
 
 
 BRIDGE_UP = REPO / "containers" / "bridge" / "up.sh"
+DAEMON_LOG = Path("/var/lib/slurm-k8s-sandbox/log/bridge.log")
+
+
+def daemon_log_size() -> int:
+    return DAEMON_LOG.stat().st_size if DAEMON_LOG.exists() else 0
+
+
+def daemon_log_since(offset: int) -> list[str]:
+    """The lines the host daemon logged from `offset` on (from the start if a restart truncated it)."""
+    try:
+        with DAEMON_LOG.open("rb") as log:
+            log.seek(offset if offset <= DAEMON_LOG.stat().st_size else 0)
+            return log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
 SANDBOX_LOGS = Path("/var/lib/slurm-k8s-sandbox/log")
 
 

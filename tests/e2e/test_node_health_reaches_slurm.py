@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.sandbox import REPO, Sandbox, job_pods, wait_until, write_script
+from tests.e2e.sandbox import (
+    REPO,
+    Sandbox,
+    daemon_log_since,
+    daemon_log_size,
+    job_pods,
+    wait_until,
+    write_script,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -189,6 +197,7 @@ def test_not_ready_nodes_go_down_their_jobs_fail_or_requeue_and_come_back_under_
 
         for node in victims:
             pause_kwok(bridge, node)
+        log_at = daemon_log_size()
         started = time.monotonic()
         for node in victims:
             set_not_ready(bridge, node)
@@ -197,6 +206,11 @@ def test_not_ready_nodes_go_down_their_jobs_fail_or_requeue_and_come_back_under_
             assert reason.startswith(f"{PREFIX} Kubernetes node {node} is NotReady (KubeletStopped"), reason
         print(f"\n3 nodes NotReady -> all down in Slurm after {time.monotonic() - started:.2f}s "
               f"(grace {GRACE_S}s)")
+        # Under ReturnToService=1 slurmctld never returns a node the bridge set DOWN: the bridge
+        # must not think it did (it would DRAIN every DOWN from then on).
+        returned = [line for line in daemon_log_since(log_at)
+                    if "node.returned_to_service_while_down" in line]
+        assert not returned, returned
 
         assert wait_until("NODE_FAIL", lambda: sacct_state(bridge, no_requeue) == "NODE_FAIL" or None,
                           timeout=60)

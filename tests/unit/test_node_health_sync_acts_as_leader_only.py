@@ -17,6 +17,7 @@ from bridge.controller.metrics import Metrics
 from bridge.controller.nodesync import NodeHealthSync
 from bridge.controller.workqueue import WorkQueue
 from bridge.core.config import BridgeConfig, parse_config
+from bridge.core.errors import SlurmAuthError, TemporaryError
 from bridge.core.nodehealth import OUT_OF_SERVICE_TAINT, REASON_PREFIX, SLURM_CONDITION, SlurmNode
 
 GRACE = 60.0
@@ -1010,3 +1011,76 @@ async def test_unhealthy_nodes_outside_the_bridge_do_not_pull_the_brake(
     await world.sync.sync("kube1")  # 1 of 4 bridged nodes unhealthy
 
     assert [state for _, state, _ in world.slurm.updates] == ["DOWN"]
+
+
+async def test_a_node_still_showing_the_bridges_reason_is_downed_again_not_drained_for_good(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An answer without DOWN that still carries the bridge's reason is no return to service
+    (slurmctld's clears the reason): the node is set DOWN again, and later downs stay plain DOWN
+    (DOWN+DRAIN shows as "drained", for the daemon's life)."""
+    world = make_world(monkeypatch)
+    await down_both_missing_nodes(world)
+    reason = f"{REASON_PREFIX} no Kubernetes node kube1"
+
+    await see_slurm(world, slurm_node("kube1", ("IDLE",), reason), slurm_node("kube2"))
+    await world.sync.sync("kube1")
+
+    assert world.sync.drain_with_down is False
+    assert world.slurm.updates[1:] == [("kube1", "DOWN", reason)]
+
+
+class GarbledOnce(FakeSlurm):
+    """slurmrestd garbles its first answer to node(): the REST client's MalformedAnswer."""
+
+    garbled = False
+
+    async def node(self, name: str) -> SlurmNode | None:
+        if not self.garbled:
+            self.garbled = True
+            raise SlurmAuthError("slurmrestd sent a malformed answer to GET /node")
+        return await super().node(name)
+
+
+async def test_a_garbled_answer_leaves_the_node_queued_and_it_goes_down_on_the_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A "permanent" error to a job's reconcile, once dropped the node's key for good: a paused
+    kubelet's node sent no further event, and it never went down."""
+    world = make_world(monkeypatch)
+    garbled = GarbledOnce(world.log)
+    world.slurm = garbled
+    world.sync.slurm = garbled
+    list_kube(world)
+    await see_slurm(world, slurm_node("kube1"))
+    try:
+        await world.sync.sync("kube1")
+    finally:
+        cancel_delayed(world.sync.queue)
+    world.clock.now += GRACE
+
+    with pytest.raises(TemporaryError, match="malformed"):
+        await world.sync.sync("kube1")  # the work queue backs off and comes back (not dropped)
+    await world.sync.sync("kube1")
+
+    assert world.slurm.updates == [("kube1", "DOWN", f"{REASON_PREFIX} no Kubernetes node kube1")]
+
+
+async def test_a_node_slurmctld_did_not_know_for_a_moment_is_looked_at_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = make_world(monkeypatch)
+    list_kube(world)
+    await see_slurm(world, slurm_node("kube1"))
+    try:
+        await world.sync.sync("kube1")
+    finally:
+        cancel_delayed(world.sync.queue)
+    world.clock.now += GRACE
+    del world.slurm.current["kube1"]  # node() answers None
+
+    await world.sync.sync("kube1")
+
+    assert "kube1" in world.sync.queue._delayed
+    cancel_delayed(world.sync.queue)
+    assert world.slurm.updates == []
