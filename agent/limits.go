@@ -69,6 +69,7 @@ func withLimits(path string, argv []string, keepUmask bool, notFound, notRunnabl
 	// here).
 	_ = os.Setenv("SLURM_TASK_PID", strconv.Itoa(os.Getpid()))
 	environ := os.Environ() // before the limits: DATA and AS may leave little to allocate
+	settleEarlySignals()    // before the limits too: it starts a timer
 	for i, limit := range slurmLimits {
 		value := values[i]
 		asked := len(value) > 0 && value[0] == 'U'

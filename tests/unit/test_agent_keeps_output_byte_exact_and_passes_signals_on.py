@@ -866,3 +866,29 @@ def test_a_program_that_cannot_be_run_is_told_as_before_with_limits_given(
     assert result.returncode == 126  # and the job's stderr says why (merged here: the one stream)
     said = stream(result.stdout, "o").decode()
     assert said == f"slurm-k8s-bridge-agent: cannot run {program}: permission denied\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGALRM, signal.SIGQUIT], ids=lambda s: s.name)
+def test_a_signal_before_the_programs_exec_ends_it_by_that_signal_as_natively(
+    agent: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The script (or a task) is still the agent for a moment, between its fork and the exec of the
+    program: here held there opening its sbatch --input, a FIFO. A signal then ends it by that
+    signal, as natively it ends a program that has not set its trap yet. The Go runtime dropped
+    USR1 and ALRM (the program ran on) and made QUIT a goroutine dump and exit 2."""
+    fifo = tmp_path / "input"
+    os.mkfifo(fifo)
+    env = {**os.environ, "SLURM_K8S_BRIDGE_SCRIPT_STDIN": str(fifo)}
+    held = subprocess.Popen([str(agent), "with-limits", "script", "/bin/sleep", "--", "sleep", "30"],
+                            env=env, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)  # its runtime has started; it waits for a writer
+        os.kill(held.pid, sig)
+        with contextlib.suppress(OSError):  # no reader left
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets it go on, if it still lives
+        err = held.communicate(timeout=10)[1]
+    finally:
+        held.kill()
+        held.communicate()
+    assert held.returncode == -sig
+    assert b"goroutine" not in err, err
