@@ -325,11 +325,23 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	stops := make(chan os.Signal, 8)
 	signal.Notify(stops, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 	stopRequests(filepath.Dir(pidfile))
+	throughWithLimits := false
 	if cmd.Err == nil {
-		cmd.Path, cmd.Args = throughLimits("script", cmd.Path, cmd.Args)
+		program, args := throughLimits("script", cmd.Path, cmd.Args)
+		throughWithLimits = program != cmd.Path
+		cmd.Path, cmd.Args = program, args
 	}
 	makeTmpdir(true) // the batch script is its node's one task
-	if err := cmd.Start(); err != nil {
+	waitStarted := func() {}
+	if throughWithLimits { // the pidfile waits for its signals (early_signals.go)
+		var started *os.File
+		if started, waitStarted, cmd.Env = startedPipe(os.Environ(), 3); started != nil {
+			cmd.ExtraFiles = []*os.File{started}
+		}
+	}
+	err = cmd.Start()
+	waitStarted()
+	if err != nil {
 		// As a shell reports a missing interpreter: 127 not found, 126 not executable.
 		fmt.Fprintf(os.Stderr, "slurm-k8s-bridge-agent: cannot run %s: %v\n", argv[0], err)
 		if os.IsNotExist(err) || errors.Is(err, exec.ErrNotFound) {

@@ -28,10 +28,18 @@ func runTask(path string, argv []string, pidfile string, usageFd int) int {
 	// control and the shell's reads are the task's, as when it was the exec's process itself.
 	terminal := isTerminal(0)
 	program, args := throughLimits("task", path, argv)
+	env, files, waitStarted := os.Environ(), []uintptr{0, 1, 2}, func() {}
+	if program != path { // through with-limits; the pidfile waits for its signals (early_signals.go)
+		var started *os.File
+		if started, waitStarted, env = startedPipe(env, len(files)); started != nil {
+			files = append(files, started.Fd())
+		}
+	}
 	pid, err := syscall.ForkExec(program, args, &syscall.ProcAttr{
-		Env: os.Environ(), Files: []uintptr{0, 1, 2},
+		Env: env, Files: files,
 		Sys: &syscall.SysProcAttr{Setpgid: true, Foreground: terminal, Ctty: 0},
 	})
+	waitStarted()
 	if err != nil {
 		// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
 		fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)

@@ -892,3 +892,26 @@ def test_a_signal_before_the_programs_exec_ends_it_by_that_signal_as_natively(
         held.communicate()
     assert held.returncode == -sig
     assert b"goroutine" not in err, err
+
+
+def test_a_signal_sent_the_moment_a_tasks_pid_file_appears_ends_the_task(agent: Path, tmp_path: Path) -> None:
+    """The pid file is written once the task's process can act on a signal: sent at once by that
+    pid, USR1 ends the task every time. (Written as soon as the fork returned, the signal landed
+    in the Go runtime's start in the new process, which dropped it: the task ran on.)"""
+    env = base64.b64encode(b"{}").decode()
+    lost = []
+    for attempt in range(12):
+        pidfile = tmp_path / "tasks" / f"{attempt}-0.pid"
+        task = subprocess.Popen([str(agent), "task", str(pidfile), env, "--", "sleep", "4"])
+        try:
+            deadline = time.monotonic() + 10
+            while not pidfile.exists() and time.monotonic() < deadline:
+                time.sleep(0.0002)
+            os.kill(int(pidfile.read_text()), signal.SIGUSR1)
+            code = task.wait(timeout=10)
+        finally:
+            task.kill()
+            task.wait()
+        if code != 128 + signal.SIGUSR1:
+            lost.append((attempt, code))
+    assert not lost, f"USR1 sent as the pid file appeared did not end the task: {lost}"
