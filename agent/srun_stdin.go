@@ -48,7 +48,13 @@ func srunStdin(args []string) ([]byte, []string) {
 			return nil, []string{"--input=" + path}
 		}
 	}
-	data, err := io.ReadAll(io.LimitReader(os.Stdin, maxSrunStdin+1))
+	var data []byte
+	var err error
+	if stdin.Mode&syscall.S_IFMT == syscall.S_IFIFO {
+		data, err = readPipeUnlessOnlyAncestorsHoldIt(stdin.Ino, maxSrunStdin+1)
+	} else {
+		data, err = io.ReadAll(io.LimitReader(os.Stdin, maxSrunStdin+1))
+	}
 	if err != nil {
 		return nil, nil
 	}

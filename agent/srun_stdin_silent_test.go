@@ -1,0 +1,80 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"slurm-k8s-bridge/agent/internal/fdtest"
+)
+
+func silentPipe(t *testing.T) (*os.File, *os.File) {
+	t.Helper()
+	reader, writer, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Close(); writer.Close() })
+	stdinSilence = 100 * time.Millisecond
+	t.Cleanup(func() { stdinSilence = time.Second })
+	return reader, writer
+}
+
+// As Snakemake's executor starts a step: Popen(stdin=PIPE), then wait for srun, the pipe left open.
+func TestAPipeOnlyTheWaitingCallerHoldsOpenStartsTheStepWithoutStdin(t *testing.T) {
+	reader, _ := silentPipe(t) // the writer is this process's own: the caller's
+	fdtest.OnStdin(t, reader, func() {
+		started := time.Now()
+		sent, options := srunStdin([]string{"true"})
+		if sent != nil || options != nil {
+			t.Fatalf("sent %q, options %v", sent, options)
+		}
+		if took := time.Since(started); took > 5*time.Second {
+			t.Fatalf("the step waited %v", took)
+		}
+	})
+}
+
+// `slow | srun prog`: the writer is not srun's ancestor, so srun waits for all it writes.
+func TestAPipeAnotherProcessWritesLaterIsReadToItsEnd(t *testing.T) {
+	reader, writer := silentPipe(t)
+	slow := exec.Command("/bin/sh", "-c", "sleep 0.6; echo late")
+	slow.Stdout = writer
+	if err := slow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	writer.Close() // only the sibling holds it now
+	defer func() { _ = slow.Wait() }()
+	fdtest.OnStdin(t, reader, func() {
+		sent, options := srunStdin([]string{"cat"})
+		if string(sent) != "late\n" || options != nil {
+			t.Fatalf("sent %q, options %v", sent, options)
+		}
+	})
+}
+
+// A caller that writes at once and closes is read to the end, as before.
+func TestAPipeTheCallerWritesAndClosesIsReadToItsEnd(t *testing.T) {
+	reader, writer := silentPipe(t)
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_, _ = writer.Write([]byte("now\n"))
+		writer.Close()
+	}()
+	fdtest.OnStdin(t, reader, func() {
+		sent, _ := srunStdin([]string{"cat"})
+		if string(sent) != "now\n" {
+			t.Fatalf("sent %q", sent)
+		}
+	})
+}
+
+func TestAccessModeReadsFdinfosOctalFlags(t *testing.T) {
+	for text, want := range map[string]int{"pos:\t0\nflags:\t02000001\n": 1, "flags:\t0100000\n": 0,
+		"flags:\t02\n": 2, "pos:\t0\n": -1} {
+		if got := accessMode(text); got != want {
+			t.Errorf("%q: %d, want %d", text, got, want)
+		}
+	}
+}
