@@ -50,7 +50,7 @@ func srunStdin(args []string) ([]byte, []string) {
 	}
 	var data []byte
 	var err error
-	if stdin.Mode&syscall.S_IFMT == syscall.S_IFIFO {
+	if stdin.Mode&syscall.S_IFMT == syscall.S_IFIFO && isAnonymousPipe(stdin.Ino) {
 		data, err = readPipeUnlessOnlyAncestorsHoldIt(stdin.Ino, maxSrunStdin+1)
 	} else {
 		data, err = io.ReadAll(io.LimitReader(os.Stdin, maxSrunStdin+1))

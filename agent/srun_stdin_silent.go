@@ -6,10 +6,11 @@ package main
 // stdin to the end before the step starts. Native srun starts the step at once and forwards its
 // stdin as it comes; a task that does not read it ends, and srun with it.
 //
-// So: when nothing came on a pipe for stdinSilence, and every process that holds the pipe's write
-// end is an ancestor of this srun (the one waiting for it; never a sibling such as `sort big |
-// srun ...`, which writes once it is done), the step starts with no stdin. Should anything come
-// after all, srun says it was not passed on.
+// So: when nothing came on an anonymous pipe for stdinSilence, and every process that holds its
+// write end is an ancestor of this srun that is waiting for a child (the one waiting for it; never
+// a sibling such as `sort big | srun ...`, which writes once it is done, nor a parent still
+// computing what it will write), the step starts with no stdin. Should anything come after all,
+// srun says it was not passed on, and ends with 1 rather than 0. A named FIFO is read to its end.
 
 import (
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -26,8 +28,8 @@ import (
 var stdinSilence = time.Second
 
 // readPipeUnlessOnlyAncestorsHoldIt reads stdin (a pipe, inode ino) to its end, at most limit
-// bytes, unless it stays silent and only ancestors hold its write end: then nil, and a late byte
-// is reported on stderr.
+// bytes, unless it stays silent and only waiting ancestors hold its write end: then nil, and a
+// late byte is reported on stderr.
 func readPipeUnlessOnlyAncestorsHoldIt(ino uint64, limit int64) ([]byte, error) {
 	type result struct {
 		data []byte
@@ -43,19 +45,58 @@ func readPipeUnlessOnlyAncestorsHoldIt(ino uint64, limit int64) ([]byte, error) 
 	case got := <-done:
 		return got.data, got.err
 	case <-first:
+		got := <-done
+		return got.data, got.err
 	case <-time.After(stdinSilence):
-		if onlyAncestorsWrite(ino) {
-			go func() {
-				<-first
-				fmt.Fprintln(os.Stderr, "srun: error: input written to srun's stdin after its step "+
-					"started in Kubernetes was not passed on to the step (close the pipe or give "+
-					"srun --input=FILE before srun starts)")
-			}()
-			return nil, nil
+	}
+	// Looked at again each second: a sibling holding the write end may close it, and only the
+	// waiting caller's remain.
+	for tick := time.NewTicker(stdinSilence); ; {
+		if onlyWaitingAncestorsWrite(ino) {
+			select {
+			case <-first: // came while we looked
+			default:
+				tick.Stop()
+				go func() {
+					<-first
+					lateInput.Store(true)
+					fmt.Fprintln(os.Stderr, "srun: error: input written to srun's stdin after its step "+
+						"started in Kubernetes was not passed on to the step (close the pipe or give "+
+						"srun --input=FILE before srun starts)")
+				}()
+				return nil, nil
+			}
+		}
+		select {
+		case got := <-done:
+			tick.Stop()
+			return got.data, got.err
+		case <-first:
+			tick.Stop()
+			got := <-done
+			return got.data, got.err
+		case <-tick.C:
 		}
 	}
-	got := <-done
-	return got.data, got.err
+}
+
+// lateInput: stdin brought a byte after the step started without it.
+var lateInput atomic.Bool
+
+// exitAfterStep ends srun with the step's code, or 1 where input was lost (lateInput) and the
+// step itself succeeded.
+func exitAfterStep(code int) {
+	if code == 0 && lateInput.Load() {
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// isAnonymousPipe says whether fd 0 is a pipe (not a named FIFO, whose holders are not found by
+// its inode's `pipe:[N]` link).
+func isAnonymousPipe(ino uint64) bool {
+	link, err := os.Readlink("/proc/self/fd/0")
+	return err == nil && link == "pipe:["+strconv.FormatUint(ino, 10)+"]"
 }
 
 // firstByte closes first once a read returned data.
@@ -74,25 +115,48 @@ func (f *firstByte) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// onlyAncestorsWrite says whether every process that holds a write end of pipe ino is this process
-// or one of its ancestors. A process whose descriptors cannot be read might hold one: false.
-func onlyAncestorsWrite(ino uint64) bool {
+// onlyWaitingAncestorsWrite says whether every other process that holds a write end of pipe ino
+// is an ancestor of this process waiting for a child. A process whose descriptors cannot be read
+// might hold one (false), but for an ancestor (the agent that started the script is undumpable)
+// and PID 1 (the pod's pause process, maybe of another user).
+func onlyWaitingAncestorsWrite(ino uint64) bool {
 	ancestors := ancestorPids()
 	target := "pipe:[" + strconv.FormatUint(ino, 10) + "]"
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return false
 	}
+	self := os.Getpid()
 	for _, entry := range entries {
 		pid, err := strconv.Atoi(entry.Name())
-		if err != nil || ancestors[pid] {
+		if err != nil || pid == self {
 			continue
 		}
-		if writes, known := holdsWriteEnd(pid, target); writes || !known {
+		writes, known := holdsWriteEnd(pid, target)
+		if !known && !ancestors[pid] && pid != 1 {
+			return false
+		}
+		if writes && (!ancestors[pid] || !waitsForAChild(pid)) {
 			return false
 		}
 	}
 	return true
+}
+
+// waitsForAChild says whether a thread of pid sleeps in wait() (its wchan: do_wait), or in
+// sigsuspend() as a shell's `wait` builtin does.
+func waitsForAChild(pid int) bool {
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	if err != nil {
+		return false
+	}
+	for _, task := range tasks {
+		wchan, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", task.Name(), "wchan"))
+		if err == nil && (string(wchan) == "do_wait" || strings.Contains(string(wchan), "sigsuspend")) {
+			return true
+		}
+	}
+	return false
 }
 
 // holdsWriteEnd says whether process pid holds `target` open for writing (known: false when its
@@ -109,6 +173,9 @@ func holdsWriteEnd(pid int, target string) (writes, known bool) {
 			continue
 		}
 		info, err := os.ReadFile(filepath.Join(dir, "fdinfo", fd.Name()))
+		if os.IsNotExist(err) {
+			continue // closed meanwhile
+		}
 		if err != nil {
 			return false, false
 		}

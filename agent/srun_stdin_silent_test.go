@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -77,4 +78,51 @@ func TestAccessModeReadsFdinfosOctalFlags(t *testing.T) {
 			t.Errorf("%q: %d, want %d", text, got, want)
 		}
 	}
+}
+
+func TestWaitsForAChildTellsAWaitingShellFromASleepingOne(t *testing.T) {
+	waiting := exec.Command("/bin/sh", "-c", "sleep 3; true")      // waitpid: do_wait
+	waitBuiltin := exec.Command("/bin/sh", "-c", "sleep 3 & wait") // sigsuspend
+	sleeping := exec.Command("/bin/sleep", "3")
+	for _, cmd := range []*exec.Cmd{waiting, waitBuiltin, sleeping} {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func(cmd *exec.Cmd) { _ = cmd.Process.Kill(); _ = cmd.Wait() }(cmd)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for !(waitsForAChild(waiting.Process.Pid) && waitsForAChild(waitBuiltin.Process.Pid)) &&
+		time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !waitsForAChild(waiting.Process.Pid) || !waitsForAChild(waitBuiltin.Process.Pid) ||
+		waitsForAChild(sleeping.Process.Pid) {
+		t.Fatalf("waiting: %v, wait builtin: %v, sleeping: %v", waitsForAChild(waiting.Process.Pid),
+			waitsForAChild(waitBuiltin.Process.Pid), waitsForAChild(sleeping.Process.Pid))
+	}
+}
+
+// A named FIFO is read to its end whoever holds it: its fd link is its path, not pipe:[N].
+func TestANamedFifoIsReadToItsEnd(t *testing.T) {
+	stdinSilence = 100 * time.Millisecond
+	t.Cleanup(func() { stdinSilence = time.Second })
+	path := t.TempDir() + "/fifo"
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writer := exec.Command("/bin/sh", "-c", "exec >"+path+"; sleep 0.5; echo x")
+	if err := writer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = writer.Wait() }()
+	reader, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	fdtest.OnStdin(t, reader, func() {
+		if sent, _ := srunStdin([]string{"cat"}); string(sent) != "x\n" {
+			t.Fatalf("sent %q", sent)
+		}
+	})
 }

@@ -254,7 +254,7 @@ func awaitResult(dir, key string) {
 		select {
 		case code := <-relayed:
 			if code >= 0 {
-				os.Exit(code)
+				exitAfterStep(code)
 			}
 		default:
 		}
@@ -268,7 +268,7 @@ func awaitResult(dir, key string) {
 						code = relayedCode
 					}
 				}
-				os.Exit(code)
+				exitAfterStep(code)
 			}
 		}
 		time.Sleep(20 * time.Millisecond)

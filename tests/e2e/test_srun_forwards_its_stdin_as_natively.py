@@ -107,14 +107,19 @@ def test_more_stdin_than_a_request_carries_ends_srun_with_the_reason(bridge: San
 # As Snakemake's SLURM executor starts each rule's step (snakemake-executor-plugin-slurm-jobstep):
 # Popen(..., stdin=PIPE) and wait(), the pipe never written nor closed. Native srun starts the step
 # at once; the bridged one read its stdin to the end first, and both waited until the time limit.
-# Then a sibling that writes only after srun's wait for a first byte: read to its end, as before.
+# A caller that computes before it writes, and a sibling that writes only after srun's wait for a
+# first byte: both read to their end, as before.
 CALLER_SCRIPT = """#!/bin/sh
 #SBATCH -N1 -n1 --time=2
 python3 - <<'PY'
-import subprocess
+import subprocess, time
 step = subprocess.Popen("srun -n1 --cpu-bind=q sh -c 'echo the step ran'", shell=True,
                         stdin=subprocess.PIPE, text=True)
 print("srun ended", step.wait(), flush=True)
+step = subprocess.Popen(["srun", "-n1", "cat"], stdin=subprocess.PIPE)
+time.sleep(2.5)  # the caller computes what it writes: it is not waiting for srun
+step.communicate(b"written after 2.5 s\\n")
+print("srun ended", step.returncode, flush=True)
 PY
 echo "a sibling's pipe: $( (sleep 2; echo late) | srun -n1 cat )"
 """
@@ -131,4 +136,5 @@ def test_a_callers_open_silent_pipe_does_not_hold_the_step_as_natively(bridge: S
         row = bridge.wait_job_final(job_id, timeout=240)
         text = (directory / f"{partition}-{job_id}.out").read_text(errors="replace")
         assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0"), f"{row}\n{text}\n{job_trail(job_id)}"
-        assert text == "the step ran\nsrun ended 0\na sibling's pipe: late\n", f"{partition}: {text!r}"
+        assert text == ("the step ran\nsrun ended 0\nwritten after 2.5 s\nsrun ended 0\n"
+                        "a sibling's pipe: late\n"), f"{partition}: {text!r}"
