@@ -490,7 +490,13 @@ create_sim_nodes
 start_controllers
 start_kwok
 for n in $SBX_REAL_NODES; do start_kubelet "$n"; done
-wait_for "all $((SBX_SIM_NODES + $(real_nodes | wc -l))) nodes Ready" 120 all_nodes_ready
+if ! (wait_for "all $((SBX_SIM_NODES + $(real_nodes | wc -l))) nodes Ready" 120 all_nodes_ready); then
+  # Which ones, and what their kubelets or kwok said last: CI keeps no log directory.
+  kc get nodes --no-headers 2>&1 | awk '$2 != "Ready"' >&2
+  for n in $SBX_REAL_NODES; do tail -n 5 "$SBX_LOG/kubelet-$n.log" >&2 2>/dev/null || true; done
+  tail -n 5 "$SBX_LOG/kwok.log" >&2 2>/dev/null || true
+  die "not every node became Ready (above: the ones that did not, and the last lines of their logs)"
+fi
 for n in $SBX_REAL_NODES; do start_dra_plugin "$n"; done
 apply_device_class
 # The kwok nodes' mock GPUs, for the bridge's simdra partition (no driver there: plain
