@@ -1030,6 +1030,17 @@ async def test_a_node_still_showing_the_bridges_reason_is_downed_again_not_drain
     assert world.slurm.updates[1:] == [("kube1", "DOWN", reason)]
 
 
+async def missing_past_the_grace(world: World) -> None:
+    """kube1 has no Kubernetes node; a first sync starts the grace, which then passes."""
+    list_kube(world)
+    await see_slurm(world, slurm_node("kube1"))
+    try:
+        await world.sync.sync("kube1")
+    finally:
+        cancel_delayed(world.sync.queue)
+    world.clock.now += GRACE
+
+
 class GarbledOnce(FakeSlurm):
     """slurmrestd garbles its first answer to node(): the REST client's MalformedAnswer."""
 
@@ -1051,13 +1062,7 @@ async def test_a_garbled_answer_leaves_the_node_queued_and_it_goes_down_on_the_r
     garbled = GarbledOnce(world.log)
     world.slurm = garbled
     world.sync.slurm = garbled
-    list_kube(world)
-    await see_slurm(world, slurm_node("kube1"))
-    try:
-        await world.sync.sync("kube1")
-    finally:
-        cancel_delayed(world.sync.queue)
-    world.clock.now += GRACE
+    await missing_past_the_grace(world)
 
     with pytest.raises(TemporaryError, match="malformed"):
         await world.sync.sync("kube1")  # the work queue backs off and comes back (not dropped)
@@ -1070,13 +1075,7 @@ async def test_a_node_slurmctld_did_not_know_for_a_moment_is_looked_at_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     world = make_world(monkeypatch)
-    list_kube(world)
-    await see_slurm(world, slurm_node("kube1"))
-    try:
-        await world.sync.sync("kube1")
-    finally:
-        cancel_delayed(world.sync.queue)
-    world.clock.now += GRACE
+    await missing_past_the_grace(world)
     del world.slurm.current["kube1"]  # node() answers None
 
     await world.sync.sync("kube1")
