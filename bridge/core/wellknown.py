@@ -190,8 +190,8 @@ claim's one request."""
 
 # --- Slurm side ------------------------------------------------------------------------------
 
-ATTACH_MARKER: Final = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
-"""Line in the rewritten batch script after which job_submit.lua embedded the original script."""
+JOB_SUBMIT_LUA_SIGNATURE: Final = "slurm-k8s-bridge job_submit.lua"
+"""A line the bridge's job_submit.lua holds (doctor recognises it by it)."""
 
 # --- the daemon's own pods (deployed in Kubernetes) --------------------------------------------
 

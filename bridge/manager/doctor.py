@@ -152,14 +152,14 @@ class Doctor:
         ]
         if not any("lua" in p for p in plugins):
             raise CheckFailed(
-                f"{conf} lacks JobSubmitPlugins=lua: bridged jobs would run on the slurmd itself"
+                f"{conf} lacks JobSubmitPlugins=lua: bridged jobs would not be checked at submission"
             )
         lua = conf.parent / "job_submit.lua"
         if not lua.exists() and OwnPod.from_environment() is not None:
             # A pod has slurm.conf (for libslurm) but not slurmctld's directory.
             return ("JobSubmitPlugins=lua set; job_submit.lua is on the slurmctld host, not in this "
                     "pod: run `slurm-k8s-bridge doctor` there to check it")
-        if not lua.exists() or wellknown.ATTACH_MARKER not in lua.read_text():
+        if not lua.exists() or wellknown.JOB_SUBMIT_LUA_SIGNATURE not in lua.read_text():
             raise CheckFailed(
                 f"{lua} is not the bridge's job_submit.lua (copy deploy/slurm/job_submit.lua there)"
             )

@@ -7,13 +7,13 @@ For jobs in a bridged partition (their nodes are Kubernetes nodes):
     (pods never run as root); allocations without a script (salloc, srun) pass:
     their pods start with their first step (the image from that step's
     SLURM_K8S_IMAGE or the partition's default);
-  * ALWAYS rewrite the batch script into the bridge's waiter, which keeps the
-    original script after a marker (the waiter takes the first marker, so a
-    marker inside the user's script is inert). The slurmd of a bridged node thus
-    never runs user code: the waiter hands the script to the bridge, which runs
-    it in pods.
-slurm_job_modify refuses to move a job into or out of a bridged partition: a
-script rewritten for one kind would run as it is on the other.
+  * keep the login environment from being built on the slurmd host
+    (--get-user-env, --export=NONE: `su - user` there).
+The batch script stays the user's, as Slurm keeps and shows it (`scontrol write
+batch_script`): on a bridged node the step guard (deploy/slurm/spank) starts the
+bridge's waiter in its place, which hands it to the bridge to run in pods.
+slurm_job_modify refuses to move a job into or out of a bridged partition: the
+checks above were made for the partitions it was submitted to.
 
 Settings come from job_submit_bridge.conf beside this file (written by the
 bridge's installer from its config, so both agree):
@@ -24,9 +24,6 @@ Without a readable settings file every job is refused (this plugin fails
 closed: it cannot tell which partitions are bridged).
 ]]
 
-local MARKER = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
--- Second line of every rewritten script; the SPANK step guard recognises the waiter's batch step by it.
-local WRAPPER_HEADER = "# slurm-k8s-bridge: rewritten batch script"
 local SETTINGS_NAME = "job_submit_bridge.conf"
 
 local function here()
@@ -213,14 +210,6 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       .. "--export=NONE or a list of variables); the pod gets the exported variables and the "
       .. "image's own")
   end
-  -- Always wrapped, even if the script already holds a marker: the waiter takes the first one, so
-  -- whatever the user wrote stays the pod's script and never runs here.
-  job_desc.script = "#!/bin/sh\n"
-    .. WRAPPER_HEADER .. ": this job runs in Kubernetes pods. The waiter\n"
-    .. "# streams their output here and exits with their exit code.\n"
-    .. "exec " .. settings.attach_command .. " \"$0\" \"$@\"\n"
-    .. MARKER .. "\n"
-    .. job_desc.script
   return slurm.SUCCESS
 end
 
@@ -235,8 +224,8 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   end
   local new_bridged, new_plain = bridged_in(settings, split_commas(new_partition))
   local old_bridged, old_plain = bridged_in(settings, split_commas(job_rec.partition))
-  -- Between bridged partitions the script stays the waiter; any other move would run a script
-  -- rewritten for one kind of partition on the other (the user's own script on a bridged slurmd).
+  -- Between bridged partitions the checks hold; a move from a plain one would skip them (a login
+  -- environment built on the slurmd host, a job with no image, root's job).
   if (#new_bridged > 0 or #old_bridged > 0) and (#new_plain > 0 or #old_plain > 0) then
     slurm.log_user("slurm-k8s-bridge: job %u cannot move from partition %s to %s: jobs cannot move "
       .. "into or out of a partition that runs in Kubernetes; submit it again there instead",

@@ -65,7 +65,7 @@ def test_a_wrapped_command_with_the_marker_runs_in_a_pod(bridge: Sandbox) -> Non
 
 
 @pytest.mark.shares_the_cluster
-def test_a_job_submitted_through_slurmrestd_is_wrapped_too(bridge: Sandbox) -> None:
+def test_a_job_submitted_through_slurmrestd_runs_in_a_pod_too(bridge: Sandbox) -> None:
     body = {
         "script": "#!/bin/sh\n" + BUSYBOX + MARKER + "\n" + PROBE,
         "job": {"partition": "k8s", "current_working_directory": "/home/alice", "name": "via-rest",
@@ -130,17 +130,35 @@ def test_heterogeneous_jobs_touching_a_bridged_partition_are_refused(
 
 
 @pytest.mark.shares_the_cluster
-def test_a_requeued_job_keeps_its_wrapped_script(bridge: Sandbox) -> None:
-    script = write_script(bridge, "alice", "requeue.sh", "#!/bin/sh\n" + BUSYBOX + "sleep 60\n")
-    job_id = bridge.sbatch("-p", "k8s", str(script))
+def test_scontrol_write_batch_script_shows_the_users_script_as_natively(bridge: Sandbox) -> None:
+    """Slurm keeps the script as the user wrote it, in a bridged partition too (job_submit.lua
+    rewrote it into the waiter's wrapper before): before the job runs, while it runs, and after
+    a requeue. Two jobs in each partition at once."""
+    body = "#!/bin/sh\n#SBATCH --comment=kept\n" + BUSYBOX + "echo $0 \"$@\"\nsleep 60\n"
+    script = write_script(bridge, "alice", "shown.sh", body)
+    jobs = {(partition, n): bridge.sbatch("-p", partition, str(script), "an arg")
+            for partition in ("native", "k8s") for n in range(2)}
     try:
-        _running(bridge, job_id)
-        bridge.slurm("scontrol", "requeuehold", str(job_id))
-        batch = bridge.slurm("scontrol", "write", "batch_script", str(job_id), "-").stdout
-        assert batch.splitlines()[1].startswith("# slurm-k8s-bridge: rewritten batch script")
-        assert batch.count(MARKER) == 1
+        def shown(job_id: int) -> str:
+            return bridge.slurm("scontrol", "write", "batch_script", str(job_id), "-", user="alice").stdout
+
+        for job_id in jobs.values():
+            assert shown(job_id) == body
+        for (partition, _), job_id in jobs.items():
+            if partition == "k8s":
+                _running(bridge, job_id)
+            else:
+                wait_until(f"job {job_id} running", lambda j=job_id: bridge.slurm(
+                    "squeue", "-h", "-j", str(j), "-o", "%T").stdout.strip() == "RUNNING", timeout=60)
+        for (partition, _), job_id in jobs.items():
+            assert shown(job_id) == body, partition
+        for job_id in (jobs["native", 0], jobs["k8s", 0]):
+            bridge.slurm("scontrol", "requeuehold", str(job_id))
+        for (partition, _), job_id in jobs.items():
+            assert shown(job_id) == body, partition
     finally:
-        bridge.slurm("scancel", str(job_id), check=False)
+        for job_id in jobs.values():
+            bridge.slurm("scancel", str(job_id), check=False)
 
 
 def test_without_its_settings_job_submit_refuses_every_job(bridge: Sandbox) -> None:
@@ -510,30 +528,28 @@ def _restore(path: Path, content: bytes) -> None:
     os.utime(path, (later, later))
 
 
-def test_an_unwrapped_script_that_reaches_a_bridged_node_is_never_started(bridge: Sandbox) -> None:
+def test_a_script_that_reaches_a_bridged_node_without_job_submit_runs_in_its_pod(bridge: Sandbox) -> None:
     """Defence in depth: with job_submit.lua bypassed (here: replaced by one that lets everything
-    through, as a misconfigured controller would), slurmstepd's guard still refuses the script."""
+    through, as a misconfigured controller would), slurmstepd's guard still starts the waiter in
+    the script's place: the script runs in a pod (the partition's default image), never on the
+    slurmd host, and the node stays in service."""
     lua = Path(bridge.env["SLURM_CONF"]).parents[1] / "job_submit.lua"
     saved = lua.read_bytes()
     lua.write_text("function slurm_job_submit(d, p, u) return slurm.SUCCESS end\n"
                    "function slurm_job_modify(d, r, p, u) return slurm.SUCCESS end\nreturn slurm.SUCCESS\n")
     try:
-        script = write_script(bridge, "alice", "unwrapped.sh", "#!/bin/sh\n" + PROBE)
+        script = write_script(bridge, "alice", "unchecked.sh", "#!/bin/sh\n" + PROBE)
         job_id = bridge.sbatch("-p", "k8s", "-w", "kreal2", "--no-requeue", str(script))
     finally:
         _restore(lua, saved)
     try:
-        def refused() -> str | None:
-            shown = bridge.slurm("scontrol", "show", "job", str(job_id)).stdout
-            state = bridge.slurm("sinfo", "-h", "-n", "kreal2", "-o", "%T").stdout.strip()
-            return state if "JobState=RUNNING" not in shown and state.startswith("drain") else None
-
-        wait_until("the batch step refused and the node drained by Slurm", refused, timeout=60)
-        out = bridge.home("alice") / f"slurm-{job_id}.out"
-        assert not out.exists() or "ON_SLURMD_HOST" not in out.read_text()
+        row = bridge.wait_job_final(job_id)
+        assert row["State"] == "COMPLETED", row
+        assert _output(bridge, job_id) == "IN_POD\n"
+        state = bridge.slurm("sinfo", "-h", "-n", "kreal2", "-o", "%T").stdout.strip()
+        assert not state.startswith("drain"), state
     finally:
         bridge.slurm("scancel", str(job_id), check=False)
-        bridge.slurm("scontrol", "update", "nodename=kreal2", "state=resume", check=False)
 
 
 @pytest.mark.shares_the_cluster

@@ -37,10 +37,3 @@ def test_arguments_too_big_for_a_pod_are_refused() -> None:
     made = payload(arguments=("x" * MAX_ARGUMENT_BYTES,))
     with pytest.raises(TranslateError, match="arguments exceed"):
         desired_pods(allocation(), made, parse_directives(made.script), PartitionConfig(), config())
-
-
-def test_the_wrapper_passes_the_arguments_and_the_guard_knows_it() -> None:
-    lua = (REPO / "deploy/slurm/job_submit.lua").read_text()
-    guard = (REPO / "deploy/slurm/spank/slurm_k8s_bridge_guard.c").read_text()
-    assert '" \\"$0\\" \\"$@\\"\\n"' in lua
-    assert '"exec %s \\"$0\\" \\"$@\\"\\n"' in guard

@@ -27,7 +27,7 @@ from bridge.manager.config_file import config_from_text
 from bridge.manager.daemon import server_ssl_context
 
 from .builders import allocation, config
-from .waiter_runs import MARKER, fakes, go_waiter, namespaced, require_namespaces
+from .waiter_runs import fakes, go_waiter, namespaced, require_namespaces
 
 require_namespaces()
 
@@ -177,7 +177,7 @@ async def run_waiter(
     that does not end (`ends` False) is given 3 s, then a SIGTERM (a cancel it cannot send either)
     and 5 s more; None if it still runs."""
     script = tmp_path / "slurm_script"
-    script.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n#!/bin/sh\necho hi\n")
+    script.write_text("#!/bin/sh\necho hi\n")
     # Files, not pipes: what a waiter that had to be killed wrote is kept.
     with open(tmp_path / "stdout", "wb+") as stdout, open(tmp_path / "stderr", "wb+") as stderr:
         proc = await asyncio.create_subprocess_exec(

@@ -59,6 +59,6 @@ def test_a_bad_config_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.Cap
     assert "partition" in capsys.readouterr().err
 
 
-def test_job_submit_lua_uses_the_same_marker_as_the_waiter() -> None:
+def test_doctor_recognises_the_bridges_job_submit_lua() -> None:
     lua = (REPO / "deploy" / "slurm" / "job_submit.lua").read_text()
-    assert f'local MARKER = "{wellknown.ATTACH_MARKER}"' in lua
+    assert wellknown.JOB_SUBMIT_LUA_SIGNATURE in lua

@@ -29,7 +29,7 @@ from bridge.manager import auth as auth_module
 from bridge.manager.api import Api
 
 from .builders import allocation, config
-from .waiter_runs import MARKER, fakes, go_constants, go_test, go_waiter, namespaced, require_namespaces
+from .waiter_runs import fakes, go_constants, go_test, go_waiter, namespaced, require_namespaces
 
 require_namespaces()
 
@@ -122,7 +122,7 @@ def waiter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def run_against(waiter: list[str], server: Server, tmp_path: Path) -> subprocess.CompletedProcess[bytes]:
     """The waiter's job attached to `server` until it ends."""
     script = tmp_path / "slurm_script"
-    script.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n#!/bin/sh\n")
+    script.write_text("#!/bin/sh\n")
     opt = fakes(tmp_path)
     try:
         api = f"http://127.0.0.1:{server.port}"

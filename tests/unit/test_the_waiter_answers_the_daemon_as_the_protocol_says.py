@@ -278,8 +278,6 @@ USAGE = b"usage: waiter [--api URL] [--ca CA_FILE] BATCH_SCRIPT [ARG...] | task 
 @pytest.mark.parametrize(("args", "env", "script", "code", "said"), [
     ([], ENV, b"", 2, b"slurm-k8s-bridge: " + USAGE),
     (["--api"], ENV, b"", 1, b"FileNotFoundError: [Errno 2] No such file or directory: '--api'"),
-    (None, ENV, b"never rewritten", 1,
-     b"ValueError: this batch script was not rewritten by the bridge's job_submit.lua"),
     (None, {"HOME": "/"}, b"#!/bin/sh\n", 1, b"KeyError: 'SLURM_JOB_ID'"),
     (["/nonexistent/slurm_script"], ENV, b"", 1,
      b"FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/slurm_script'"),

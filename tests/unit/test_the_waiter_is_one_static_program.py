@@ -15,7 +15,6 @@ import pytest
 from bridge.core.waiter_protocol import request_digest
 
 from .waiter_runs import (
-    MARKER,
     Exchange,
     FakeDaemon,
     built_go_waiter,
@@ -57,14 +56,6 @@ def test_it_says_how_to_call_it(waiter: list[str]) -> None:
     result = _run(waiter)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"slurm-k8s-bridge: {USAGE}\n"
-
-
-def test_it_refuses_a_batch_script_job_submit_did_not_rewrite(waiter: list[str], tmp_path: Path) -> None:
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\necho hi\n")
-    result = _run(waiter, str(script), env={"SLURM_JOB_ID": "7"})
-    assert result.returncode == 1
-    assert result.stderr == "ValueError: this batch script was not rewritten by the bridge's job_submit.lua\n"
 
 
 def test_an_error_reads_nothing_of_the_submit_directory(waiter: list[str], tmp_path: Path) -> None:
@@ -109,7 +100,7 @@ def test_a_job_run_by_it_ends_with_its_pods_code(waiter: list[str], tmp_path: Pa
 
     daemon = FakeDaemon([attach])
     script = tmp_path / "slurm_script"
-    script.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n#!/bin/sh\necho hi\n")
+    script.write_text("#!/bin/sh\necho hi\n")
     try:
         ran = run_waiter(waiter, daemon, args=[str(script)], env={"SLURM_JOB_ID": "42"}, cwd=tmp_path,
                          opt=fakes(tmp_path))

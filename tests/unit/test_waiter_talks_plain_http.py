@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core import wellknown
 from bridge.core.waiter_protocol import request_digest
 
 from .waiter_runs import fakes, go_test, go_waiter, namespaced, require_namespaces
@@ -73,22 +72,16 @@ def run(waiter: list[str], tmp_path: Path, api: str, script: str) -> subprocess.
                           env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=60)
 
 
-REWRITTEN = f"#!/bin/sh\nexec attach \"$0\"\n{wellknown.ATTACH_MARKER}\n#!/bin/bash\necho hi\n"
+SCRIPT = "#!/bin/bash\necho hi\n"
 
 
-def test_original_script_is_what_follows_the_marker(
+def test_the_batch_script_is_sent_whole(
     waiter: list[str], tmp_path: Path, server: OneShotServer,
 ) -> None:
-    ran = run(waiter, tmp_path, f"http://127.0.0.1:{server.port}", REWRITTEN)
+    ran = run(waiter, tmp_path, f"http://127.0.0.1:{server.port}", SCRIPT)
     assert ran.returncode == 3, ran.stderr
     assert json.loads(server.body)["script"] == "#!/bin/bash\necho hi\n"
-    go_test("TestTheScriptIsWhatFollowsTheFirstMarker")
-
-
-def test_a_script_without_marker_is_refused(waiter: list[str], tmp_path: Path) -> None:
-    ran = run(waiter, tmp_path, "http://127.0.0.1:9", "#!/bin/sh\necho hi\n")
-    assert (ran.returncode, ran.stdout) == (1, b"")
-    assert ran.stderr == b"ValueError: this batch script was not rewritten by the bridge's job_submit.lua\n"
+    go_test("TestTheScriptIsTheUsersOwnAndAMarkerInItIsInert")
 
 
 def test_split_url() -> None:
@@ -102,7 +95,7 @@ def test_split_url() -> None:
 def test_the_api_url_is_where_it_connects(
     waiter: list[str], tmp_path: Path, server: OneShotServer, api: str,
 ) -> None:
-    ran = run(waiter, tmp_path, api.format(port=server.port), REWRITTEN)
+    ran = run(waiter, tmp_path, api.format(port=server.port), SCRIPT)
     assert (ran.returncode, ran.stdout) == (3, b"a\n"), ran.stderr
     assert f"\r\nHost: 127.0.0.1:{server.port}\r\n".encode() in server.head
 
@@ -110,7 +103,7 @@ def test_the_api_url_is_where_it_connects(
 def test_the_host_header_writes_an_ipv6_address_in_brackets(waiter: list[str], tmp_path: Path) -> None:
     server = OneShotServer(socket.AF_INET6)
     try:
-        ran = run(waiter, tmp_path, f"http://[::1]:{server.port}", REWRITTEN)
+        ran = run(waiter, tmp_path, f"http://[::1]:{server.port}", SCRIPT)
     finally:
         server.close()
     assert (ran.returncode, ran.stdout) == (3, b"a\n"), ran.stderr
@@ -120,7 +113,7 @@ def test_the_host_header_writes_an_ipv6_address_in_brackets(waiter: list[str], t
 def test_post_streams_the_answer_line_by_line(
     waiter: list[str], tmp_path: Path, server: OneShotServer,
 ) -> None:
-    ran = run(waiter, tmp_path, f"http://127.0.0.1:{server.port}", REWRITTEN)
+    ran = run(waiter, tmp_path, f"http://127.0.0.1:{server.port}", SCRIPT)
     assert (ran.returncode, ran.stdout, ran.stderr) == (3, b"a\n", b"")
     assert server.head.startswith(b"POST /v1/jobs/7/attach HTTP/1.0\r\n")
     # The credential carries the digest of exactly the request that was sent (the stand-in munge

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core import wellknown
 from bridge.core.waiter_protocol import request_digest
 
 from .waiter_runs import (
@@ -50,10 +49,10 @@ MUNGE_UNUSABLE = (b"slurm-k8s-bridge: cannot make a munge credential on this hos
 
 def attached(waiter: list[str], tmp_path: Path, env: dict[str, str], script: str = "#!/bin/sh\necho hi\n",
              opt: Path | None = None) -> Run:
-    """The job (`script` after the marker) run to its end (exit 0) against a fake daemon."""
+    """The job (batch script `script`) run to its end (exit 0) against a fake daemon."""
     daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
     path = tmp_path / "slurm_script"
-    path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\n{script}")
+    path.write_text(f"{script}")
     try:
         return run_waiter(waiter, daemon, args=[str(path)], env=env, cwd=tmp_path,
                           opt=fakes(tmp_path) if opt is None else opt)
@@ -131,7 +130,7 @@ def test_munge_is_never_looked_up_on_the_path_or_in_the_cwd(waiter: list[str], t
     empty_opt.mkdir()
     daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
     path = tmp_path / "slurm_script"
-    path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\necho hi\n")
+    path.write_text("echo hi\n")
 
     try:
         ran = run_waiter(waiter, daemon, args=[str(path)], cwd=tmp_path, opt=empty_opt, during=_cancel_later,
@@ -153,7 +152,7 @@ def test_a_munge_others_could_have_put_there_never_runs(waiter: list[str], tmp_p
     opt = fakes(tmp_path, munge=f"#!/bin/sh\necho munge >> {log}\nprintf 'MUNGE:'\nexec cat\n")
     (opt / "munge/bin").chmod(0o777)
     path = tmp_path / "slurm_script"
-    path.write_text(f"#!/bin/sh\nexec waiter \"$0\"\n{MARKER}\necho hi\n")
+    path.write_text("echo hi\n")
     daemon = FakeDaemon([streaming({"type": "exit", "code": 0, "signal": None})])
 
     try:
@@ -285,18 +284,27 @@ def test_the_digest_loads_no_openssl_on_this_python() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_the_marker_is_the_one_job_submit_writes(waiter: list[str], tmp_path: Path) -> None:
-    lua = (ROOT / "deploy" / "slurm" / "job_submit.lua").read_text()
-    assert f'local MARKER = "{wellknown.ATTACH_MARKER}"' in lua
-    assert MARKER == wellknown.ATTACH_MARKER
-    ran = attached(waiter, tmp_path, {"SLURM_JOB_ID": "42"}, script="#!/bin/sh\necho user\n")
-    assert ran.returncode == 0, ran.stderr
-    assert sent(ran)["script"] == "#!/bin/sh\necho user\n"
-
-
-def test_the_first_marker_wins(waiter: list[str], tmp_path: Path) -> None:
+def test_the_script_is_sent_as_the_user_wrote_it_and_a_marker_in_it_is_inert(
+    waiter: list[str], tmp_path: Path
+) -> None:
+    """job_submit.lua leaves the script as it is (Slurm shows it as the user wrote it): the whole
+    file is the pod's script, and the line an older job_submit.lua embedded it after means nothing
+    in it."""
+    assert "job_desc.script = " not in (ROOT / "deploy" / "slurm" / "job_submit.lua").read_text()
     planted = f"#!/bin/sh\necho user\n{MARKER}\necho planted\n"
     ran = attached(waiter, tmp_path, {"SLURM_JOB_ID": "42"}, script=planted)
+    assert ran.returncode == 0, ran.stderr
+    assert sent(ran)["script"] == planted
+
+
+def test_a_script_an_older_job_submit_rewrote_is_unwrapped(waiter: list[str], tmp_path: Path) -> None:
+    """A job queued before the upgrade still holds the old wrapper: its user's script is what follows
+    the first marker."""
+    planted = f"#!/bin/sh\necho user\n{MARKER}\necho planted\n"
+    old_wrapper = ("#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. "
+                   "The waiter\n# streams their output here and exits with their exit code.\n"
+                   f"exec /usr/libexec/waiter \"$0\" \"$@\"\n{MARKER}\n")
+    ran = attached(waiter, tmp_path, {"SLURM_JOB_ID": "42"}, script=old_wrapper + planted)
     assert ran.returncode == 0, ran.stderr
     assert sent(ran)["script"] == planted
 

@@ -394,9 +394,9 @@ def require_namespaces() -> None:
 
 
 def batch_script(directory: Path, user_script: bytes) -> Path:
-    """The batch script job_submit.lua writes: its wrapper, the marker, the user's script."""
+    """The batch script as slurmd keeps it: the user's own (the guard starts the waiter in its place)."""
     path = directory / "slurm_script"
-    path.write_bytes(b"#!/bin/sh\nexec waiter \"$0\" \"$@\"\n" + MARKER.encode() + b"\n" + user_script)
+    path.write_bytes(user_script)
     return path
 
 

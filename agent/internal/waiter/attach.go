@@ -15,8 +15,11 @@ import (
 // The batch waiter: attaches to the daemon, prints the pods' output,
 // runs the script's srun steps and Slurm commands, passes signals on, and ends as the pods did.
 
-// Marker is the line job_submit.lua writes before the user's script.
+// Marker is the line after which job_submit.lua, up to 2026-12, embedded the user's script in a
+// rewritten one (wrapperHeader its second line); such a job may still be queued after an upgrade.
 const Marker = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
+
+const wrapperHeader = "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script"
 
 const outageNotice = 60.0
 
@@ -24,22 +27,23 @@ const outageNotice = 60.0
 // sends a heartbeat every 10 s. A var only so that tests can stand in a shorter one.
 var streamTimeout = 45 * time.Second
 
-// ErrNotRewritten: the batch script has no marker.
-var ErrNotRewritten = errors.New("this batch script was not rewritten by the bridge's job_submit.lua")
-
 // UniversalNewlines is what Python's text mode reads of a file: \r\n and \r become \n.
 func UniversalNewlines(data []byte) []byte {
 	data = bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n"))
 	return bytes.ReplaceAll(data, []byte("\r"), []byte("\n"))
 }
 
-// OriginalScript is the user's script embedded after the first marker line.
-func OriginalScript(batchScript []byte) ([]byte, error) {
-	_, tail, found := bytes.Cut(batchScript, []byte(Marker+"\n"))
-	if !found {
-		return nil, ErrNotRewritten
+// UserScript is the script the user submitted: the batch script itself (the guard starts the
+// waiter in its place), or, in a script job_submit.lua rewrote, what follows its first marker
+// line. A marker anywhere in a user's own script is inert: only the rewrite's header counts.
+func UserScript(batchScript []byte) []byte {
+	if !bytes.HasPrefix(batchScript, []byte(wrapperHeader)) {
+		return batchScript
 	}
-	return tail, nil
+	if _, tail, found := bytes.Cut(batchScript, []byte("\n"+Marker+"\n")); found {
+		return tail
+	}
+	return batchScript
 }
 
 // Waiter is one job's batch waiter.

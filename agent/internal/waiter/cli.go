@@ -62,10 +62,7 @@ func Main(args []string, pendingAtStart []syscall.Signal, environ, limits []stri
 	if err != nil {
 		return crash(fileErrorLine(err, args[0]))
 	}
-	script, err := OriginalScript(UniversalNewlines(content))
-	if err != nil {
-		return crash("ValueError: " + err.Error())
-	}
+	script := UserScript(UniversalNewlines(content))
 	if err := os.Chdir("/"); err != nil {
 		return crash(fileErrorLine(err, "/"))
 	}

@@ -89,14 +89,19 @@ func TestSplitURL(t *testing.T) {
 	}
 }
 
-func TestTheScriptIsWhatFollowsTheFirstMarker(t *testing.T) {
+func TestTheScriptIsTheUsersOwnAndAMarkerInItIsInert(t *testing.T) {
 	planted := "#!/bin/sh\necho user\n" + Marker + "\necho planted\n"
-	got, err := OriginalScript([]byte("#!/bin/sh\nexec waiter \"$0\"\n" + Marker + "\n" + planted))
-	if err != nil || string(got) != planted {
-		t.Fatalf("%q, %v", got, err)
+	if got := string(UserScript([]byte(planted))); got != planted {
+		t.Fatalf("a user's script with a marker line: %q", got)
 	}
-	if _, err := OriginalScript([]byte("#!/bin/sh\necho hi\n")); err != ErrNotRewritten {
-		t.Fatalf("a script without the marker: %v", err)
+	rewritten := "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. " +
+		"The waiter\n# streams...\nexec waiter \"$0\" \"$@\"\n" + Marker + "\n" + planted
+	if got := string(UserScript([]byte(rewritten))); got != planted {
+		t.Fatalf("a script job_submit.lua rewrote: %q", got)
+	}
+	headerOnly := "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script, says the user\necho hi\n"
+	if got := string(UserScript([]byte(headerOnly))); got != headerOnly {
+		t.Fatalf("the header without a marker: %q", got)
 	}
 	if got := string(UniversalNewlines([]byte("a\r\nb\rc\n"))); got != "a\nb\nc\n" {
 		t.Fatalf("universal newlines: %q", got)

@@ -2,13 +2,16 @@
  * slurm-k8s-bridge step guard: a SPANK plugin that keeps user code off the slurmd hosts of
  * bridged partitions.
  *
- * A bridged job's only business on its slurmd is the batch step, which job_submit.lua turned
- * into the bridge's waiter. In slurmstepd (remote context, which a user's own srun build cannot
- * skip) this plugin, for a job whose partition slurmctld names as bridged:
+ * A bridged job's only business on its slurmd is the batch step, which this guard turns into the
+ * bridge's waiter. In slurmstepd (remote context, which a user's own srun build cannot skip) this
+ * plugin, for a job whose partition slurmctld names as bridged:
  *
- *   - lets the batch step start only if its script begins, byte for byte, with the wrapper
- *     job_submit.lua writes (which execs the waiter before anything else): a script that reached
- *     a bridged partition another way (a reservation's or an Alternate partition) never runs;
+ *   - starts the bridge's waiter as the batch step, in place of the script: in the task, just
+ *     before slurmstepd would exec the script (and before any task prolog), it execs the waiter's
+ *     command with the script's path and arguments. The batch script stays the user's, as Slurm
+ *     keeps it (`scontrol write batch_script`, sacct's job_script); the waiter hands it to the
+ *     daemon, which runs it in the pods. However the job reached the partition (a reservation, an
+ *     Alternate partition, a job_submit.lua bypassed), the script never runs here;
  *   - lets a step through that is the bridge's own task proxy: exactly the waiter's command,
  *     then `task` and a step key (the waiter starts such steps for the script's `srun`; their
  *     tasks only stream what the daemon runs in the pods), with the environment held as below;
@@ -31,8 +34,8 @@
  *     would otherwise end the waiter by its default action;
  *   - for the waiter's batch step, moves every variable but SLURM_* out of the way, under
  *     SLURM_K8S_BRIDGE_HELD_<name>: nothing the user exported (LD_PRELOAD, OPENSSL_CONF, LOCPATH,
- *     ...) can steer the dynamic loader, libcrypto or the shell that start the waiter. The
- *     waiter hands the user's values to the pods, where they belong.
+ *     ...) can steer what starts the waiter, or the waiter. The waiter hands the user's values
+ *     to the pods, where they belong.
  *
  * Which partitions are bridged, and the waiter's command, come from the settings file that
  * job_submit.lua reads (`settings=` argument), parsed the same way. If it cannot be read, or
@@ -71,10 +74,6 @@ SPANK_PLUGIN(slurm_k8s_bridge_guard, 1);
 /* Set when the guard held the environment: the waiter then knows that any other variable is not
  * the user's. */
 #define HELD_MARKER "SLURM_K8S_BRIDGE_ENV_HELD"
-/* What job_submit.lua writes before the user's script (keep both in step; a test compares). */
-#define WRAPPER_LINE1 "#!/bin/sh\n"
-#define WRAPPER_LINE2 "# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. The waiter\n"
-#define WRAPPER_LINE3 "# streams their output here and exits with their exit code.\n"
 
 static char settings_path[1024] = "/etc/slurm/job_submit_bridge.conf";
 static char allowed[MAX_ALLOWED][NAME_LEN];
@@ -82,9 +81,11 @@ static int allowed_count;
 /* Decided in slurm_spank_init, used by slurm_spank_user_init of the same slurmstepd. */
 static int batch_of_bridged_job;
 static void remove_step_usage(pid_t stepd);
-/* A user's step of a bridged job: its tasks exec the waiter's `step` proxy (slurm_spank_task_init). */
+/* The batch step of a bridged job: its task execs the waiter with the script's path and arguments;
+ * a user's step: its tasks exec the waiter's `step` proxy (both in slurm_spank_task_init). */
+static int batch_waiter_of_bridged_job;
 static int user_step_of_bridged_job;
-static char user_step_command[4096];
+static char waiter_command[4096];
 #define MAX_COMMAND_WORDS 32
 
 struct settings {
@@ -209,39 +210,6 @@ static int program_is_allowed(spank_t sp)
 	for (int i = 0; program && i < allowed_count; i++)
 		if (strcmp(program, allowed[i]) == 0)
 			return 1;
-	return 0;
-}
-
-/* Does the batch script start with exactly the wrapper job_submit.lua writes (with the script's
- * arguments, or, as written before they were passed on, without)? Its fourth line execs the
- * waiter, so nothing after it is ever run by the shell. */
-static int is_wrapped_batch_script(spank_t sp, const struct settings *settings)
-{
-	static const char *const exec_lines[] = {"exec %s \"$0\" \"$@\"\n", "exec %s \"$0\"\n"};
-	char expected[8192];
-	char head[8192];
-	const char *script = program_of(sp);
-	size_t want, got;
-	FILE *file;
-
-	if (!script)
-		return 0;
-	for (size_t i = 0; i < sizeof(exec_lines) / sizeof(exec_lines[0]); i++) {
-		char exec_line[4200];
-
-		snprintf(exec_line, sizeof(exec_line), exec_lines[i], settings->attach_command);
-		want = (size_t) snprintf(expected, sizeof(expected), "%s%s%s%s", WRAPPER_LINE1, WRAPPER_LINE2,
-					 WRAPPER_LINE3, exec_line);
-		if (want >= sizeof(expected))
-			return 0;
-		file = fopen(script, "r");
-		if (!file)
-			return 0;
-		got = fread(head, 1, want, file);
-		fclose(file);
-		if (got == want && memcmp(head, expected, want) == 0)
-			return 1;
-	}
 	return 0;
 }
 
@@ -461,35 +429,39 @@ static int forbid_further_execs(void)
 	return 0;
 }
 
-/* In a user step's task, instead of the user's program: the waiter's command, `step`, `--`, then
- * the program's argv, with the step's (held) environment. Only returns on failure. */
-static int exec_user_step_proxy(spank_t sp)
+/* In the task, instead of the user's program: the waiter's command, then `extra` (NULL-ended: none
+ * for the batch step, `step --` for a user's step), then the program's argv (the batch script's
+ * path and arguments, or the step's command), with the (held) environment. Only returns on
+ * failure. */
+static int exec_waiter(spank_t sp, const char *const *extra)
 {
 	char *words[MAX_COMMAND_WORDS + 2] = {NULL};
 	char command[4096];
 	char *save = NULL, **argv = NULL, **env = NULL, **proxy;
-	int argc = 0, count = 0;
+	int argc = 0, count = 0, extras = 0;
 
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || !argv ||
 	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env)
 		return -1;
-	snprintf(command, sizeof(command), "%s", user_step_command);
+	while (extra[extras])
+		extras++;
+	snprintf(command, sizeof(command), "%s", waiter_command);
 	for (char *part = strtok_r(command, " ", &save); part && count < MAX_COMMAND_WORDS;
 	     part = strtok_r(NULL, " ", &save))
 		words[count++] = part;
 	if (count == 0 || words[0][0] != '/')
 		return -1;
-	proxy = calloc((size_t) count + 2 + (size_t) argc + 1, sizeof(char *));
+	proxy = calloc((size_t) count + (size_t) extras + (size_t) argc + 1, sizeof(char *));
 	if (!proxy)
 		return -1;
 	for (int i = 0; i < count; i++)
 		proxy[i] = words[i];
-	proxy[count] = "step";
-	proxy[count + 1] = "--";
+	for (int i = 0; i < extras; i++)
+		proxy[count + i] = (char *) extra[i];
 	for (int i = 0; i < argc; i++)
-		proxy[count + 2 + i] = argv[i];
+		proxy[count + extras + i] = argv[i];
 	execve(proxy[0], proxy, env);
-	slurm_error("slurm-k8s-bridge: cannot start the user-step proxy %s: %m", proxy[0]);
+	slurm_error("slurm-k8s-bridge: cannot start the bridge's waiter %s: %m", proxy[0]);
 	free(proxy);
 	return -1;
 }
@@ -503,6 +475,7 @@ static int guard_step(spank_t sp, const char *where)
 	int bridged, rc = -1;
 
 	batch_of_bridged_job = 0;
+	batch_waiter_of_bridged_job = 0;
 	user_step_of_bridged_job = 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
 		return 0; /* srun before an allocation exists: checked again once it does */
@@ -521,15 +494,11 @@ static int guard_step(spank_t sp, const char *where)
 		slurm_error("slurm-k8s-bridge: refusing a step of job %u: cannot tell whether it runs in "
 			    "Kubernetes (slurmctld or %s unreachable) [%s]", job_id, settings_path, where);
 	} else if (step_id == SLURM_BATCH_SCRIPT) {
-		if (is_wrapped_batch_script(sp, settings)) {
-			batch_of_bridged_job = 1;
-			rc = 0;
-		} else {
-			slurm_error("slurm-k8s-bridge: job %u is in partition %s, which runs in Kubernetes, but "
-				    "its script was not rewritten by job_submit.lua (it reached the partition "
-				    "another way, e.g. a reservation or an Alternate partition): not started "
-				    "[%s]", job_id, partition, where);
-		}
+		/* Hold the environment and the early signals; the task execs the waiter. */
+		batch_of_bridged_job = 1;
+		batch_waiter_of_bridged_job = 1;
+		snprintf(waiter_command, sizeof(waiter_command), "%s", settings->attach_command);
+		rc = 0;
 	} else if (is_task_proxy(sp, settings, job_id, restarts, spank_context() == S_CTX_REMOTE)) {
 		batch_of_bridged_job = 1; /* hold the environment, as for the waiter */
 		rc = 0;
@@ -542,7 +511,7 @@ static int guard_step(spank_t sp, const char *where)
 		/* Hold the environment and the early signals, as for the waiter: it is what starts. */
 		batch_of_bridged_job = 1;
 		user_step_of_bridged_job = 1;
-		snprintf(user_step_command, sizeof(user_step_command), "%s", settings->attach_command);
+		snprintf(waiter_command, sizeof(waiter_command), "%s", settings->attach_command);
 		rc = 0;
 	}
 	free(settings);
@@ -673,8 +642,14 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		return 0;
 	hold_early_signals(); /* again: a slurmstepd that skipped the privileged hook */
 	/* Before the task prologs, which slurmstepd runs after this hook: they never run either. */
-	if (user_step_of_bridged_job)
-		return exec_user_step_proxy(sp);
+	if (user_step_of_bridged_job) {
+		static const char *const step_words[] = {"step", "--", NULL};
+		return exec_waiter(sp, step_words);
+	}
+	if (batch_waiter_of_bridged_job) {
+		static const char *const none[] = {NULL};
+		return exec_waiter(sp, none);
+	}
 	return 0;
 }
 
