@@ -86,8 +86,9 @@ class WaiterConfig:
         description="Command that decodes a waiter's munge credential (it talks to this host's munged).")
     attach_command: NonEmpty = Field(default=DEFAULT_ATTACH_COMMAND, description=(
         "Command line, as run on the slurmds (as the job's user, in the user's environment and submit "
-        "directory), that starts a waiter; the step guard execs it in every bridged batch step, in the "
-        "script's place, followed by `--api <api_url>`, the script's path and its arguments. It must name everything by absolute path: "
+        "directory), that starts a waiter; the step guard writes it into slurmd's copy of every bridged "
+        "batch script, followed by `--api <api_url>`, the script's path and its arguments (the user's "
+        "script after it, as data). It must name everything by absolute path: "
         "start with one, not go through env, a shell or another program that finds its argument on the "
         "PATH, and hold no shell characters. The waiter is the compiled, static program of agent/cmd/waiter: "
         "install it on every bridged slurmd host, as root, from the bridge's source: "

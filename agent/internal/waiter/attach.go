@@ -15,8 +15,10 @@ import (
 // The batch waiter: attaches to the daemon, prints the pods' output,
 // runs the script's srun steps and Slurm commands, passes signals on, and ends as the pods did.
 
-// Marker is the line after which job_submit.lua, up to 2026-12, embedded the user's script in a
-// rewritten one (wrapperHeader its second line); such a job may still be queued after an upgrade.
+// Marker is the line after which the wrapper holds the user's script: slurmd's copy of a bridged
+// batch script, which the step guard (deploy/slurm/spank) wraps so that it execs the waiter;
+// wrapperHeader is that copy's start. (Up to 2026-12 job_submit.lua wrote the same wrapper into the
+// job itself: such a job, queued across an upgrade, comes wrapped twice.)
 const Marker = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
 
 const wrapperHeader = "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script"
@@ -33,15 +35,16 @@ func UniversalNewlines(data []byte) []byte {
 	return bytes.ReplaceAll(data, []byte("\r"), []byte("\n"))
 }
 
-// UserScript is the script the user submitted: the batch script itself (the guard starts the
-// waiter in its place), or, in a script job_submit.lua rewrote, what follows its first marker
-// line. A marker anywhere in a user's own script is inert: only the rewrite's header counts.
+// UserScript is the script the user submitted: what follows the first marker line of each
+// wrapper at its start. A marker anywhere in a user's own script is inert: only a wrapper's
+// header counts, and a script that starts with none is taken whole.
 func UserScript(batchScript []byte) []byte {
-	if !bytes.HasPrefix(batchScript, []byte(wrapperHeader)) {
-		return batchScript
-	}
-	if _, tail, found := bytes.Cut(batchScript, []byte("\n"+Marker+"\n")); found {
-		return tail
+	for bytes.HasPrefix(batchScript, []byte(wrapperHeader)) {
+		_, tail, found := bytes.Cut(batchScript, []byte("\n"+Marker+"\n"))
+		if !found {
+			break
+		}
+		batchScript = tail
 	}
 	return batchScript
 }

@@ -97,7 +97,11 @@ func TestTheScriptIsTheUsersOwnAndAMarkerInItIsInert(t *testing.T) {
 	rewritten := "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. " +
 		"The waiter\n# streams...\nexec waiter \"$0\" \"$@\"\n" + Marker + "\n" + planted
 	if got := string(UserScript([]byte(rewritten))); got != planted {
-		t.Fatalf("a script job_submit.lua rewrote: %q", got)
+		t.Fatalf("a wrapped script: %q", got)
+	}
+	wrapper := strings.TrimSuffix(rewritten, planted)
+	if got := string(UserScript([]byte(wrapper + wrapper + planted))); got != planted {
+		t.Fatalf("a script wrapped twice: %q", got)
 	}
 	headerOnly := "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script, says the user\necho hi\n"
 	if got := string(UserScript([]byte(headerOnly))); got != headerOnly {

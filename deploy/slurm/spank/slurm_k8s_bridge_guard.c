@@ -6,12 +6,14 @@
  * bridge's waiter. In slurmstepd (remote context, which a user's own srun build cannot skip) this
  * plugin, for a job whose partition slurmctld names as bridged:
  *
- *   - starts the bridge's waiter as the batch step, in place of the script: in the task, just
- *     before slurmstepd would exec the script (and before any task prolog), it execs the waiter's
- *     command with the script's path and arguments. The batch script stays the user's, as Slurm
- *     keeps it (`scontrol write batch_script`, sacct's job_script); the waiter hands it to the
- *     daemon, which runs it in the pods. However the job reached the partition (a reservation, an
- *     Alternate partition, a job_submit.lua bypassed), the script never runs here;
+ *   - starts the bridge's waiter as the batch step, in place of the script: at the step's start
+ *     (slurm_spank_init, as root), it wraps slurmd's copy of the script (the file slurmstepd then execs) into a
+ *     wrapper that execs the waiter with the script's path and arguments, the user's script after
+ *     a marker line, as data. So slurmstepd still does all it does before a batch script's exec
+ *     (the job's limits, TMPDIR, the task prolog), and the script Slurm keeps stays the user's
+ *     (`scontrol write batch_script`, sacct's job_script). However the job reached the partition
+ *     (a reservation, an Alternate partition, a job_submit.lua bypassed), the script never runs
+ *     here; if the copy cannot be wrapped, the step fails;
  *   - lets a step through that is the bridge's own task proxy: exactly the waiter's command,
  *     then `task` and a step key (the waiter starts such steps for the script's `srun`; their
  *     tasks only stream what the daemon runs in the pods), with the environment held as below;
@@ -81,9 +83,8 @@ static int allowed_count;
 /* Decided in slurm_spank_init, used by slurm_spank_user_init of the same slurmstepd. */
 static int batch_of_bridged_job;
 static void remove_step_usage(pid_t stepd);
-/* The batch step of a bridged job: its task execs the waiter with the script's path and arguments;
- * a user's step: its tasks exec the waiter's `step` proxy (both in slurm_spank_task_init). */
-static int batch_waiter_of_bridged_job;
+static int wrap_batch_script(const char *path, const char *waiter);
+/* A user's step of a bridged job: its tasks exec the waiter's `step` proxy (slurm_spank_task_init). */
 static int user_step_of_bridged_job;
 static char waiter_command[4096];
 #define MAX_COMMAND_WORDS 32
@@ -475,7 +476,6 @@ static int guard_step(spank_t sp, const char *where)
 	int bridged, rc = -1;
 
 	batch_of_bridged_job = 0;
-	batch_waiter_of_bridged_job = 0;
 	user_step_of_bridged_job = 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
 		return 0; /* srun before an allocation exists: checked again once it does */
@@ -494,11 +494,9 @@ static int guard_step(spank_t sp, const char *where)
 		slurm_error("slurm-k8s-bridge: refusing a step of job %u: cannot tell whether it runs in "
 			    "Kubernetes (slurmctld or %s unreachable) [%s]", job_id, settings_path, where);
 	} else if (step_id == SLURM_BATCH_SCRIPT) {
-		/* Hold the environment and the early signals; the task execs the waiter. */
+		/* Hold the environment and the early signals; the script becomes the waiter's wrapper. */
 		batch_of_bridged_job = 1;
-		batch_waiter_of_bridged_job = 1;
-		snprintf(waiter_command, sizeof(waiter_command), "%s", settings->attach_command);
-		rc = 0;
+		rc = spank_context() == S_CTX_REMOTE ? wrap_batch_script(program_of(sp), settings->attach_command) : 0;
 	} else if (is_task_proxy(sp, settings, job_id, restarts, spank_context() == S_CTX_REMOTE)) {
 		batch_of_bridged_job = 1; /* hold the environment, as for the waiter */
 		rc = 0;
@@ -534,6 +532,80 @@ int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
 	(void) ac;
 	(void) av;
 	return guard_step(sp, "srun");
+}
+
+/* What the waiter recognises (agent/internal/waiter/attach.go, UserScript): the first lines of the
+ * wrapper, and the line after which the user's script follows. */
+#define WRAPPER_HEAD "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. " \
+		     "The waiter\n# streams their output here and exits with their exit code.\n"
+#define WRAPPER_MARKER "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT\n"
+#define MAX_SCRIPT_BYTES (64L << 20)
+
+/* Turns slurmd's copy of the batch script (`path`, which slurmstepd execs) into the waiter's
+ * wrapper, the user's script after the marker: written beside it with the copy's owner and mode,
+ * then renamed over it. Runs in slurmstepd as root (slurm_spank_init), in slurmd's job directory,
+ * where nothing of the user's runs. 0, or -1 (the step fails). */
+static int wrap_batch_script(const char *path, const char *waiter)
+{
+	char *script = NULL;
+	char temporary[4200];
+	long length = 0;
+	int rc = -1, fd = -1;
+	FILE *in = NULL, *out = NULL;
+	struct stat st;
+
+	temporary[0] = '\0';
+	if (!path || path[0] != '/')
+		return -1;
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_SCRIPT_BYTES)
+		goto done;
+	in = fdopen(fd, "r");
+	if (!in)
+		goto done;
+	fd = -1;
+	script = malloc((size_t) st.st_size + 1);
+	if (!script)
+		goto done;
+	length = (long) fread(script, 1, (size_t) st.st_size, in);
+	if (length != (long) st.st_size)
+		goto done;
+	if ((size_t) snprintf(temporary, sizeof(temporary), "%s.slurm-k8s-bridge", path) >= sizeof(temporary))
+		goto done;
+	unlink(temporary); /* a leftover of a slurmstepd that died here */
+	fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, S_IRWXU);
+	if (fd < 0)
+		goto done;
+	out = fdopen(fd, "w");
+	if (!out)
+		goto done;
+	fd = -1;
+	if (fchown(fileno(out), st.st_uid, st.st_gid) != 0 || fchmod(fileno(out), st.st_mode & 07777) != 0 ||
+	    fprintf(out, "%sexec %s \"$0\" \"$@\"\n%s", WRAPPER_HEAD, waiter, WRAPPER_MARKER) < 0 ||
+	    fwrite(script, 1, (size_t) length, out) != (size_t) length)
+		goto done;
+	if (fclose(out) != 0) {
+		out = NULL;
+		goto done;
+	}
+	out = NULL;
+	if (rename(temporary, path) != 0)
+		goto done;
+	rc = 0;
+done:
+	if (rc != 0)
+		slurm_error("slurm-k8s-bridge: cannot turn the batch script %s into the waiter's wrapper: %m",
+			    path ? path : "?");
+	if (out)
+		fclose(out);
+	if (in)
+		fclose(in);
+	if (fd >= 0)
+		close(fd);
+	if (rc != 0 && temporary[0])
+		unlink(temporary);
+	free(script);
+	return rc;
 }
 
 /* Batch step of a bridged job: hold every variable but SLURM_* out of the waiter's way. */
@@ -645,10 +717,6 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (user_step_of_bridged_job) {
 		static const char *const step_words[] = {"step", "--", NULL};
 		return exec_waiter(sp, step_words);
-	}
-	if (batch_waiter_of_bridged_job) {
-		static const char *const none[] = {NULL};
-		return exec_waiter(sp, none);
 	}
 	return 0;
 }
