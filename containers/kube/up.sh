@@ -172,6 +172,11 @@ prepare_node() {
   if ! ip link show "$br" >/dev/null 2>&1; then
     ip link add "$br" type bridge
   fi
+  # A fixed address: a bridge without one takes its ports' lowest, which changes when that pod's
+  # veth goes, and the node's other pods keep sending to the old gateway address until their ARP
+  # entry expires (~45 s without a network: a dask worker lost its scheduler when a job beside it
+  # was cancelled).
+  ip link set "$br" address "$(printf '02:5b:78:00:00:%02x' "$(real_node_index "$n")")"
   ip addr replace "$ip/24" dev "$br"
   ip link set "$br" up
   cat >"/etc/cni/sbx-$n/10-sbx.conflist" <<EOF

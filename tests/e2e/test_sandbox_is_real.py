@@ -236,3 +236,41 @@ def test_the_bridged_partitions_come_from_deploy_slurm(sandbox: Sandbox) -> None
             count = times[template.split("=", 1)[0]]
             assert sum(bool(pattern.match(line)) for line in lines) == count, (snippet, template)
     assert (etc / "job_submit.lua").read_text() == (repo / "deploy" / "slurm" / "job_submit.lua").read_text()
+
+
+PROBE_HOST = """#!/bin/bash
+# Connects to the host's slurmrestd twice a second; one line per try.
+for i in $(seq 60); do
+  if timeout 1 bash -c 'exec 3<>/dev/tcp/{ip}/6820' 2>/dev/null; then r=ok; else r=FAIL; fi
+  echo "$(date +%s.%N) $r"
+  sleep 0.5
+done
+"""
+
+
+@pytest.mark.shares_the_cluster
+def test_a_pods_network_survives_the_end_of_pods_beside_it(bridge: Sandbox) -> None:
+    """Jobs ending on a node leave the other pods there their network: the node's CNI bridge (the
+    pods' gateway) keeps its address. A bridge without one took its ports' lowest, which changed
+    when that pod went, and the others sent to a gone address for ~45 s (a dask worker lost its
+    scheduler when a job beside it was cancelled). Four pods go while one probes the host."""
+    others = [bridge.sbatch("-p", "k8s", "-w", "kreal1", "--wrap", "sleep 300") for _ in range(4)]
+    directory = bridge.home("alice")
+    script = directory / "probe-host.sh"
+    script.write_text(PROBE_HOST.replace("{ip}", bridge.control_ip))
+    script.chmod(0o755)
+    prober = bridge.sbatch("-p", "k8s", "-w", "kreal1", "-o", f"{directory}/probe-%j.out", str(script))
+    out = directory / f"probe-{prober}.out"
+    try:
+        for job_id in [*others, prober]:
+            wait_until(f"job {job_id} running", lambda j=job_id: bridge.slurm(
+                "squeue", "-h", "-j", str(j), "-o", "%T").stdout.strip() == "RUNNING" or None, timeout=120)
+        wait_until("the probe connecting", lambda: (out.exists() and " ok" in out.read_text()) or None,
+                   timeout=60)
+        bridge.slurm("scancel", *map(str, others))
+        row = bridge.wait_job_final(prober, timeout=120)
+    finally:
+        bridge.slurm("scancel", *map(str, [*others, prober]), check=False)
+    assert row["State"] == "COMPLETED" and len(out.read_text().splitlines()) == 60, (row, out.read_text())
+    failed = [line for line in out.read_text().splitlines() if line.endswith("FAIL")]
+    assert not failed, f"the probe lost the host after its neighbours ended: {failed}"
