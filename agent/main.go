@@ -361,7 +361,9 @@ func run(pidfile string, merged bool, argv []string) (int, bool) {
 	go func() {
 		termed := false
 		for sig := range stops {
-			stoppedAt.CompareAndSwap(0, time.Now().UnixNano())
+			if stoppedAt.CompareAndSwap(0, time.Now().UnixNano()) {
+				markJobStopping(filepath.Dir(pidfile)) // before the script's srun gets the signal
+			}
 			stopped.Store(true)
 			if sig == syscall.SIGTERM {
 				// The daemon's stop (stopRequests) and then the kubelet's are one stop: the

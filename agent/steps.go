@@ -177,6 +177,12 @@ func srunClient(args []string) {
 			}
 			if ends {
 				go func(code int) {
+					// The job is ending (scancel, the time limit) before Slurm's srun of this step
+					// started: no step will come (Slurm makes none in an ending job), and native
+					// srun ends at once; waiting would hold the job until the pod's KILL.
+					if jobStopping(dir) && !stepStartedBySlurm(stoppingRelayWait) {
+						os.Exit(128 + code)
+					}
 					time.Sleep(srunSignalGrace())
 					os.Exit(128 + code)
 				}(int(number))
@@ -299,6 +305,41 @@ func outputSocketPath(dir, key string) string { return filepath.Join(dir, "steps
 
 var relayInProgress atomic.Bool
 
+// relayConnected: the daemon's `agent step-output` reached this srun, which the waiter starts the
+// moment it starts Slurm's srun of the step.
+var relayConnected atomic.Bool
+
+// stoppingRelayWait is how long an ending job's srun waits for the relay of a step whose Slurm
+// srun may have started just then.
+const stoppingRelayWait = time.Second
+
+// stepStartedBySlurm reports whether Slurm's srun of this step has started, waiting up to `wait`.
+func stepStartedBySlurm(wait time.Duration) bool {
+	for deadline := time.Now().Add(wait); ; time.Sleep(50 * time.Millisecond) {
+		if relayConnected.Load() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+func stoppingPath(dir string) string { return filepath.Join(dir, "stopping") }
+
+// markJobStopping records, for the script's sruns, that the job is being stopped (the agent got
+// the daemon's or the kubelet's TERM).
+func markJobStopping(dir string) {
+	if file, err := os.OpenFile(stoppingPath(dir), os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+		_ = file.Close()
+	}
+}
+
+func jobStopping(dir string) bool {
+	_, err := os.Lstat(stoppingPath(dir))
+	return err == nil
+}
+
 // Output frames, from the daemon to `agent step-output` and on to srun here: one byte of fd (1
 // stdout, 2 stderr, 0 the end, whose data is srun's exit code), four of length, then the data.
 const maxOutputFrame = 1 << 20
@@ -326,6 +367,7 @@ func receiveStepOutput(listener net.Listener, relayed chan<- int) {
 	if err != nil {
 		return
 	}
+	relayConnected.Store(true)
 	relayInProgress.Store(true)
 	defer conn.Close()
 	reader := bufio.NewReaderSize(conn, 256<<10)

@@ -175,3 +175,62 @@ def _final(sandbox: Sandbox, job: int) -> tuple[str, str] | None:
     if state in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
         return None
     return state.split()[0], code
+
+
+EARLY_JOBS = 6
+SRUN_FIRST = "#!/bin/bash\necho started\nsrun sleep 300\necho after\n"
+
+
+@pytest.mark.shares_the_cluster
+def test_a_job_cancelled_while_its_first_srun_starts_ends_without_the_kill(bridge: Sandbox) -> None:
+    """scancel in a job's first second, while its script's srun asks for a step: Slurm makes no
+    step in an ending job and native srun ends on its TERM, so the batch step ends with the job.
+    The bridged srun waited for a step that never came, and the batch step ended only at the
+    pod's KILL (KillWait, 9 s here), its node held COMPLETING meanwhile (found by a Parsl probe:
+    a block scaled in just after it started). Six jobs, cancelled 0.2 to 1.2 s after they run (the
+    pod made, its container starting, the script's srun asking)."""
+    directory = bridge.home("alice") / "early-cancel"
+    directory.mkdir(exist_ok=True)
+    directory.chmod(0o777)
+    script = write_script(bridge, "alice", "srun-first.sh", SRUN_FIRST)
+    jobs = [bridge.sbatch("-p", "k8s", "-c", "1", "-o", f"{directory}/%j.out", str(script))
+            for _ in range(EARLY_JOBS)]
+    try:
+        delays = {job_id: 0.2 * (index + 1) for index, job_id in enumerate(jobs)}
+        started: dict[int, float] = {}
+        deadline = time.monotonic() + 120
+        while len(started) < len(jobs) and time.monotonic() < deadline:
+            running = bridge.slurm("squeue", "-h", "-t", "RUNNING", "-o", "%i", "-j",
+                                   ",".join(map(str, jobs)), check=False).stdout.split()
+            for job_id in jobs:
+                if str(job_id) in running:
+                    started.setdefault(job_id, time.monotonic())
+            for job_id, since in list(started.items()):
+                if job_id in delays and time.monotonic() - since >= delays[job_id]:
+                    bridge.slurm("scancel", str(job_id))
+                    del delays[job_id]
+            time.sleep(0.05)
+        while delays:
+            job_id = next(iter(delays))
+            time.sleep(max(0.0, started[job_id] + delays.pop(job_id) - time.monotonic()))
+            bridge.slurm("scancel", str(job_id))
+        assert len(started) == len(jobs), f"jobs {sorted(set(jobs) - set(started))} never ran"
+        # Until slurmctld lets go of them (COMPLETING ends with the batch step): sacct shows a
+        # step still running with its job's end time.
+        wait_until("the cancelled jobs completed", lambda: not bridge.slurm(
+            "squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i", "-j", ",".join(map(str, jobs)),
+            check=False).stdout.split() or None, timeout=120, interval=0.5)
+        time.sleep(2)  # slurmdbd records the steps' ends
+    finally:
+        bridge.slurm("scancel", *map(str, jobs), check=False)
+    late = {}
+    for job_id in jobs:
+        out = bridge.slurm("sacct", "-n", "-P", "-j", str(job_id), "-o", "JobID,State,End").stdout
+        rows = {line.split("|")[0]: line.split("|") for line in out.splitlines()}
+        job_end, batch_end = (rows[name][2] for name in (str(job_id), f"{job_id}.batch"))
+        assert rows[str(job_id)][1].startswith("CANCELLED"), rows
+        gap = (time.mktime(time.strptime(batch_end, "%Y-%m-%dT%H:%M:%S"))
+               - time.mktime(time.strptime(job_end, "%Y-%m-%dT%H:%M:%S")))
+        if gap >= 7:  # the pod's grace (9 s) ran out: its KILL ended it; a TERM takes 1 to 4 s
+            late[job_id] = gap
+    assert not late, f"batch steps that ended only by the KILL, seconds after their job: {late}"

@@ -767,6 +767,76 @@ def test_the_scripts_srun_ends_on_term_even_when_nobody_ends_its_step(agent: Pat
     assert out == b"srun said 143\n"
 
 
+def _stop_the_job_once_srun_asked(installed: Path, home: Path, script: str, relay_says: bytes | None,
+                                  ) -> tuple[int | None, bytes, bytes]:
+    """Runs `script` as the batch script; once its srun's step request is out, the agent gets the
+    kubelet's TERM (the job is being stopped). relay_says: what Slurm's srun of the step says then
+    (its relay, started before the stop), or None: the step never started. The agent's exit code
+    (None: still running 20 s later), and the script's stdout and stderr."""
+    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin", "SLURM_K8S_BRIDGE_STOP_GRACE": "120"}
+    proc = subprocess.Popen(
+        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    relay: subprocess.Popen[bytes] | None = None
+    lines: list[bytes] = []
+    code: int | None = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            tag, _, data = line.partition(b" ")
+            if tag == b"s":
+                key = json.loads(base64.b64decode(data))["key"]
+                if relay_says is not None:
+                    relay = subprocess.Popen([str(installed), "step-output", key], stdin=subprocess.PIPE)
+                    time.sleep(0.5)  # connected
+                proc.send_signal(signal.SIGTERM)
+                if relay is not None and relay.stdin is not None:
+                    time.sleep(3)  # longer than an ending job's srun waits for a relay
+                    relay.stdin.write(relay_says)
+                    relay.stdin.close()
+                break
+        try:
+            rest, _ = proc.communicate(timeout=20)
+            lines.extend(rest.splitlines(keepends=True))
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+        if relay is not None:
+            relay.wait(timeout=30)
+    out = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"o "))
+    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+    return code, out, err
+
+
+def test_an_ending_jobs_srun_whose_step_never_started_ends_with_it(agent: Path, tmp_path: Path) -> None:
+    """scancel in a job's first second, while its srun's step request is on its way: Slurm makes no
+    step in an ending job, and native srun ends on the TERM at once. The script's srun did wait
+    for a step that never came, holding the pod (and the job, COMPLETING) until the kubelet's
+    KILL (9 s in the sandbox; here the agent's 30 s bound on a stopped group)."""
+    home, installed = installed_agent(agent, tmp_path)
+    code, out, _ = _stop_the_job_once_srun_asked(
+        installed, home, 'trap "" TERM; srun sleep 100; echo "srun said $?"', None)
+    assert code is not None, "the stopped job waited for a step that never started"
+    assert out == b"srun said 143\n"
+
+
+def test_an_ending_jobs_srun_whose_step_started_waits_for_its_end(agent: Path, tmp_path: Path) -> None:
+    """The same stop once Slurm's srun of the step runs (its relay connected): the script's srun
+    still waits for Slurm's srun to tell how the step ended, as native srun waits for its tasks."""
+    home, installed = installed_agent(agent, tmp_path)
+    code, out, err = _stop_the_job_once_srun_asked(
+        installed, home, 'trap "" TERM; srun sleep 100; echo "srun said $?"',
+        output_frame(2, b"srun: forcing job termination\n") + output_frame(0, b"137"))
+    assert code is not None
+    assert out == b"srun said 137\n"
+    assert err == b"srun: forcing job termination\n"
+
+
 # -- limits and umask --------------------------------------------------------------------------------
 
 LIMITS_PROBE = ('ulimit -S -n; ulimit -S -c; ulimit -S -s; umask; echo "[${SLURM_RLIMIT_NOFILE-unset}] '
