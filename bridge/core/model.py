@@ -113,7 +113,7 @@ class JobPayload:
     """What the waiter sends for its job: the original script and the environment it runs with."""
 
     script: str
-    """The original batch script (what job_submit.lua embedded after the marker)."""
+    """The batch script as the user submitted it (slurmd's copy, which the step guard gives the waiter)."""
     environment: Mapping[str, str]
     """The batch script's environment on the slurmd, as the waiter saw it."""
     work_dir: str

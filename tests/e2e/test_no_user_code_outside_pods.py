@@ -161,6 +161,33 @@ def test_scontrol_write_batch_script_shows_the_users_script_as_natively(bridge: 
             bridge.slurm("scancel", str(job_id), check=False)
 
 
+@pytest.mark.shares_the_cluster
+def test_the_script_slurmstepd_runs_holds_nothing_the_user_can_write(bridge: Sandbox) -> None:
+    """On a bridged node, the file slurmstepd execs as the batch script is root's, not writable by
+    the job's user (who could otherwise rewrite it, from a process on that host, between its
+    making and its exec) and holds none of the user's bytes: only the call of the waiter, which
+    reads the user's copy beside it. The copy goes with the job; two jobs at once."""
+    body = "#!/bin/sh\n" + BUSYBOX + "echo user-bytes-here\nsleep 30\n"
+    script = write_script(bridge, "alice", "spooled.sh", body)
+    jobs = [bridge.sbatch("-p", "k8s", "-w", "kreal1", str(script)) for _ in range(2)]
+    spool = Path(bridge.env["SLURM_CONF"]).parents[2] / "slurmd" / "kreal1"
+    try:
+        for job_id in jobs:
+            _running(bridge, job_id)
+            directory = spool / f"job{job_id:05d}"
+            ran = directory / "slurm_script"
+            info = ran.stat()
+            assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (0, 0, 0o755), oct(info.st_mode)
+            assert b"user-bytes-here" not in ran.read_bytes()
+            assert (directory / "slurm_script.user").read_text() == body
+        for job_id in jobs:
+            bridge.slurm("scancel", str(job_id))
+        wait_until("the jobs' directories removed", lambda: not any(
+            (spool / f"job{job_id:05d}").exists() for job_id in jobs) or None, timeout=60)
+    finally:
+        bridge.slurm("scancel", *map(str, jobs), check=False)
+
+
 def test_without_its_settings_job_submit_refuses_every_job(bridge: Sandbox) -> None:
     settings = Path(bridge.env["SLURM_CONF"]).parents[1] / "job_submit_bridge.conf"
     saved = settings.read_bytes()

@@ -15,13 +15,14 @@ import (
 // The batch waiter: attaches to the daemon, prints the pods' output,
 // runs the script's srun steps and Slurm commands, passes signals on, and ends as the pods did.
 
-// Marker is the line after which the wrapper holds the user's script: slurmd's copy of a bridged
-// batch script, which the step guard (deploy/slurm/spank) wraps so that it execs the waiter;
-// wrapperHeader is that copy's start. (Up to 2026-12 job_submit.lua wrote the same wrapper into the
-// job itself: such a job, queued across an upgrade, comes wrapped twice.)
+// Marker is the line after which job_submit.lua, up to 2026-12, embedded the user's script in the
+// wrapper it wrote (legacyWrapperHead its first lines); such a job may still be queued after an
+// upgrade. Now the step guard (deploy/slurm/spank) gives the waiter slurmd's copy of the user's
+// own script.
 const Marker = "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT"
 
-const wrapperHeader = "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script"
+const legacyWrapperHead = "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes " +
+	"pods. The waiter\n# streams their output here and exits with their exit code.\nexec "
 
 const outageNotice = 60.0
 
@@ -35,16 +36,20 @@ func UniversalNewlines(data []byte) []byte {
 	return bytes.ReplaceAll(data, []byte("\r"), []byte("\n"))
 }
 
-// UserScript is the script the user submitted: what follows the first marker line of each
-// wrapper at its start. A marker anywhere in a user's own script is inert: only a wrapper's
-// header counts, and a script that starts with none is taken whole.
+// UserScript is the script the user submitted: the batch script itself, or what follows the
+// wrapper of an older job_submit.lua (its exact lines: header, exec of the waiter, marker). A
+// marker anywhere else is the user's own line.
 func UserScript(batchScript []byte) []byte {
-	for bytes.HasPrefix(batchScript, []byte(wrapperHeader)) {
-		_, tail, found := bytes.Cut(batchScript, []byte("\n"+Marker+"\n"))
-		if !found {
-			break
-		}
-		batchScript = tail
+	if !bytes.HasPrefix(batchScript, []byte(legacyWrapperHead)) {
+		return batchScript
+	}
+	rest := batchScript[len(legacyWrapperHead):]
+	execLine, afterExec, found := bytes.Cut(rest, []byte("\n"))
+	if !found || !(bytes.HasSuffix(execLine, []byte(` "$0" "$@"`)) || bytes.HasSuffix(execLine, []byte(` "$0"`))) {
+		return batchScript
+	}
+	if tail, ok := bytes.CutPrefix(afterExec, []byte(Marker+"\n")); ok {
+		return tail
 	}
 	return batchScript
 }

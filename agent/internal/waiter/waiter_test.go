@@ -94,18 +94,19 @@ func TestTheScriptIsTheUsersOwnAndAMarkerInItIsInert(t *testing.T) {
 	if got := string(UserScript([]byte(planted))); got != planted {
 		t.Fatalf("a user's script with a marker line: %q", got)
 	}
-	rewritten := "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. " +
-		"The waiter\n# streams...\nexec waiter \"$0\" \"$@\"\n" + Marker + "\n" + planted
-	if got := string(UserScript([]byte(rewritten))); got != planted {
-		t.Fatalf("a wrapped script: %q", got)
+	legacy := "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. " +
+		"The waiter\n# streams their output here and exits with their exit code.\n" +
+		"exec /usr/libexec/waiter --api http://b:8470 \"$0\" \"$@\"\n" + Marker + "\n"
+	if got := string(UserScript([]byte(legacy + planted))); got != planted {
+		t.Fatalf("a script an older job_submit.lua rewrote: %q", got)
 	}
-	wrapper := strings.TrimSuffix(rewritten, planted)
-	if got := string(UserScript([]byte(wrapper + wrapper + planted))); got != planted {
-		t.Fatalf("a script wrapped twice: %q", got)
+	// Only the exact wrapper: a user's script that merely starts like it is the user's, whole.
+	lookalike := strings.Replace(legacy, "\"$0\" \"$@\"\n", "\"$0\" \"$@\"\necho first\n", 1) + planted
+	if got := string(UserScript([]byte(lookalike))); got != lookalike {
+		t.Fatalf("a look-alike: %q", got)
 	}
-	headerOnly := "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script, says the user\necho hi\n"
-	if got := string(UserScript([]byte(headerOnly))); got != headerOnly {
-		t.Fatalf("the header without a marker: %q", got)
+	if got := string(UserScript([]byte(legacy + legacy + planted))); got != legacy+planted {
+		t.Fatalf("one wrapper is taken off, no more: %q", got)
 	}
 	if got := string(UniversalNewlines([]byte("a\r\nb\rc\n"))); got != "a\nb\nc\n" {
 		t.Fatalf("universal newlines: %q", got)

@@ -7,13 +7,14 @@
  * plugin, for a job whose partition slurmctld names as bridged:
  *
  *   - starts the bridge's waiter as the batch step, in place of the script: at the step's start
- *     (slurm_spank_init, as root), it wraps slurmd's copy of the script (the file slurmstepd then execs) into a
- *     wrapper that execs the waiter with the script's path and arguments, the user's script after
- *     a marker line, as data. So slurmstepd still does all it does before a batch script's exec
- *     (the job's limits, TMPDIR, the task prolog), and the script Slurm keeps stays the user's
- *     (`scontrol write batch_script`, sacct's job_script). However the job reached the partition
- *     (a reservation, an Alternate partition, a job_submit.lua bypassed), the script never runs
- *     here; if the copy cannot be wrapped, the step fails;
+ *     (slurm_spank_init, as root), slurmd's copy of the script (the file slurmstepd then execs)
+ *     becomes a root-owned wrapper that execs the waiter with the user's copy, moved aside, as its
+ *     batch script (wrap_batch_script). So slurmstepd still does all it does before a batch
+ *     script's exec (the job's limits, TMPDIR, the task prolog), and the script Slurm keeps stays
+ *     the user's (`scontrol write batch_script`, sacct's job_script). However the job reached the
+ *     partition (a reservation, an Alternate partition), the script never runs here; if the copy
+ *     cannot be made a call of the waiter, the step fails; a job with an OCI container
+ *     (--container), which slurmstepd would run here with the user's bundle, is refused;
  *   - lets a step through that is the bridge's own task proxy: exactly the waiter's command,
  *     then `task` and a step key (the waiter starts such steps for the script's `srun`; their
  *     tasks only stream what the daemon runs in the pods), with the environment held as below;
@@ -172,7 +173,7 @@ static int partition_is_bridged(const struct settings *settings, const char *par
 /* The job's partition from slurmctld (never from the job's environment, which the user sets).
  * Returns 1 bridged, 0 not, -1 unknown (slurmctld or the settings unreachable). */
 static int job_is_bridged(uint32_t job_id, const struct settings *settings, char *partition,
-			  size_t partition_len, uint32_t *restarts)
+			  size_t partition_len, uint32_t *restarts, int *in_container)
 {
 	job_info_msg_t *info = NULL;
 	slurm_step_id_t which = SLURM_STEP_ID_INITIALIZER;
@@ -190,6 +191,7 @@ static int job_is_bridged(uint32_t job_id, const struct settings *settings, char
 		 info->job_array[0].partition ? info->job_array[0].partition : "");
 	bridged = partition_is_bridged(settings, info->job_array[0].partition);
 	*restarts = info->job_array[0].restart_cnt;
+	*in_container = info->job_array[0].container && info->job_array[0].container[0];
 	slurm_free_job_info_msg(info);
 	return bridged;
 }
@@ -473,7 +475,7 @@ static int guard_step(spank_t sp, const char *where)
 	uint32_t job_id = 0, step_id = 0, restarts = 0;
 	char partition[NAME_LEN];
 	struct settings *settings;
-	int bridged, rc = -1;
+	int bridged, in_container = 0, rc = -1;
 
 	batch_of_bridged_job = 0;
 	user_step_of_bridged_job = 0;
@@ -487,12 +489,17 @@ static int guard_step(spank_t sp, const char *where)
 	if (!settings)
 		return -1;
 	bridged = load_settings(settings) == 0 ? job_is_bridged(job_id, settings, partition,
-								  sizeof(partition), &restarts) : -1;
+								  sizeof(partition), &restarts, &in_container) : -1;
 	if (bridged == 0) {
 		rc = 0;
 	} else if (bridged < 0) {
 		slurm_error("slurm-k8s-bridge: refusing a step of job %u: cannot tell whether it runs in "
 			    "Kubernetes (slurmctld or %s unreachable) [%s]", job_id, settings_path, where);
+	} else if (in_container) {
+		/* slurmstepd would run the step here, in the user's OCI bundle (job_submit.lua refuses
+		 * --container in a bridged partition; this is for a job that got past it). */
+		slurm_error("slurm-k8s-bridge: job %u runs in Kubernetes (partition %s): an OCI container "
+			    "(--container) cannot run on its nodes' slurmd [%s]", job_id, partition, where);
 	} else if (step_id == SLURM_BATCH_SCRIPT) {
 		/* Hold the environment and the early signals; the script becomes the waiter's wrapper. */
 		batch_of_bridged_job = 1;
@@ -534,77 +541,73 @@ int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
 	return guard_step(sp, "srun");
 }
 
-/* What the waiter recognises (agent/internal/waiter/attach.go, UserScript): the first lines of the
- * wrapper, and the line after which the user's script follows. */
-#define WRAPPER_HEAD "#!/bin/sh\n# slurm-k8s-bridge: rewritten batch script: this job runs in Kubernetes pods. " \
-		     "The waiter\n# streams their output here and exits with their exit code.\n"
-#define WRAPPER_MARKER "#SLURM-K8S-BRIDGE ORIGINAL SCRIPT\n"
-#define MAX_SCRIPT_BYTES (64L << 20)
+/* The first lines of the batch script slurmstepd execs for a bridged job (the user's script is
+ * in USER_COPY_SUFFIX beside it). */
+#define WRAPPER_HEAD "#!/bin/sh\n# slurm-k8s-bridge: this job runs in Kubernetes pods. The waiter streams their " \
+		     "output here and\n# exits with their exit code; the user's script is its first argument.\n"
+#define USER_COPY_SUFFIX ".user"
 
-/* Turns slurmd's copy of the batch script (`path`, which slurmstepd execs) into the waiter's
- * wrapper, the user's script after the marker: written beside it with the copy's owner and mode,
- * then renamed over it. Runs in slurmstepd as root (slurm_spank_init), in slurmd's job directory,
- * where nothing of the user's runs. 0, or -1 (the step fails). */
+/* slurmd's copy of the user's script, once moved aside (removed in slurm_spank_exit, before
+ * slurmstepd removes the job's directory). */
+static char user_copy[4200];
+
+/* Makes slurmd's copy of the batch script (`path`, which slurmstepd execs) a call of the waiter:
+ * the copy, the user's (owner and mode kept), is renamed to `path`.user, and `path` becomes a
+ * root-owned wrapper holding nothing of the user's, which execs the waiter with that copy as the
+ * batch script and the script's arguments. So nothing the job's user can write is ever run here,
+ * while slurmstepd still does all it does before a batch script's exec (the job's limits, TMPDIR,
+ * the task prolog). Runs in slurmstepd as root (slurm_spank_init), in slurmd's job directory
+ * (root's, the job's group may read it). 0, or -1 (the step fails: nothing starts). */
 static int wrap_batch_script(const char *path, const char *waiter)
 {
-	char *script = NULL;
 	char temporary[4200];
-	long length = 0;
-	int rc = -1, fd = -1;
-	FILE *in = NULL, *out = NULL;
 	struct stat st;
+	int fd = -1, rc = -1;
+	FILE *out = NULL;
 
-	temporary[0] = '\0';
-	if (!path || path[0] != '/')
-		return -1;
-	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_SCRIPT_BYTES)
+	temporary[0] = user_copy[0] = '\0';
+	if (!path || path[0] != '/' || strchr(path, '\'') || strchr(path, '\n') ||
+	    (size_t) snprintf(user_copy, sizeof(user_copy), "%s%s", path, USER_COPY_SUFFIX) >= sizeof(user_copy) ||
+	    (size_t) snprintf(temporary, sizeof(temporary), "%s.slurm-k8s-bridge", path) >= sizeof(temporary))
 		goto done;
-	in = fdopen(fd, "r");
-	if (!in)
+	if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
 		goto done;
-	fd = -1;
-	script = malloc((size_t) st.st_size + 1);
-	if (!script)
-		goto done;
-	length = (long) fread(script, 1, (size_t) st.st_size, in);
-	if (length != (long) st.st_size)
-		goto done;
-	if ((size_t) snprintf(temporary, sizeof(temporary), "%s.slurm-k8s-bridge", path) >= sizeof(temporary))
-		goto done;
-	unlink(temporary); /* a leftover of a slurmstepd that died here */
-	fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, S_IRWXU);
-	if (fd < 0)
+	/* Leftovers of a slurmstepd that died here. */
+	unlink(user_copy);
+	unlink(temporary);
+	fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0755);
+	if (fd < 0 || fchown(fd, 0, 0) != 0 || fchmod(fd, 0755) != 0)
 		goto done;
 	out = fdopen(fd, "w");
 	if (!out)
 		goto done;
 	fd = -1;
-	if (fchown(fileno(out), st.st_uid, st.st_gid) != 0 || fchmod(fileno(out), st.st_mode & 07777) != 0 ||
-	    fprintf(out, "%sexec %s \"$0\" \"$@\"\n%s", WRAPPER_HEAD, waiter, WRAPPER_MARKER) < 0 ||
-	    fwrite(script, 1, (size_t) length, out) != (size_t) length)
+	if (fprintf(out, "%sexec %s '%s' \"$@\"\n", WRAPPER_HEAD, waiter, user_copy) < 0)
 		goto done;
 	if (fclose(out) != 0) {
 		out = NULL;
 		goto done;
 	}
 	out = NULL;
-	if (rename(temporary, path) != 0)
+	if (rename(path, user_copy) != 0)
 		goto done;
+	if (rename(temporary, path) != 0) {
+		rename(user_copy, path);
+		goto done;
+	}
 	rc = 0;
 done:
-	if (rc != 0)
-		slurm_error("slurm-k8s-bridge: cannot turn the batch script %s into the waiter's wrapper: %m",
+	if (rc != 0) {
+		slurm_error("slurm-k8s-bridge: cannot make the batch script %s a call of the waiter: %m",
 			    path ? path : "?");
+		user_copy[0] = '\0';
+	}
 	if (out)
 		fclose(out);
-	if (in)
-		fclose(in);
 	if (fd >= 0)
 		close(fd);
 	if (rc != 0 && temporary[0])
 		unlink(temporary);
-	free(script);
 	return rc;
 }
 
@@ -862,5 +865,7 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 	(void) av;
 	if (spank_remote(sp) == 1)
 		remove_step_usage(getpid());
+	if (spank_remote(sp) == 1 && user_copy[0])
+		unlink(user_copy); /* slurmstepd removes the job's directory next, and only if empty */
 	return 0;
 }
