@@ -33,6 +33,9 @@ PASSED = {
     "quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 0, "immediate": 2, "preserve-env": 0,
     "propagate": 2, "oom-kill-step": 2,
     "external-launcher": 0,  # what mpirun (Open MPI, MPICH hydra) adds to start its daemons
+    # Native srun takes these too (Parsl's SrunLauncher and sites' wrappers use some): the old
+    # spellings of two options, the step's RPC timeout and fan-out, tasks per GPU-like resource.
+    "cpu_bind": 1, "tasks-per-node": 1, "msg-timeout": 1, "treewidth": 1, "ntasks-per-tres": 1,
 }
 HONOURED = {"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
 _ON_HOST = "it would run a program on the slurmd host, outside the job's pods"

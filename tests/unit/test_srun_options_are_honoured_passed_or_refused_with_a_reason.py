@@ -156,7 +156,7 @@ def test_the_tasks_environment_follows_export(export: str, want: dict[str, str])
 
 def test_the_documented_table_names_every_option_the_policy_knows() -> None:
     text = DOC.read_text()
-    rows = dict(re.findall(r"^\| `--([a-z0-9-]+)[^|]*\| (honoured|passed through|refused)", text, re.M))
+    rows = dict(re.findall(r"^\| `--([a-z0-9_-]+)[^|]*\| (honoured|passed through|refused)", text, re.M))
     known = {**{n: "passed through" for n in srun_options.PASSED},
              **{n: "honoured" for n in srun_options.HONOURED},
              **{n: "refused" for n in srun_options.REFUSED}}
@@ -224,3 +224,19 @@ def _signing_reconciler(tmp_path: Path) -> tuple[Any, Any, Any]:
 async def _background_done(reconciler: Any) -> None:
     for task in list(reconciler._background):
         await task
+
+
+def _go_table(source: str, name: str) -> dict[str, str]:
+    body = re.search(rf"var {name} = map\[string\](?:int|string)\{{(.*?)\n?\}}\n", source, re.S)
+    assert body is not None, name
+    return dict(re.findall(r'"([a-z0-9_-]+)":\s*("(?:[^"\\]|\\.)*"|\w+)', body.group(1)))
+
+
+def test_the_waiters_table_is_the_daemons() -> None:
+    """The waiter (Go) checks a step's options again before it runs Slurm's srun: the same names, in
+    the same kind, taking as many values (an option one side passes and the other refuses would
+    fail the step late, or let through what the daemon refused)."""
+    source = (Path(__file__).resolve().parents[2] / "agent/internal/srunargs/srunargs.go").read_text()
+    assert {k: int(v) for k, v in _go_table(source, "srunPassed").items()} == srun_options.PASSED
+    assert {k: int(v) for k, v in _go_table(source, "srunHonoured").items()} == srun_options.HONOURED
+    assert set(_go_table(source, "srunRefused")) == set(srun_options.REFUSED)

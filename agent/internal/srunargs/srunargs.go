@@ -26,6 +26,7 @@ var srunPassed = map[string]int{
 	"contiguous": 0, "spread-job": 0, "use-min-nodes": 0, "wait-for-children": 0,
 	"quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 0, "immediate": 2, "preserve-env": 0,
 	"propagate": 2, "oom-kill-step": 2, "external-launcher": 0,
+	"cpu_bind": 1, "tasks-per-node": 1, "msg-timeout": 1, "treewidth": 1, "ntasks-per-tres": 1,
 }
 
 var srunHonoured = map[string]int{"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
