@@ -311,7 +311,7 @@ var relayConnected atomic.Bool
 
 // stoppingRelayWait is how long an ending job's srun waits for the relay of a step whose Slurm
 // srun may have started just then.
-const stoppingRelayWait = time.Second
+const stoppingRelayWait = 2 * time.Second
 
 // stepStartedBySlurm reports whether Slurm's srun of this step has started, waiting up to `wait`.
 func stepStartedBySlurm(wait time.Duration) bool {
@@ -329,15 +329,19 @@ func stoppingPath(dir string) string { return filepath.Join(dir, "stopping") }
 
 // markJobStopping records, for the script's sruns, that the job is being stopped (the agent got
 // the daemon's or the kubelet's TERM).
+// The directory is the job's user's: a FIFO planted there must not block the stop, nor a link
+// lead elsewhere.
 func markJobStopping(dir string) {
-	if file, err := os.OpenFile(stoppingPath(dir), os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
-		_ = file.Close()
+	fd, err := syscall.Open(stoppingPath(dir), syscall.O_CREAT|syscall.O_WRONLY|syscall.O_NOFOLLOW|
+		syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o644)
+	if err == nil {
+		_ = syscall.Close(fd)
 	}
 }
 
 func jobStopping(dir string) bool {
-	_, err := os.Lstat(stoppingPath(dir))
-	return err == nil
+	info, err := os.Lstat(stoppingPath(dir))
+	return err == nil && info.Mode().IsRegular()
 }
 
 // Output frames, from the daemon to `agent step-output` and on to srun here: one byte of fd (1

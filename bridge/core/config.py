@@ -87,8 +87,8 @@ class WaiterConfig:
     attach_command: NonEmpty = Field(default=DEFAULT_ATTACH_COMMAND, description=(
         "Command line, as run on the slurmds (as the job's user, in the user's environment and submit "
         "directory), that starts a waiter; the step guard writes it into slurmd's copy of every bridged "
-        "batch script, followed by `--api <api_url>`, the script's path and its arguments (the user's "
-        "script after it, as data). It must name everything by absolute path: "
+        "batch script, followed by `--api <api_url>`, the path of slurmd's copy of the user's script and "
+        "its arguments. It must name everything by absolute path: "
         "start with one, not go through env, a shell or another program that finds its argument on the "
         "PATH, and hold no shell characters. The waiter is the compiled, static program of agent/cmd/waiter: "
         "install it on every bridged slurmd host, as root, from the bridge's source: "
@@ -125,6 +125,11 @@ class WaiterConfig:
     def _api_url_is_http(cls, url: str) -> str:
         if not _URL.match(url):
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        # Written into the command line that the slurmds' /bin/sh runs for every bridged batch step
+        # (an IPv6 literal's brackets stay: a pattern that matches no file is left as it is).
+        special = sorted(set(url) & ((SHELL_SPECIAL - set("[]")) | set(" \t'\"")))
+        if special:
+            raise ValueError(f"{url!r} holds characters a shell would act on: {''.join(special)}")
         return url
 
     @field_validator("step_key_file")

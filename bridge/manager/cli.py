@@ -70,8 +70,9 @@ def _job_submit_conf(path: str) -> int:
     from bridge.core.directives import KEYS
 
     cfg = _load(path)
-    print("# Written from the bridge config by `slurm-k8s-bridge job-submit-conf`; read by job_submit.lua.")
-    # The waiter takes --ca before the script path, which job_submit.lua appends.
+    print("# Written from the bridge config by `slurm-k8s-bridge job-submit-conf`; read by job_submit.lua "
+          "and the step guard.")
+    # The waiter takes --ca before the script path, which the step guard appends.
     ca = f" --ca {cfg.waiter.ca_file}" if cfg.waiter.ca_file else ""
     print(f"attach_command={cfg.waiter.attach_command} --api {cfg.waiter.api_url}{ca}")
     print(f"directive_keys={','.join(KEYS)}")

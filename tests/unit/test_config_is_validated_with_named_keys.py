@@ -167,6 +167,9 @@ def test_repr_holds_no_token() -> None:
         (MINIMAL + '[api]\nlisten = "h:99999"', "api.listen: 'h:99999' is not HOST:PORT"),
         (MINIMAL + "[kubernetes]\nkubeconfig = 1", "kubernetes.kubeconfig: expected a string"),
         ("partitions = 1\n" + MINIMAL.replace("[partitions.k8s]", ""), "partitions: expected a table"),
+        # The slurmds' /bin/sh runs it in every bridged batch step's wrapper (the step guard's).
+        (MINIMAL + '[waiter]\napi_url = "http://h:8470/?a&b"', "a shell would act on: &"),
+        (MINIMAL + '[waiter]\napi_url = "http://h:8470/$(id)"', r"a shell would act on: \$\(\)"),
     ],
 )
 def test_invalid_configs_name_the_key(text: str, message: str) -> None:
