@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"slurm-k8s-bridge/agent/internal/srunargs"
 	"slurm-k8s-bridge/agent/internal/startlimits"
 )
 
@@ -153,6 +154,11 @@ func ask(dir, name string, request stepRequest) string {
 func srunClient(args []string) {
 	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
 	cwd, _ := os.Getwd()
+	// A batch script's `srun --pty` has no terminal: native srun says so and runs the step without.
+	args, said := srunargs.WithoutPty(args, isTerminal)
+	if said != "" {
+		_, _ = os.Stderr.WriteString(said)
+	}
 	stdin, asFile := srunStdin(args)
 	request := stepRequest{Argv: append(asFile, args...), Cwd: cwd, Env: withOwnLimits(environ()), Stdin: stdin}
 	if data, _ := json.Marshal(request); request.Stdin != nil && base64.StdEncoding.EncodedLen(len(data)) > maxFrameData {

@@ -140,6 +140,8 @@ CASES = [
     Case("srun_into_a_file",
          "f=/tmp/srun-$SLURM_JOB_ID.txt\nsrun -n 1 echo in-the-file > $f\n"
          "echo \"file: $(cat $f)\"\nrm -f $f\n"),
+    # No terminal in a batch script: srun says it disregards --pty and runs the step.
+    Case("srun_pty_without_a_terminal", "srun -n 1 --pty echo ran\necho after $?\n", stderr_file=True),
     Case("srun_stderr_redirected",
          "srun -n 1 sh -c 'echo kept; echo dropped >&2' 2>/dev/null\n"
          "srun -n 1 sh -c 'echo to-out-file >&2' 2>&1\n",

@@ -985,3 +985,31 @@ def test_a_signal_sent_the_moment_a_tasks_pid_file_appears_ends_the_task(agent: 
         if code != 128 + signal.SIGUSR1:
             lost.append((attempt, code))
     assert not lost, f"USR1 sent as the pid file appeared did not end the task: {lost}"
+
+
+def test_a_scripts_srun_pty_without_a_terminal_is_disregarded_as_natively(
+    agent: Path, tmp_path: Path
+) -> None:
+    """`srun --pty cmd` in a batch script (no terminal): native srun says it disregards --pty and
+    runs the step; the script's srun says the same and asks for the step without it."""
+    home, installed = installed_agent(agent, tmp_path)
+    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
+    proc = subprocess.Popen(
+        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c",
+         "srun --pty -l hostname"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    lines: list[bytes] = []
+    request = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(b"s "):
+                request = json.loads(base64.b64decode(line[2:]))
+                break
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert request is not None and request["argv"] == ["-l", "hostname"], request
+    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+    assert err == b"srun: error: Not using a pseudo-terminal, disregarding --pty option\n"

@@ -4,6 +4,7 @@
 package srunargs
 
 import (
+	"strconv"
 	"strings"
 )
 
@@ -266,4 +267,59 @@ func split(argv []string) ([]string, []string, *string, error) {
 		return nil, nil, nil, Error("srun: fatal: No command given to execute.")
 	}
 	return passed, command, input, nil
+}
+
+// WithoutPty is argv without its --pty options (srun's own, before the command) when the
+// terminal they name (stdin, or --pty=FD) is not one, as native srun then says on stderr and runs
+// the step without it: the words left and srun's line, or argv unchanged and "". A --pty on a
+// terminal stays (refused: no terminal for a script's step).
+func WithoutPty(argv []string, isTerminal func(fd int) bool) ([]string, string) {
+	var kept []string
+	fd, said := 0, ""
+	i := 0
+	for i < len(argv) {
+		word := argv[i]
+		i++
+		if word == "--" || !strings.HasPrefix(word, "-") || word == "-" {
+			i--
+			break
+		}
+		if strings.HasPrefix(word, "--") {
+			given, value, eq := strings.Cut(word[2:], "=")
+			name := longName(given)
+			if name == "pty" {
+				fd, said = 0, "srun: error: Not using a pseudo-terminal, disregarding --pty option\n"
+				if eq {
+					number, err := strconv.Atoi(value)
+					if err != nil || number < 0 {
+						return argv, "" // srun's own refusal, later
+					}
+					fd = number
+					said = "srun: error: Not using a pseudo-terminal, disregarding --pty=" + value + " option\n"
+				}
+				continue
+			}
+			kept = append(kept, word)
+			if takes, _ := srunTakes(name); takes == 1 && !eq && i < len(argv) {
+				kept = append(kept, argv[i])
+				i++
+			}
+			continue
+		}
+		kept = append(kept, word)
+		for j := 1; j < len(word); j++ {
+			name := srunShort[word[j]]
+			if takes, _ := srunTakes(name); takes == 1 || takes == 2 {
+				if takes == 1 && j+1 == len(word) && i < len(argv) {
+					kept = append(kept, argv[i])
+					i++
+				}
+				break
+			}
+		}
+	}
+	if said == "" || isTerminal(fd) {
+		return argv, ""
+	}
+	return append(kept, argv[i:]...), said
 }
