@@ -159,6 +159,8 @@ func srunClient(args []string) {
 	if said != "" {
 		_, _ = os.Stderr.WriteString(said)
 	}
+	// `srun --jobid=$SLURM_JOB_ID`: the step runs in this job anyway, as natively.
+	args = srunargs.WithoutOwnJobID(args, os.Getenv("SLURM_JOB_ID"))
 	stdin, asFile := srunStdin(args)
 	request := stepRequest{Argv: append(asFile, args...), Cwd: cwd, Env: withOwnLimits(environ()), Stdin: stdin}
 	if data, _ := json.Marshal(request); request.Stdin != nil && base64.StdEncoding.EncodedLen(len(data)) > maxFrameData {

@@ -987,16 +987,22 @@ def test_a_signal_sent_the_moment_a_tasks_pid_file_appears_ends_the_task(agent: 
     assert not lost, f"USR1 sent as the pid file appeared did not end the task: {lost}"
 
 
-def test_a_scripts_srun_pty_without_a_terminal_is_disregarded_as_natively(
-    agent: Path, tmp_path: Path
+@pytest.mark.parametrize(("command", "argv", "said"), [
+    ("srun --pty -l hostname", ["-l", "hostname"],
+     b"srun: error: Not using a pseudo-terminal, disregarding --pty option\n"),
+    ("srun --jobid=$SLURM_JOB_ID -l hostname", ["-l", "hostname"], b""),
+    ("srun --jobid=8 -l hostname", ["--jobid=8", "-l", "hostname"], b""),  # another job's: refused later
+])
+def test_what_native_srun_takes_as_nothing_in_a_batch_script_is_dropped(
+    agent: Path, tmp_path: Path, command: str, argv: list[str], said: bytes
 ) -> None:
     """`srun --pty cmd` in a batch script (no terminal): native srun says it disregards --pty and
-    runs the step; the script's srun says the same and asks for the step without it."""
+    runs the step; `srun --jobid=$SLURM_JOB_ID`: the step runs in that job anyway. The script's
+    srun asks for the step without them (Parsl's probe: both ended 255)."""
     home, installed = installed_agent(agent, tmp_path)
-    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
+    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7"}
     proc = subprocess.Popen(
-        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c",
-         "srun --pty -l hostname"],
+        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", command],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     lines: list[bytes] = []
     request = None
@@ -1010,6 +1016,6 @@ def test_a_scripts_srun_pty_without_a_terminal_is_disregarded_as_natively(
     finally:
         proc.kill()
         proc.communicate(timeout=30)
-    assert request is not None and request["argv"] == ["-l", "hostname"], request
+    assert request is not None and request["argv"] == argv, request
     err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
-    assert err == b"srun: error: Not using a pseudo-terminal, disregarding --pty option\n"
+    assert err == said

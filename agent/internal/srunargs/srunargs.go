@@ -269,57 +269,103 @@ func split(argv []string) ([]string, []string, *string, error) {
 	return passed, command, input, nil
 }
 
-// WithoutPty is argv without its --pty options (srun's own, before the command) when the
-// terminal they name (stdin, or --pty=FD) is not one, as native srun then says on stderr and runs
-// the step without it: the words left and srun's line, or argv unchanged and "". A --pty on a
-// terminal stays (refused: no terminal for a script's step).
-func WithoutPty(argv []string, isTerminal func(fd int) bool) ([]string, string) {
-	var kept []string
-	fd, said := 0, ""
+// longOption is one long option of srun's own, before the command: argv[first:end], its name
+// (an abbreviation resolved) and value.
+type longOption struct {
+	first, end int
+	name       string
+	value      string
+	attached   bool // --name=value
+}
+
+// longOptions are srun's own long options in argv, as srun reads them, and where the command starts.
+func longOptions(argv []string) ([]longOption, int) {
+	var found []longOption
 	i := 0
 	for i < len(argv) {
 		word := argv[i]
-		i++
 		if word == "--" || !strings.HasPrefix(word, "-") || word == "-" {
-			i--
 			break
 		}
+		i++
 		if strings.HasPrefix(word, "--") {
 			given, value, eq := strings.Cut(word[2:], "=")
-			name := longName(given)
-			if name == "pty" {
-				fd, said = 0, "srun: error: Not using a pseudo-terminal, disregarding --pty option\n"
-				if eq {
-					number, err := strconv.Atoi(value)
-					if err != nil || number < 0 {
-						return argv, "" // srun's own refusal, later
-					}
-					fd = number
-					said = "srun: error: Not using a pseudo-terminal, disregarding --pty=" + value + " option\n"
-				}
-				continue
-			}
-			kept = append(kept, word)
-			if takes, _ := srunTakes(name); takes == 1 && !eq && i < len(argv) {
-				kept = append(kept, argv[i])
+			option := longOption{first: i - 1, name: longName(given), value: value, attached: eq}
+			if takes, _ := srunTakes(option.name); takes == 1 && !eq && i < len(argv) {
+				option.value = argv[i]
 				i++
 			}
+			option.end = i
+			found = append(found, option)
 			continue
 		}
-		kept = append(kept, word)
 		for j := 1; j < len(word); j++ {
-			name := srunShort[word[j]]
-			if takes, _ := srunTakes(name); takes == 1 || takes == 2 {
+			if takes, _ := srunTakes(srunShort[word[j]]); takes == 1 || takes == 2 {
 				if takes == 1 && j+1 == len(word) && i < len(argv) {
-					kept = append(kept, argv[i])
 					i++
 				}
 				break
 			}
 		}
 	}
-	if said == "" || isTerminal(fd) {
+	return found, i
+}
+
+// without is argv less the words of `dropped`.
+func without(argv []string, dropped []longOption) []string {
+	out := make([]string, 0, len(argv))
+	next := 0
+	for _, option := range dropped {
+		out = append(out, argv[next:option.first]...)
+		next = option.end
+	}
+	return append(out, argv[next:]...)
+}
+
+// WithoutPty is argv without its --pty options (srun's own, before the command) when the
+// terminal they name (stdin, or --pty=FD) is not one, as native srun then says on stderr and runs
+// the step without it: the words left and srun's line, or argv unchanged and "". A --pty on a
+// terminal stays (refused: no terminal for a script's step).
+func WithoutPty(argv []string, isTerminal func(fd int) bool) ([]string, string) {
+	options, _ := longOptions(argv)
+	var ptys []longOption
+	for _, option := range options {
+		if option.name == "pty" {
+			ptys = append(ptys, option)
+		}
+	}
+	if len(ptys) == 0 {
 		return argv, ""
 	}
-	return append(kept, argv[i:]...), said
+	last, fd, shown := ptys[len(ptys)-1], 0, ""
+	if last.attached {
+		number, err := strconv.Atoi(last.value)
+		if err != nil || number < 0 {
+			return argv, "" // srun's own refusal, later
+		}
+		fd, shown = number, "="+last.value
+	}
+	if isTerminal(fd) {
+		return argv, ""
+	}
+	return without(argv, ptys), "srun: error: Not using a pseudo-terminal, disregarding --pty" + shown + " option\n"
+}
+
+// WithoutOwnJobID is argv without its --jobid options that name jobID, the job the step runs in
+// anyway (native srun takes them inside a job as nothing more); another job's stays (refused).
+func WithoutOwnJobID(argv []string, jobID string) []string {
+	options, _ := longOptions(argv)
+	var own []longOption
+	for _, option := range options {
+		if option.name == "jobid" {
+			if option.value != jobID || jobID == "" {
+				return argv
+			}
+			own = append(own, option)
+		}
+	}
+	if len(own) == 0 {
+		return argv
+	}
+	return without(argv, own)
 }

@@ -32,3 +32,21 @@ func TestAPtyWithoutATerminalIsDisregardedAsNatively(t *testing.T) {
 		t.Errorf("a --pty on a terminal stays: %q, %q", got, said)
 	}
 }
+
+func TestTheOwnJobsJobIDIsDroppedAnothersStays(t *testing.T) {
+	cases := []struct{ argv, want []string }{
+		{[]string{"--jobid=42", "-l", "hostname"}, []string{"-l", "hostname"}},
+		{[]string{"-n", "1", "--jobid", "42", "true"}, []string{"-n", "1", "true"}},
+		{[]string{"--jobid=42", "--jobid=7", "true"}, []string{"--jobid=42", "--jobid=7", "true"}},
+		{[]string{"--jobid=7", "true"}, []string{"--jobid=7", "true"}},
+		{[]string{"true", "--jobid=42"}, []string{"true", "--jobid=42"}},
+	}
+	for _, c := range cases {
+		if got := WithoutOwnJobID(c.argv, "42"); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("WithoutOwnJobID(%q) = %q; want %q", c.argv, got, c.want)
+		}
+	}
+	if got := WithoutOwnJobID([]string{"--jobid=", "true"}, ""); len(got) != 2 {
+		t.Errorf("no job id known: %q", got)
+	}
+}
