@@ -623,6 +623,31 @@ def installed_agent(agent: Path, tmp_path: Path) -> tuple[Path, Path]:
     return home, installed
 
 
+def _start_script(installed: Path, home: Path, script: str, extra_env: dict[str, str] | None = None,
+                  ) -> subprocess.Popen[bytes]:
+    """The installed agent running `script` as a batch script (sh -c), its frames on stdout."""
+    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin", **(extra_env or {})}
+    return subprocess.Popen(
+        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+
+
+def _finish(proc: subprocess.Popen[bytes], relay: subprocess.Popen[bytes] | None) -> None:
+    """The agent and a step-output relay ended, whatever the test saw."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=30)
+    if relay is not None:
+        relay.wait(timeout=30)
+
+
+def _script_output(lines: list[bytes]) -> tuple[bytes, bytes]:
+    """The script's stdout and stderr, from the agent's "o" and "e" frames."""
+    out = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"o "))
+    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+    return out, err
+
+
 def output_frame(fd: int, data: bytes) -> bytes:
     return bytes([fd]) + len(data).to_bytes(4, "big") + data
 
@@ -640,10 +665,7 @@ def test_srun_output_relayed_into_the_pod_goes_where_the_scripts_srun_writes(
         "2": [output_frame(1, b"inner"), output_frame(2, b"srun: warning\n"), output_frame(0, b"3")],
         "3": [output_frame(2, b"e\n"), output_frame(0, b"0")],
     }
-    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
-    proc = subprocess.Popen(
-        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = _start_script(installed, home, script)
     lines: list[bytes] = []
     try:
         assert proc.stdout is not None
@@ -660,8 +682,7 @@ def test_srun_output_relayed_into_the_pod_goes_where_the_scripts_srun_writes(
             proc.kill()
         proc.communicate(timeout=30)
 
-    out = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"o "))
-    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+    out, err = _script_output(lines)
     assert out == b"KREAL1\npiped rc=0\ngot [inner] rc=3\nquiet rc=0\n"
     assert err == b"srun: warning\n"
 
@@ -718,10 +739,7 @@ def test_a_signal_to_the_scripts_srun_goes_to_slurms_srun_which_decides_the_end(
     step does, with its exit code."""
     home, installed = installed_agent(agent, tmp_path)
     script = 'srun sleep 100 & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; echo "srun said $?"'
-    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
-    proc = subprocess.Popen(
-        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = _start_script(installed, home, script)
     relay: subprocess.Popen[bytes] | None = None
     signals = []
     lines: list[bytes] = []
@@ -740,14 +758,9 @@ def test_a_signal_to_the_scripts_srun_goes_to_slurms_srun_which_decides_the_end(
                                   + output_frame(0, b"137"))
                 relay.stdin.close()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
-        if relay is not None:
-            relay.wait(timeout=30)
+        _finish(proc, relay)
 
-    out = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"o "))
-    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+    out, err = _script_output(lines)
     assert signals == [{"key": "1", "signal": int(signal.SIGTERM)}]
     assert out == b"srun said 137\n"
     assert err == b"srun: forcing job termination\n"
@@ -773,10 +786,7 @@ def _stop_the_job_once_srun_asked(installed: Path, home: Path, script: str, rela
     kubelet's TERM (the job is being stopped). relay_says: what Slurm's srun of the step says then
     (its relay, started before the stop), or None: the step never started. The agent's exit code
     (None: still running 20 s later), and the script's stdout and stderr."""
-    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin", "SLURM_K8S_BRIDGE_STOP_GRACE": "120"}
-    proc = subprocess.Popen(
-        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", script],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = _start_script(installed, home, script, {"SLURM_K8S_BRIDGE_STOP_GRACE": "120"})
     relay: subprocess.Popen[bytes] | None = None
     lines: list[bytes] = []
     code: int | None = None
@@ -803,13 +813,8 @@ def _stop_the_job_once_srun_asked(installed: Path, home: Path, script: str, rela
         except subprocess.TimeoutExpired:
             pass
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
-        if relay is not None:
-            relay.wait(timeout=30)
-    out = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"o "))
-    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
+        _finish(proc, relay)
+    out, err = _script_output(lines)
     return code, out, err
 
 
@@ -1000,10 +1005,7 @@ def test_what_native_srun_takes_as_nothing_in_a_batch_script_is_dropped(
     runs the step; `srun --jobid=$SLURM_JOB_ID`: the step runs in that job anyway. The script's
     srun asks for the step without them (Parsl's probe: both ended 255)."""
     home, installed = installed_agent(agent, tmp_path)
-    env = {**os.environ, "PATH": f"{home / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7"}
-    proc = subprocess.Popen(
-        [str(installed), "run", str(home / "script.pid"), "split", "--", "/bin/sh", "-c", command],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = _start_script(installed, home, command, {"SLURM_JOB_ID": "7"})
     lines: list[bytes] = []
     request = None
     try:
