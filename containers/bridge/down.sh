@@ -6,7 +6,7 @@ set -euo pipefail
 . "$(dirname "$0")/common.sh"
 . "$SBX_REPO/containers/helm/common.sh"   # HELM, hc
 # job_submit_bridge.conf stays: bridged partitions stay bridged while the daemon is down (their
-# jobs are still rewritten and wait), and job_submit.lua refuses every job without it.
+# jobs are still checked and wait), and job_submit.lua refuses every job without it.
 stop_bg bridge 15
 if [ -f "$ADMIN_KUBECONFIG" ]; then
   deployed=0
