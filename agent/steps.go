@@ -155,7 +155,7 @@ func srunClient(args []string) {
 	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
 	cwd, _ := os.Getwd()
 	// A batch script's `srun --pty` has no terminal: native srun says so and runs the step without.
-	args, said := srunargs.WithoutPty(args, isTerminal)
+	args, said := srunargs.WithoutPty(args, windowSize)
 	if said != "" {
 		_, _ = os.Stderr.WriteString(said)
 	}

@@ -93,6 +93,16 @@ func setWindowSize(fd int, size string) {
 		uintptr(unsafe.Pointer(&window)))
 }
 
+// windowSize is srun's TIOCGWINSZ on fd: nil on a terminal.
+func windowSize(fd int) error {
+	var window [4]uint16
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCGWINSZ,
+		uintptr(unsafe.Pointer(&window))); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
 func isTerminal(fd int) bool {
 	var termios syscall.Termios
 	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TCGETS,

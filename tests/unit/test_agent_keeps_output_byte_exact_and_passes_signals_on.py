@@ -994,6 +994,7 @@ def test_a_signal_sent_the_moment_a_tasks_pid_file_appears_ends_the_task(agent: 
 
 @pytest.mark.parametrize(("command", "argv", "said"), [
     ("srun --pty -l hostname", ["-l", "hostname"],
+     b"srun: error: ioctl(TIOCGWINSZ): Inappropriate ioctl for device\n"
      b"srun: error: Not using a pseudo-terminal, disregarding --pty option\n"),
     ("srun --jobid=$SLURM_JOB_ID -l hostname", ["-l", "hostname"], b""),
     ("srun --jobid=8 -l hostname", ["--jobid=8", "-l", "hostname"], b""),  # another job's: refused later

@@ -323,10 +323,10 @@ func without(argv []string, dropped []longOption) []string {
 }
 
 // WithoutPty is argv without its --pty options (srun's own, before the command) when the
-// terminal they name (stdin, or --pty=FD) is not one, as native srun then says on stderr and runs
-// the step without it: the words left and srun's line, or argv unchanged and "". A --pty on a
-// terminal stays (refused: no terminal for a script's step).
-func WithoutPty(argv []string, isTerminal func(fd int) bool) ([]string, string) {
+// terminal they name (stdin, or --pty=FD) is not one (windowSize, srun's TIOCGWINSZ, fails), as
+// native srun then says on stderr and runs the step without it: the words left and srun's lines,
+// or argv unchanged and "". A --pty on a terminal stays (refused: no terminal for a script's step).
+func WithoutPty(argv []string, windowSize func(fd int) error) ([]string, string) {
 	options, _ := longOptions(argv)
 	var ptys []longOption
 	for _, option := range options {
@@ -345,10 +345,17 @@ func WithoutPty(argv []string, isTerminal func(fd int) bool) ([]string, string) 
 		}
 		fd, shown = number, "="+last.value
 	}
-	if isTerminal(fd) {
+	err := windowSize(fd)
+	if err == nil {
 		return argv, ""
 	}
-	return without(argv, ptys), "srun: error: Not using a pseudo-terminal, disregarding --pty" + shown + " option\n"
+	// As srun's error("...: %m"): strerror's wording, capitalised.
+	reason := err.Error()
+	if reason != "" {
+		reason = strings.ToUpper(reason[:1]) + reason[1:]
+	}
+	return without(argv, ptys), "srun: error: ioctl(TIOCGWINSZ): " + reason + "\n" +
+		"srun: error: Not using a pseudo-terminal, disregarding --pty" + shown + " option\n"
 }
 
 // WithoutOwnJobID is argv without its --jobid options that name jobID, the job the step runs in

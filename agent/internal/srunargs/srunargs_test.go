@@ -2,22 +2,24 @@ package srunargs
 
 import (
 	"reflect"
+	"syscall"
 	"testing"
 )
 
 func TestAPtyWithoutATerminalIsDisregardedAsNatively(t *testing.T) {
-	noTerminal := func(int) bool { return false }
+	noTerminal := func(int) error { return syscall.ENOTTY }
+	const notATTY = "srun: error: ioctl(TIOCGWINSZ): Inappropriate ioctl for device\n"
 	cases := []struct {
 		argv, want []string
 		said       string
 	}{
 		{[]string{"--pty", "bash", "-c", "true"}, []string{"bash", "-c", "true"},
-			"srun: error: Not using a pseudo-terminal, disregarding --pty option\n"},
+			notATTY + "srun: error: Not using a pseudo-terminal, disregarding --pty option\n"},
 		{[]string{"-n", "2", "--pt", "-l", "--cpu-bind", "none", "echo", "--pty"},
 			[]string{"-n", "2", "-l", "--cpu-bind", "none", "echo", "--pty"},
-			"srun: error: Not using a pseudo-terminal, disregarding --pty option\n"},
+			notATTY + "srun: error: Not using a pseudo-terminal, disregarding --pty option\n"},
 		{[]string{"--pty=5", "-N1", "hostname"}, []string{"-N1", "hostname"},
-			"srun: error: Not using a pseudo-terminal, disregarding --pty=5 option\n"},
+			notATTY + "srun: error: Not using a pseudo-terminal, disregarding --pty=5 option\n"},
 		{[]string{"-l", "--", "--pty", "x"}, []string{"-l", "--", "--pty", "x"}, ""}, // the command's
 		{[]string{"--pty=x", "true"}, []string{"--pty=x", "true"}, ""},               // srun refuses it
 	}
@@ -27,7 +29,12 @@ func TestAPtyWithoutATerminalIsDisregardedAsNatively(t *testing.T) {
 			t.Errorf("WithoutPty(%q) = %q, %q; want %q, %q", c.argv, got, said, c.want, c.said)
 		}
 	}
-	onTerminal := func(fd int) bool { return fd == 0 }
+	onTerminal := func(fd int) error {
+		if fd == 0 {
+			return nil
+		}
+		return syscall.ENOTTY
+	}
 	if got, said := WithoutPty([]string{"--pty", "bash"}, onTerminal); said != "" || len(got) != 2 {
 		t.Errorf("a --pty on a terminal stays: %q, %q", got, said)
 	}
