@@ -336,9 +336,8 @@ func stepStartedBySlurm(wait time.Duration) bool {
 func stoppingPath(dir string) string { return filepath.Join(dir, "stopping") }
 
 // markJobStopping records, for the script's sruns, that the job is being stopped (the agent got
-// the daemon's or the kubelet's TERM).
-// The directory is the job's user's: a FIFO planted there must not block the stop, nor a link
-// lead elsewhere.
+// the daemon's or the kubelet's TERM). The directory is the job's user's: a FIFO planted there
+// must not block the stop, nor a link lead elsewhere.
 func markJobStopping(dir string) {
 	fd, err := syscall.Open(stoppingPath(dir), syscall.O_CREAT|syscall.O_WRONLY|syscall.O_NOFOLLOW|
 		syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o644)

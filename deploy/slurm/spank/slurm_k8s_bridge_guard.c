@@ -87,7 +87,7 @@ static void remove_step_usage(pid_t stepd);
 static int wrap_batch_script(const char *path, const char *waiter);
 /* A user's step of a bridged job: its tasks exec the waiter's `step` proxy (slurm_spank_task_init). */
 static int user_step_of_bridged_job;
-static char waiter_command[4096];
+static char user_step_command[4096];
 #define MAX_COMMAND_WORDS 32
 
 struct settings {
@@ -432,39 +432,35 @@ static int forbid_further_execs(void)
 	return 0;
 }
 
-/* In the task, instead of the user's program: the waiter's command, then `extra` (NULL-ended: none
- * for the batch step, `step --` for a user's step), then the program's argv (the batch script's
- * path and arguments, or the step's command), with the (held) environment. Only returns on
- * failure. */
-static int exec_waiter(spank_t sp, const char *const *extra)
+/* In a user step's task, instead of the user's program: the waiter's command, `step`, `--`, then
+ * the program's argv, with the step's (held) environment. Only returns on failure. */
+static int exec_user_step_proxy(spank_t sp)
 {
 	char *words[MAX_COMMAND_WORDS + 2] = {NULL};
 	char command[4096];
 	char *save = NULL, **argv = NULL, **env = NULL, **proxy;
-	int argc = 0, count = 0, extras = 0;
+	int argc = 0, count = 0;
 
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || !argv ||
 	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env)
 		return -1;
-	while (extra[extras])
-		extras++;
-	snprintf(command, sizeof(command), "%s", waiter_command);
+	snprintf(command, sizeof(command), "%s", user_step_command);
 	for (char *part = strtok_r(command, " ", &save); part && count < MAX_COMMAND_WORDS;
 	     part = strtok_r(NULL, " ", &save))
 		words[count++] = part;
 	if (count == 0 || words[0][0] != '/')
 		return -1;
-	proxy = calloc((size_t) count + (size_t) extras + (size_t) argc + 1, sizeof(char *));
+	proxy = calloc((size_t) count + 2 + (size_t) argc + 1, sizeof(char *));
 	if (!proxy)
 		return -1;
 	for (int i = 0; i < count; i++)
 		proxy[i] = words[i];
-	for (int i = 0; i < extras; i++)
-		proxy[count + i] = (char *) extra[i];
+	proxy[count] = "step";
+	proxy[count + 1] = "--";
 	for (int i = 0; i < argc; i++)
-		proxy[count + extras + i] = argv[i];
+		proxy[count + 2 + i] = argv[i];
 	execve(proxy[0], proxy, env);
-	slurm_error("slurm-k8s-bridge: cannot start the bridge's waiter %s: %m", proxy[0]);
+	slurm_error("slurm-k8s-bridge: cannot start the user-step proxy %s: %m", proxy[0]);
 	free(proxy);
 	return -1;
 }
@@ -516,7 +512,7 @@ static int guard_step(spank_t sp, const char *where)
 		/* Hold the environment and the early signals, as for the waiter: it is what starts. */
 		batch_of_bridged_job = 1;
 		user_step_of_bridged_job = 1;
-		snprintf(waiter_command, sizeof(waiter_command), "%s", settings->attach_command);
+		snprintf(user_step_command, sizeof(user_step_command), "%s", settings->attach_command);
 		rc = 0;
 	}
 	free(settings);
@@ -717,10 +713,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		return 0;
 	hold_early_signals(); /* again: a slurmstepd that skipped the privileged hook */
 	/* Before the task prologs, which slurmstepd runs after this hook: they never run either. */
-	if (user_step_of_bridged_job) {
-		static const char *const step_words[] = {"step", "--", NULL};
-		return exec_waiter(sp, step_words);
-	}
+	if (user_step_of_bridged_job)
+		return exec_user_step_proxy(sp);
 	return 0;
 }
 
