@@ -13,9 +13,11 @@ each kind per partition, at once."""
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import pwd
 import time
+from collections import Counter
 from pathlib import Path
 
 from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
@@ -91,13 +93,26 @@ def test_a_requeue_from_the_script_or_a_task_stops_both_as_natively(bridge: Sand
     for kind in scripts:
         # Natively, now and then, the requeue's kill takes the script's srun before its task's trap
         # has spoken, and slurmctld records the step COMPLETED 0:0 (2 of 16 native jobs in two
-        # runs): the bridge is held to native's whole runs, which agree.
+        # runs): the bridge is held to native's whole runs.
         native = seen["native", kind]
         whole = [case for case in native if "task got TERM" in case[1]]
         assert whole, (f"no native {kind} job ran its task's trap", native)
-        assert all(case == whole[0] for case in whole), (kind, whole)
-        rows, lines = whole[0]
-        assert "J.0|FAILED|3:0" in rows and "J.batch|CANCELLED|0:15" in rows, (kind, rows)
-        assert not any(line.startswith("srun said") for line in lines), lines
+        for rows, lines in whole:
+            assert "J.0|FAILED|3:0" in rows and "J.batch|CANCELLED|0:15" in rows, (kind, rows)
+            assert not any(line.startswith("srun said") for line in lines), lines
         for case in seen["k8s", kind]:
-            assert case == whole[0], (kind, case, whole[0])
+            assert _within(case, whole), (kind, case, whole)
+
+
+def _within(case: tuple[list[str], list[str]], natives: list[tuple[list[str], list[str]]]) -> bool:
+    """Whether a bridged run's rows and lines are native's: what every native run had, and nothing
+    no native run had. Native's whole runs nearly always agree, and then this is equality; under
+    load one of srun's own lines now and then comes or goes natively (a CI run's three native jobs
+    disagreed), and the bridge is held to the span of what native did. Counted: a line twice is not
+    the line once."""
+    for part in (0, 1):
+        counts = [Counter(native[part]) for native in natives]
+        every, any_ = functools.reduce(operator.and_, counts), functools.reduce(operator.or_, counts)
+        if not every <= Counter(case[part]) <= any_:
+            return False
+    return True
