@@ -6,11 +6,14 @@ Everything here talks to the real daemons started by `make sandbox-up`.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
+import operator
 import os
 import re
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -71,6 +74,20 @@ def cancelled_lines_alike(text: str) -> list[str]:
     natively too."""
     text = SRUN_TASK_NODE.sub("srun: error: <node>: task", STEPD_CANCEL_LINE.sub(r"<\1 cancelled \2>", text))
     return sorted(text.splitlines())
+
+
+def within_natives_span(case: Sequence[list[str]], natives: Sequence[Sequence[list[str]]]) -> bool:
+    """Whether each part of a bridged run (its sacct rows, its lines, ...) is native's: all that every
+    native run had, and nothing that no native run had. Native's runs of one job nearly always agree,
+    and then this is equality; under load one of srun's own lines now and then comes or goes
+    natively (a CI run's three native jobs disagreed), and the bridge is held to the span of what
+    native did. Counted: a line twice is not the line once."""
+    for part in range(len(case)):
+        counts = [Counter(native[part]) for native in natives]
+        every, any_ = functools.reduce(operator.and_, counts), functools.reduce(operator.or_, counts)
+        if not every <= Counter(case[part]) <= any_:
+            return False
+    return True
 
 
 def at_once(variants: Mapping[str, Callable[[], T]]) -> dict[str, T]:

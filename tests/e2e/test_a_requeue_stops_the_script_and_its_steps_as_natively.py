@@ -13,14 +13,19 @@ each kind per partition, at once."""
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import pwd
 import time
-from collections import Counter
 from pathlib import Path
 
-from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
+from tests.e2e.sandbox import (
+    Sandbox,
+    at_once,
+    cancelled_lines_alike,
+    wait_until,
+    within_natives_span,
+    write_script,
+)
 
 # Alone: compared with native Slurm's own signal races, which other tests' load makes vary
 # (in a CI run beside others, native's runs of the same job disagreed).
@@ -101,18 +106,5 @@ def test_a_requeue_from_the_script_or_a_task_stops_both_as_natively(bridge: Sand
             assert "J.0|FAILED|3:0" in rows and "J.batch|CANCELLED|0:15" in rows, (kind, rows)
             assert not any(line.startswith("srun said") for line in lines), lines
         for case in seen["k8s", kind]:
-            assert _within(case, whole), (kind, case, whole)
+            assert within_natives_span(case, whole), (kind, case, whole)
 
-
-def _within(case: tuple[list[str], list[str]], natives: list[tuple[list[str], list[str]]]) -> bool:
-    """Whether a bridged run's rows and lines are native's: what every native run had, and nothing
-    no native run had. Native's whole runs nearly always agree, and then this is equality; under
-    load one of srun's own lines now and then comes or goes natively (a CI run's three native jobs
-    disagreed), and the bridge is held to the span of what native did. Counted: a line twice is not
-    the line once."""
-    for part in (0, 1):
-        counts = [Counter(native[part]) for native in natives]
-        every, any_ = functools.reduce(operator.and_, counts), functools.reduce(operator.or_, counts)
-        if not every <= Counter(case[part]) <= any_:
-            return False
-    return True

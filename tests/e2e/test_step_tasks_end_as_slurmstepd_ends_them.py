@@ -15,7 +15,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.sandbox import Sandbox, at_once, cancelled_lines_alike, wait_until, write_script
+from tests.e2e.sandbox import (
+    Sandbox,
+    at_once,
+    cancelled_lines_alike,
+    wait_until,
+    within_natives_span,
+    write_script,
+)
 
 # Alone: compared with native Slurm's own signal races, which other tests' load makes vary
 # (in a CI run beside others, native's runs of the same job disagreed).
@@ -86,7 +93,6 @@ def test_scancel_gives_a_steps_task_its_term_and_kill_wait_as_natively(bridge: S
             rows = wait_until(f"{partition} job {job_id} over", settled, timeout=120, interval=1.5)
             seen[partition, job_id] = (rows, cancelled_lines_alike(output()))
     native = [seen["native", job_id] for job_id in jobs["native"]]
-    assert all(case == native[0] for case in native), native
-    assert "task got TERM" in native[0][1], native[0]
+    assert all("task got TERM" in case[1] for case in native), native
     for job_id in jobs["k8s"]:
-        assert seen["k8s", job_id] == native[0], (job_id, seen["k8s", job_id], native[0])
+        assert within_natives_span(seen["k8s", job_id], native), (job_id, seen["k8s", job_id], native)
