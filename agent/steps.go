@@ -152,6 +152,12 @@ func ask(dir, name string, request stepRequest) string {
 // srunClient is `srun ARGS...` inside the pod: it waits for Slurm to run the step and exits
 // with srun's exit code.
 func srunClient(args []string) {
+	// `srun --version` (MPI launchers and tools ask it), --help, --usage: Slurm's srun on the slurmd
+	// host prints them, through the door of Slurm's commands; no step.
+	if info := srunargs.Info(args); info != "" {
+		commandClient("srun", []string{info})
+		return
+	}
 	dir := filepath.Dir(mustExecutable()) // the symlink resolved: the agent's own directory
 	cwd, _ := os.Getwd()
 	// A batch script's `srun --pty` has no terminal: native srun says so and runs the step without.

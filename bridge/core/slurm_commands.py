@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 NO, ARG, OPT = 0, 1, 2
 """An option takes no value, a value (`--x=v` or `--x v`, `-xv` or `-x v`), or one only as `--x=v`."""
 
-COMMANDS = ("scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo")
+COMMANDS = ("scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "srun")
+"""srun only for its help, usage and version (the pod's srun asks so: its steps come another way)."""
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 """Where the waiter looks for Slurm's binaries, by absolute path (never the job's PATH)."""
 MAX_ARGS = 256
@@ -51,6 +52,7 @@ _SHORT: dict[str, dict[str, int]] = {
                 "Q": NO, "q": ARG, "R": ARG, "s": ARG, "t": ARG, "u": ARG, "V": NO, "v": NO, "w": ARG},
     "scontrol": {"a": NO, "d": NO, "F": NO, "h": NO, "M": ARG, "o": NO, "Q": NO, "u": ARG, "v": NO,
                  "V": NO},
+    "srun": {"h": NO, "V": NO},
     "sbatch": {"a": ARG, "A": ARG, "b": ARG, "B": ARG, "c": ARG, "C": ARG, "d": ARG, "D": ARG, "e": ARG,
                "F": ARG, "G": ARG, "H": NO, "h": NO, "i": ARG, "J": ARG, "k": NO, "L": ARG, "M": ARG,
                "m": ARG, "n": ARG, "N": ARG, "o": ARG, "O": NO, "p": ARG, "q": ARG, "Q": NO, "s": NO,
@@ -92,6 +94,7 @@ _LONG: dict[str, dict[str, int]] = {
     "scontrol": {"all": NO, "details": NO, "federation": NO, "future": NO, "hide": NO, "json": OPT,
                  "local": NO, "cluster": ARG, "clusters": ARG, "oneliner": NO, "quiet": NO,
                  "sibling": NO, "uid": ARG, "verbose": NO, "yaml": OPT, **_HELP},
+    "srun": dict(_HELP),
     "sbatch": {"array": ARG, "account": ARG, "bb": ARG, "bbf": ARG, "begin": ARG, "comment": ARG,
                "cpu-freq": ARG, "cpus-per-task": ARG, "dependency": ARG, "deadline": ARG,
                "delay-boot": ARG, "chdir": ARG, "error": ARG, "export": OPT, "export-file": ARG,
@@ -146,8 +149,8 @@ SCONTROL_HOST_VERBS = frozenset({"listpids", "listjobs", "liststeps", "pidinfo",
 """scontrol commands about (or writing files on) the host scontrol runs on: the slurmd host here."""
 
 
-_INFO_ONLY = {c: frozenset({"help", "h", "usage", "version", "V"}) for c in ("sbatch", "scontrol")}
-"""Options with which sbatch and scontrol only print their help or version."""
+_INFO_ONLY = {c: frozenset({"help", "h", "usage", "version", "V"}) for c in ("sbatch", "scontrol", "srun")}
+"""Options with which sbatch, scontrol and srun only print their help or version."""
 
 
 _PLUGIN_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,+_-")
@@ -298,6 +301,8 @@ def prepare(command: str, argv: list[str], cwd: str, files: Mapping[str, bytes] 
     options, positionals = parse(command, argv)
     if {name for name, _ in options} & _INFO_ONLY.get(command, frozenset()):
         return Prepared(command, canonical(options), None, None)  # needs no script, nor command
+    if command == "srun":
+        raise Refused("srun: error: only srun's help, usage and version are asked this way")
     if command == "scontrol":
         return Prepared(command, canonical(options) + _scontrol_words(positionals), None, None)
     if command == "sbatch":

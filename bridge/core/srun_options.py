@@ -36,6 +36,10 @@ PASSED = {
     # Native srun takes these too (Parsl's SrunLauncher and sites' wrappers use some): the old
     # spellings of two options, the step's RPC timeout and fan-out, tasks per GPU-like resource.
     "cpu_bind": 1, "tasks-per-node": 1, "msg-timeout": 1, "treewidth": 1, "ntasks-per-tres": 1,
+    # Inside an allocation Slurm's srun takes these as natively: the binding of GPU-like resources
+    # to tasks; a job's extra field, preferred features and test-only, which a step ignores or
+    # answers as natively.
+    "accel-bind": 1, "extra": 1, "prefer": 1, "test-only": 0,
 }
 HONOURED = {"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
 _ON_HOST = "it would run a program on the slurmd host, outside the job's pods"
@@ -66,11 +70,18 @@ REFUSED = {
     "begin": "it places a job, and a step of a bridged job runs in its allocation",
     "dependency": "it places a job, and a step of a bridged job runs in its allocation",
     "hold": "it places a job, and a step of a bridged job runs in its allocation",
+    "pack-group": "heterogeneous steps are not available in a bridged job",
+    "nodefile": "it would read the file on the slurmd host; name the nodes with --nodelist",
+    "context": "slurmstepd would set the SELinux context of the slurmd host's proxies, not the pods' tasks",
+    "mem-update": "slurmstepd would watch the slurmd host's memory, not the pods'",
+    "interactive": "it is salloc's interactive step (srun --pty from a login host runs one)",
+    "debugger-test": "it is for Slurm's parallel debugger tests",
+    "autocomplete": "it is for a shell's completion on a login host",
 }
 # Options srun takes only for allocations that no step of a running job can use.
 for _name in ("deadline", "delay-boot", "licenses", "clusters", "mail-type", "mail-user", "mcs-label",
-              "nice", "priority", "power", "reboot", "tmp", "core-spec", "thread-spec", "switches",
-              "cluster-constraint", "uid", "gid", "get-user-env"):
+              "nice", "priority", "reboot", "tmp", "core-spec", "thread-spec", "switches",
+              "cluster-constraint", "cluster", "consolidate-segments", "segment", "stepmgr", "resources"):
     REFUSED[_name] = "it places a job, and a step of a bridged job runs in its allocation"
 SHORT = {
     "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "w": "nodelist", "x": "exclude", "J": "job-name",
@@ -79,12 +90,43 @@ SHORT = {
     "K": "kill-on-bad-exit", "u": "unbuffered", "Q": "quiet", "v": "verbose", "X": "disable-status",
     "O": "overcommit", "s": "oversubscribe", "k": "no-kill", "I": "immediate", "E": "preserve-env",
     "o": "output", "e": "error", "i": "input", "D": "chdir", "Z": "no-allocate", "b": "begin",
-    "d": "dependency", "H": "hold", "L": "licenses", "M": "clusters", "S": "core-spec",
+    "d": "dependency", "H": "hold", "L": "licenses", "M": "clusters", "S": "core-spec", "F": "nodefile",
+    "h": "help", "V": "version",
 }
+INFO = {"help": 0, "usage": 0, "version": 0}
+"""Options with which srun only prints its help, usage or version and exits 0: the pod's srun has
+Slurm's srun on the slurmd host print them (through the Slurm commands' door, slurm_commands.py)."""
 _REFUSED_TAKES = {"no-allocate": 0, "async": 0, "parsable": 0, "spread-segments": 0, "hold": 0, "reboot": 0,
-                  "x11": 2, "pty": 2, "get-user-env": 2, "send-libs": 2, "compress": 2, "bcast": 2,
-                  "nice": 2}
-_TAKES = {**PASSED, **HONOURED, **{name: _REFUSED_TAKES.get(name, 1) for name in REFUSED}}
+                  "x11": 2, "pty": 2, "send-libs": 2, "compress": 2, "bcast": 2,
+                  "nice": 2, "interactive": 0, "debugger-test": 0, "consolidate-segments": 0, "stepmgr": 0}
+_TAKES = {**PASSED, **HONOURED, **INFO, **{name: _REFUSED_TAKES.get(name, 1) for name in REFUSED}}
+GETOPT_ORDER = (
+    "accel-bind", "account", "acctg-freq", "async", "autocomplete", "bcast", "bcast-exclude", "begin", "bb",
+    "bbf", "cluster-constraint", "chdir", "cluster", "clusters", "comment", "compress",
+    "consolidate-segments", "container", "container-id", "container-type", "context", "contiguous",
+    "constraint", "core-spec", "cores-per-socket", "cpu-bind", "cpu_bind", "cpu-freq", "cpus-per-gpu",
+    "cpus-per-task", "deadline", "debugger-test", "delay-boot", "dependency", "disable-status",
+    "distribution", "epilog", "error", "exact", "exclude", "exclusive", "export", "external-launcher",
+    "extra", "extra-node-info", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket",
+    "gpus-per-task", "gres", "gres-flags", "help", "het-group", "hint", "hold", "ignore-signals",
+    "immediate", "input", "interactive", "jobid", "job-name", "kill-on-bad-exit", "label", "licenses",
+    "mail-type", "mail-user", "threads", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu",
+    "mem-update", "mincpus", "mpi", "msg-timeout", "multi-prog", "network", "nice", "no-allocate",
+    "no-kill", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu",
+    "ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres", "oom-kill-step", "open-mode", "output",
+    "overcommit", "overlap", "oversubscribe", "pack-group", "parsable", "partition", "prefer",
+    "preserve-env", "priority", "profile", "prolog", "propagate", "pty", "qos", "quiet",
+    "quit-on-interrupt", "reboot", "relative", "resources", "reservation", "resv-ports", "segment",
+    "send-libs", "signal", "slurmd-debug", "sockets-per-node", "spread-job", "spread-segments", "stepmgr",
+    "switches", "task-epilog", "task-prolog", "tasks-per-node", "test-only", "thread-spec",
+    "threads-per-core", "time", "time-min", "tmp", "treewidth", "tres-bind", "tres-per-task", "unbuffered",
+    "use-min-nodes", "verbose", "version", "usage", "wait", "wait-for-children", "wckey", "whole", "x11",
+)
+"""Every long option Slurm 26.05's srun knows (src/common/slurm_opt.c), in its getopt table's order:
+an abbreviation is resolved against all of them, and an ambiguous one names them in this order."""
+SAME_OPTION = {"cpu_bind": "cpu-bind", "tasks-per-node": "ntasks-per-node", "pack-group": "het-group"}
+"""Spellings getopt_long does not count apart when an abbreviation matches both (one option)."""
+TRY_HELP = "Try \"srun --help\" for more information"
 OPEN_MODES = ("append", "truncate")
 
 
@@ -105,13 +147,23 @@ class SrunArgs:
         self.command: list[str] = []
 
 
-def _long_name(word: str) -> str:
-    """The option a `--word` names: itself, or the one option it is a prefix of (as getopt_long
-    reads abbreviations); a word that names none or several is returned unchanged (refused)."""
-    if word in _TAKES:
-        return word
-    matches = [name for name in _TAKES if name.startswith(word)]
-    return matches[0] if len(matches) == 1 else word
+def getopt_error(line: str) -> ValueError:
+    """A command line srun's getopt_long refuses, in its words (exit 255)."""
+    return ValueError(f"srun: {line}\n{TRY_HELP}")
+
+
+def _long_name(given: str, word: str) -> str:
+    """The option `--given` names: itself, or the one option it is a prefix of, as getopt_long reads
+    abbreviations; getopt's error (`word` as written) for one that names none or several."""
+    if given in _TAKES:
+        return given
+    matches = [name for name in GETOPT_ORDER if name.startswith(given)]
+    if len({SAME_OPTION.get(name, name) for name in matches}) == 1:
+        return matches[0]
+    if matches:
+        possibilities = " ".join(f"'--{name}'" for name in matches if name not in SAME_OPTION)
+        raise getopt_error(f"option '{word}' is ambiguous; possibilities: {possibilities}")
+    raise getopt_error(f"unrecognized option '{word}'")
 
 
 def refusal(option: str, reason: str) -> ValueError:
@@ -133,16 +185,14 @@ def parse_srun_args(argv: list[str]) -> SrunArgs:
             break
         if word.startswith("--"):
             given, eq, value = word[2:].partition("=")
-            name = _long_name(given)
-            takes = _TAKES.get(name)
-            if takes is None:
-                raise ValueError(f"srun: error: option --{given} {NOT_HERE}: srun has no such option")
+            name = _long_name(given, word)
+            takes = _TAKES[name]
             if takes == 0 and eq:
-                raise ValueError(f"srun: error: option --{name} takes no value ({word})")
+                raise getopt_error(f"option '--{name}' doesn't allow an argument")
             has_value = bool(eq)
             if takes == 1 and not eq:
                 if i >= len(argv):
-                    raise ValueError(f"srun: error: option --{name} requires an argument")
+                    raise getopt_error(f"option '--{name}' requires an argument")
                 value, has_value = argv[i], True
                 i += 1
             _take(args, name, value if has_value else None)
@@ -152,7 +202,7 @@ def parse_srun_args(argv: list[str]) -> SrunArgs:
         while j < len(word):
             name = SHORT.get(word[j], "")
             if not name:
-                raise ValueError(f"srun: error: option -{word[j]} {NOT_HERE}: srun has no such option")
+                raise getopt_error(f"invalid option -- '{word[j]}'")
             rest = word[j + 1:]
             takes = _TAKES[name]
             if takes == 0 or (takes == 2 and not rest):
@@ -165,7 +215,7 @@ def parse_srun_args(argv: list[str]) -> SrunArgs:
                 _take(args, name, argv[i])
                 i += 1
             else:
-                raise ValueError(f"srun: error: option -{word[j]} requires an argument")
+                raise getopt_error(f"option requires an argument -- '{word[j]}'")
             break
     args.command = argv[i:]
     if not args.command:
@@ -174,6 +224,9 @@ def parse_srun_args(argv: list[str]) -> SrunArgs:
 
 
 def _take(args: SrunArgs, name: str, value: str | None) -> None:
+    if name in INFO:
+        # The pod's srun has these answered before it asks for a step (an older one asks).
+        raise ValueError(f"srun: error: option --{name} is answered by the job's own srun, not in a step")
     if name in REFUSED:
         raise refusal(f"--{name}", REFUSED[name])
     if name == "mpi" and value != "none":

@@ -142,6 +142,15 @@ CASES = [
          "echo \"file: $(cat $f)\"\nrm -f $f\n"),
     # No terminal in a batch script: srun says it disregards --pty and runs the step.
     Case("srun_pty_without_a_terminal", "srun -n 1 --pty echo ran\necho after $?\n", stderr_file=True),
+    # srun's command line as its getopt reads it: the same words and codes for what it cannot read,
+    # every option srun knows (--extra is not --extra-node-info), and its version and help.
+    Case("srun_command_line_read_as_natively",
+         "srun --xyz=3 true; echo \"unknown $?\"\nsrun -y true; echo \"short $?\"\n"
+         "srun --ex true; echo \"ambiguous $?\"\nsrun --nodes; echo \"no value $?\"\n"
+         "srun --label=x true; echo \"a value $?\"\nsrun --version; echo \"version $?\"\n"
+         "srun -n 1 -V true; echo \"V $?\"\nsrun --help | head -n 3\nsrun --usage | head -n 2\n"
+         "srun -n 1 --extra=a echo extra; echo \"extra $?\"\nsrun -n 1 --prefer=x echo prefer\n",
+         stderr_file=True),
     Case("srun_stderr_redirected",
          "srun -n 1 sh -c 'echo kept; echo dropped >&2' 2>/dev/null\n"
          "srun -n 1 sh -c 'echo to-out-file >&2' 2>&1\n",
@@ -211,6 +220,9 @@ def _normalised(text: bytes, sort_lines: bool = False) -> bytes:
     text = re.sub(stamped, rb"error: *** \3 \4 \5***", text, flags=re.M)
     # Which of its two nodes a one-node job gets is Slurm's pick in each partition.
     text = re.sub(rb"\b(native|kreal)[0-9]\b", rb"NODE", text)
+    # getopt names srun by its argv[0]: in a native job of the sandbox, /usr/bin/srun (the clients'
+    # wrapper in PATH execs it by that path); a bridged job's, and a cluster's own, say srun.
+    text = text.replace(b"/usr/bin/srun: ", b"srun: ")
     # A step's cancel line is slurmstepd's, written straight into the file as the step ends;
     # the script's srun wrote its own lines just before, which in a bridged job travel through
     # the pod first. The two writers are not ordered (natively only by luck of timing): the

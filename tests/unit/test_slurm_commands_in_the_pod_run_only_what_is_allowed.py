@@ -43,6 +43,8 @@ STAMP = "2025-12-01T12:00:00.000000000Z"
     ("sinfo", ["-h", "-p", "k8s", "-o", "%a"], ["-h", "-pk8s", "-o%a"]),
     ("sbatch", ["--help"], ["--help"]),
     ("sinfo", ["--json=v0.0.44"], ["--json=v0.0.44"]),
+    # The pod's srun has its help, usage and version printed by Slurm's srun: nothing else of srun's.
+    ("srun", ["--vers"], ["--version"]), ("srun", ["-V"], ["-V"]), ("srun", ["--help", "x"], ["--help"]),
 ])
 def test_arguments_are_given_back_canonical(command: str, argv: list[str], want: list[str]) -> None:
     assert prepare(command, argv, "/home/alice").argv == want
@@ -50,7 +52,9 @@ def test_arguments_are_given_back_canonical(command: str, argv: list[str], want:
 
 @pytest.mark.parametrize(("command", "argv", "reason"), [
     ("bash", ["-c", "id"], "'bash' is not one of the Slurm commands"),
-    ("srun", ["hostname"], "'srun' is not one of"),
+    ("srun", ["hostname"], "only srun's help, usage and version are asked this way"),
+    ("srun", ["-n1", "--version"], "option '-n' is not allowed"),
+    ("srun", ["--pty", "bash"], "option '--pty' is not allowed"),
     ("sbatch", ["--get-user-env", "--wrap", "x"], "--get-user-env is not allowed inside a job that runs in "
      "Kubernetes: it runs the user's login shell"),
     ("sbatch", ["--get-user-env=10L", "--wrap", "x"], "--get-user-env is not allowed"),

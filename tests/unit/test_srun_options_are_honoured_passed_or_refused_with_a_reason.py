@@ -154,10 +154,18 @@ def test_the_tasks_environment_follows_export(export: str, want: dict[str, str])
     assert task_environment(parse_srun_args(argv), STEP_ENV, TASK_ENV) == want
 
 
+def test_the_tables_hold_every_option_sruns_getopt_knows_each_once() -> None:
+    kinds = [srun_options.PASSED, srun_options.HONOURED, srun_options.INFO, srun_options.REFUSED]
+    assert sum(len(kind) for kind in kinds) == len(srun_options.GETOPT_ORDER)
+    assert set().union(*kinds) == set(srun_options.GETOPT_ORDER)
+
+
 def test_the_documented_table_names_every_option_the_policy_knows() -> None:
     text = DOC.read_text()
-    rows = dict(re.findall(r"^\| `--([a-z0-9_-]+)[^|]*\| (honoured|passed through|refused)", text, re.M))
+    kinds = "honoured|passed through|refused|answered"
+    rows = dict(re.findall(rf"^\| `--([a-z0-9_-]+)[^|]*\| ({kinds})", text, re.M))
     known = {**{n: "passed through" for n in srun_options.PASSED},
+             **{n: "answered" for n in srun_options.INFO},
              **{n: "honoured" for n in srun_options.HONOURED},
              **{n: "refused" for n in srun_options.REFUSED}}
     assert rows == known
@@ -240,3 +248,13 @@ def test_the_waiters_table_is_the_daemons() -> None:
     assert {k: int(v) for k, v in _go_table(source, "srunPassed").items()} == srun_options.PASSED
     assert {k: int(v) for k, v in _go_table(source, "srunHonoured").items()} == srun_options.HONOURED
     assert set(_go_table(source, "srunRefused")) == set(srun_options.REFUSED)
+    assert {k: int(v) for k, v in _go_table(source, "srunInfo").items()} == srun_options.INFO
+    refused_takes = {k: int(v) for k, v in _go_table(source, "srunRefusedTakes").items()}
+    assert refused_takes == srun_options._REFUSED_TAKES
+    assert {k: v.strip('"') for k, v in _go_table(source, "sameOption").items()} == srun_options.SAME_OPTION
+    short = re.search(r"var srunShort = map\[byte\]string\{(.*?)\n\}", source, re.S)
+    assert short is not None
+    assert dict(re.findall(r"'(.)': \"([a-z-]+)\"", short.group(1))) == srun_options.SHORT
+    order = re.search(r"var getoptOrder = \[\]string\{(.*?)\n\}", source, re.S)
+    assert order is not None
+    assert re.findall(r'"([a-z0-9_-]+)"', order.group(1)) == list(srun_options.GETOPT_ORDER)

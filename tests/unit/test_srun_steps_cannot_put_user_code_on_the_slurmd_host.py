@@ -104,7 +104,7 @@ def test_allowed_options_are_split_from_the_command(
         ["--bcast=/tmp/x"], ["--container=x"], ["--container-id=x"], ["--pty"], ["--het-group=0"],
         ["--x11"], ["--cpu-freq=high"], ["--gpu-freq=high"], ["--send-libs"], ["--bbf=f"], ["--jobid=7"],
         ["--task-prolog", "/home/alice/x.sh"], ["--task-pro=/home/alice/x.sh"], ["--async"],
-        ["-Z"], ["--no-such-option"], ["-y"],
+        ["-Z"], ["--nodefile=/home/alice/nodes"], ["-F", "nodes"], ["--pack-group=1"], ["--interactive"],
     ],
 )
 def test_options_that_would_run_or_place_something_on_the_host_are_refused(refused: list[str]) -> None:
@@ -118,13 +118,47 @@ def test_options_that_would_run_or_place_something_on_the_host_are_refused(refus
 
 
 @pytest.mark.parametrize(("argv", "why"), [
-    (["--label=1", "x"], "takes no value"), (["--input"], "requires an argument"),
-    (["-n"], "requires an argument"),
     (["--open-mode=sideways", "x"], "Invalid --open-mode"), (["--output=", "x"], "needs a file name"),
 ])
 def test_malformed_options_are_srun_s_errors(argv: list[str], why: str) -> None:
     with pytest.raises(ValueError, match=why):
         split_srun_args(argv)
+
+
+TRY = '\nTry "srun --help" for more information'
+
+
+@pytest.mark.parametrize(("argv", "native"), [
+    # Each as native srun 26.05 printed it in a batch job of the sandbox's native partition.
+    (["--xyz", "x"], "srun: unrecognized option '--xyz'"),
+    (["--xyz=3", "x"], "srun: unrecognized option '--xyz=3'"),
+    (["--uid=0", "x"], "srun: unrecognized option '--uid=0'"),
+    (["-y", "x"], "srun: invalid option -- 'y'"),
+    (["-N"], "srun: option requires an argument -- 'N'"),
+    (["--nodes"], "srun: option '--nodes' requires an argument"),
+    (["--ntasks-per-n"], "srun: option '--ntasks-per-node' requires an argument"),
+    (["--label=x", "x"], "srun: option '--label' doesn't allow an argument"),
+    (["--usage=3"], "srun: option '--usage' doesn't allow an argument"),
+    (["--ex=1", "x"], "srun: option '--ex=1' is ambiguous; possibilities: '--exact' '--exclude' "
+                      "'--exclusive' '--export' '--external-launcher' '--extra' '--extra-node-info'"),
+    (["--cpu", "x"], "srun: option '--cpu' is ambiguous; possibilities: '--cpu-bind' '--cpu-freq' "
+                     "'--cpus-per-gpu' '--cpus-per-task'"),
+])
+def test_a_command_line_srun_cannot_read_gets_getopts_words_as_natively(argv: list[str], native: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        split_srun_args(argv)
+    assert str(caught.value) == native + TRY
+
+
+@pytest.mark.parametrize(("argv", "passed"), [
+    # An exact name wins over the longer ones it begins (getopt_long): --extra is not --extra-node-info.
+    (["--extra=a", "x"], ["--extra=a"]), (["--prefer=gpu", "x"], ["--prefer=gpu"]),
+    (["--accel-bind=g", "x"], ["--accel-bind=g"]), (["--test-only", "x"], ["--test-only"]),
+    # Two spellings of one option are no ambiguity.
+    (["--cpu-b=none", "x"], ["--cpu-bind=none"]), (["--cpu_b=none", "x"], ["--cpu_bind=none"]),
+])
+def test_every_option_srun_knows_is_read_as_srun_reads_it(argv: list[str], passed: list[str]) -> None:
+    assert split_srun_args(argv) == (passed, ["x"])
 
 
 @pytest.mark.parametrize("argv", [["--mpi=pmix", "a"], ["--mpi", "pmi2", "a"], ["--mpi=pmix_v4", "b"]])

@@ -154,7 +154,7 @@ def test_what_the_scripts_srun_read_of_its_stdin_is_slurms_sruns(
 @pytest.mark.parametrize(("argv", "said", "code"), [
     (["--pty", "bash"], b"srun: error: option --pty is not available in a job that runs in Kubernetes: "
                         b"a terminal for a step's task is not available in a bridged job yet\n", 255),
-    (["-N"], b"srun: error: option -N requires an argument\n", 255),
+    (["-N"], b"srun: option requires an argument -- 'N'\nTry \"srun --help\" for more information\n", 255),
     (["--label"], b"srun: fatal: No command given to execute.\n", 1),
 ])
 def test_a_refused_step_is_told_as_srun_would(

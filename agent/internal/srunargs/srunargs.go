@@ -28,6 +28,7 @@ var srunPassed = map[string]int{
 	"quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 0, "immediate": 2, "preserve-env": 0,
 	"propagate": 2, "oom-kill-step": 2, "external-launcher": 0,
 	"cpu_bind": 1, "tasks-per-node": 1, "msg-timeout": 1, "treewidth": 1, "ntasks-per-tres": 1,
+	"accel-bind": 1, "extra": 1, "prefer": 1, "test-only": 0,
 }
 
 var srunHonoured = map[string]int{"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
@@ -60,9 +61,17 @@ var srunRefused = map[string]string{
 	"spread-segments": placesAJob, "begin": placesAJob, "dependency": placesAJob, "hold": placesAJob,
 	"deadline": placesAJob, "delay-boot": placesAJob, "licenses": placesAJob, "clusters": placesAJob,
 	"mail-type": placesAJob, "mail-user": placesAJob, "mcs-label": placesAJob, "nice": placesAJob,
-	"priority": placesAJob, "power": placesAJob, "reboot": placesAJob, "tmp": placesAJob,
+	"priority": placesAJob, "reboot": placesAJob, "tmp": placesAJob,
 	"core-spec": placesAJob, "thread-spec": placesAJob, "switches": placesAJob,
-	"cluster-constraint": placesAJob, "uid": placesAJob, "gid": placesAJob, "get-user-env": placesAJob,
+	"cluster-constraint": placesAJob, "cluster": placesAJob, "consolidate-segments": placesAJob,
+	"segment": placesAJob, "stepmgr": placesAJob, "resources": placesAJob,
+	"pack-group":    "heterogeneous steps are not available in a bridged job",
+	"nodefile":      "it would read the file on the slurmd host; name the nodes with --nodelist",
+	"context":       "slurmstepd would set the SELinux context of the slurmd host's proxies, not the pods' tasks",
+	"mem-update":    "slurmstepd would watch the slurmd host's memory, not the pods'",
+	"interactive":   "it is salloc's interactive step (srun --pty from a login host runs one)",
+	"debugger-test": "it is for Slurm's parallel debugger tests",
+	"autocomplete":  "it is for a shell's completion on a login host",
 }
 
 var srunShort = map[byte]string{
@@ -72,12 +81,52 @@ var srunShort = map[byte]string{
 	'K': "kill-on-bad-exit", 'u': "unbuffered", 'Q': "quiet", 'v': "verbose", 'X': "disable-status",
 	'O': "overcommit", 's': "oversubscribe", 'k': "no-kill", 'I': "immediate", 'E': "preserve-env",
 	'o': "output", 'e': "error", 'i': "input", 'D': "chdir", 'Z': "no-allocate", 'b': "begin",
-	'd': "dependency", 'H': "hold", 'L': "licenses", 'M': "clusters", 'S': "core-spec",
+	'd': "dependency", 'H': "hold", 'L': "licenses", 'M': "clusters", 'S': "core-spec", 'F': "nodefile",
+	'h': "help", 'V': "version",
 }
 
+// srunInfo are the options with which srun only prints its help, usage or version and exits 0:
+// the pod's srun has Slurm's srun on the slurmd host print them (the Slurm commands' door).
+var srunInfo = map[string]int{"help": 0, "usage": 0, "version": 0}
+
 var srunRefusedTakes = map[string]int{"no-allocate": 0, "async": 0, "parsable": 0, "spread-segments": 0,
-	"hold": 0, "reboot": 0, "x11": 2, "pty": 2, "get-user-env": 2, "send-libs": 2, "compress": 2, "bcast": 2,
-	"nice": 2}
+	"hold": 0, "reboot": 0, "x11": 2, "pty": 2, "send-libs": 2, "compress": 2, "bcast": 2,
+	"nice": 2, "interactive": 0, "debugger-test": 0, "consolidate-segments": 0, "stepmgr": 0}
+
+// getoptOrder is every long option Slurm 26.05's srun knows (src/common/slurm_opt.c), in its
+// getopt table's order: an abbreviation is resolved against all of them, and an ambiguous one
+// names them in this order.
+var getoptOrder = []string{
+	"accel-bind", "account", "acctg-freq", "async", "autocomplete", "bcast", "bcast-exclude", "begin",
+	"bb", "bbf", "cluster-constraint", "chdir", "cluster", "clusters", "comment", "compress",
+	"consolidate-segments", "container", "container-id", "container-type", "context", "contiguous",
+	"constraint", "core-spec", "cores-per-socket", "cpu-bind", "cpu_bind", "cpu-freq", "cpus-per-gpu",
+	"cpus-per-task", "deadline", "debugger-test", "delay-boot", "dependency", "disable-status",
+	"distribution", "epilog", "error", "exact", "exclude", "exclusive", "export", "external-launcher",
+	"extra", "extra-node-info", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket",
+	"gpus-per-task", "gres", "gres-flags", "help", "het-group", "hint", "hold", "ignore-signals",
+	"immediate", "input", "interactive", "jobid", "job-name", "kill-on-bad-exit", "label", "licenses",
+	"mail-type", "mail-user", "threads", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu",
+	"mem-update", "mincpus", "mpi", "msg-timeout", "multi-prog", "network", "nice", "no-allocate",
+	"no-kill", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu",
+	"ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres", "oom-kill-step", "open-mode", "output",
+	"overcommit", "overlap", "oversubscribe", "pack-group", "parsable", "partition", "prefer",
+	"preserve-env", "priority", "profile", "prolog", "propagate", "pty", "qos", "quiet",
+	"quit-on-interrupt", "reboot", "relative", "resources", "reservation", "resv-ports", "segment",
+	"send-libs", "signal", "slurmd-debug", "sockets-per-node", "spread-job", "spread-segments",
+	"stepmgr", "switches", "task-epilog", "task-prolog", "tasks-per-node", "test-only", "thread-spec",
+	"threads-per-core", "time", "time-min", "tmp", "treewidth", "tres-bind", "tres-per-task",
+	"unbuffered", "use-min-nodes", "verbose", "version", "usage", "wait", "wait-for-children", "wckey",
+	"whole", "x11",
+}
+
+// sameOption are spellings getopt_long does not count apart when an abbreviation matches both.
+var sameOption = map[string]string{"cpu_bind": "cpu-bind", "tasks-per-node": "ntasks-per-node", "pack-group": "het-group"}
+
+const tryHelp = "Try \"srun --help\" for more information"
+
+// getoptError is a command line srun's getopt_long refuses, in its words (exit 255).
+func getoptError(line string) Error { return Error("srun: " + line + "\n" + tryHelp) }
 
 // srunTakes is how many values each option takes: 0 none, 1 one, 2 optional (attached).
 func srunTakes(name string) (int, bool) {
@@ -85,6 +134,9 @@ func srunTakes(name string) (int, bool) {
 		return n, true
 	}
 	if n, ok := srunHonoured[name]; ok {
+		return n, true
+	}
+	if n, ok := srunInfo[name]; ok {
 		return n, true
 	}
 	if _, ok := srunRefused[name]; ok {
@@ -109,25 +161,43 @@ func (e Error) ExitCode() int {
 	return 255
 }
 
-func longName(word string) string {
-	if _, ok := srunTakes(word); ok {
-		return word
+// resolveLong is the option `--given` names: itself, or the one option it is a prefix of, as
+// getopt_long reads abbreviations; getopt's error (word as written) for one naming none or several.
+func resolveLong(given, word string) (string, error) {
+	if _, ok := srunTakes(given); ok {
+		return given, nil
 	}
 	var matches []string
-	for _, table := range []map[string]int{srunPassed, srunHonoured, srunRefusedTakes} {
-		for name := range table {
-			if strings.HasPrefix(name, word) {
-				matches = append(matches, name)
+	options := map[string]bool{}
+	for _, name := range getoptOrder {
+		if strings.HasPrefix(name, given) {
+			matches = append(matches, name)
+			if same, ok := sameOption[name]; ok {
+				options[same] = true
+			} else {
+				options[name] = true
 			}
 		}
 	}
-	for name := range srunRefused {
-		if _, counted := srunRefusedTakes[name]; !counted && strings.HasPrefix(name, word) {
-			matches = append(matches, name)
+	if len(options) == 1 {
+		return matches[0], nil
+	}
+	if len(matches) == 0 {
+		return "", getoptError("unrecognized option '" + word + "'")
+	}
+	line := "option '" + word + "' is ambiguous; possibilities:"
+	for _, name := range matches {
+		if _, alias := sameOption[name]; !alias {
+			line += " '--" + name + "'"
 		}
 	}
-	if len(matches) == 1 {
-		return matches[0]
+	return "", getoptError(line)
+}
+
+// longName is the option `--word` names, or word itself when getopt would refuse it.
+func longName(word string) string {
+	if name, err := resolveLong(word, "--"+word); err == nil {
+		return name
 	}
 	return word
 }
@@ -153,6 +223,10 @@ func split(argv []string) ([]string, []string, *string, error) {
 	var passed []string
 	var input *string
 	take := func(name string, value *string) error {
+		if _, info := srunInfo[name]; info {
+			// The pod's srun has these answered before it asks for a step (an older one asks).
+			return Error("srun: error: option --" + name + " is answered by the job's own srun, not in a step")
+		}
 		if reason, refused := srunRefused[name]; refused {
 			return Error("srun: error: option --" + name + " " + notHere + ": " + reason)
 		}
@@ -207,18 +281,18 @@ func split(argv []string) ([]string, []string, *string, error) {
 		}
 		if strings.HasPrefix(word, "--") {
 			given, value, eq := strings.Cut(word[2:], "=")
-			name := longName(given)
-			takes, known := srunTakes(name)
-			if !known {
-				return nil, nil, nil, Error("srun: error: option --" + given + " " + notHere + ": srun has no such option")
+			name, err := resolveLong(given, word)
+			if err != nil {
+				return nil, nil, nil, err
 			}
+			takes, _ := srunTakes(name)
 			if takes == 0 && eq {
-				return nil, nil, nil, Error("srun: error: option --" + name + " takes no value (" + word + ")")
+				return nil, nil, nil, getoptError("option '--" + name + "' doesn't allow an argument")
 			}
 			hasValue := eq
 			if takes == 1 && !eq {
 				if i >= len(argv) {
-					return nil, nil, nil, Error("srun: error: option --" + name + " requires an argument")
+					return nil, nil, nil, getoptError("option '--" + name + "' requires an argument")
 				}
 				value, hasValue = argv[i], true
 				i++
@@ -235,7 +309,7 @@ func split(argv []string) ([]string, []string, *string, error) {
 		for j := 1; j < len(word); j++ {
 			name, ok := srunShort[word[j]]
 			if !ok {
-				return nil, nil, nil, Error("srun: error: option -" + word[j:j+1] + " " + notHere + ": srun has no such option")
+				return nil, nil, nil, getoptError("invalid option -- '" + word[j:j+1] + "'")
 			}
 			rest := word[j+1:]
 			takes, _ := srunTakes(name)
@@ -254,7 +328,7 @@ func split(argv []string) ([]string, []string, *string, error) {
 				i++
 				err = take(name, &value)
 			default:
-				err = Error("srun: error: option -" + word[j:j+1] + " requires an argument")
+				err = getoptError("option requires an argument -- '" + word[j:j+1] + "'")
 			}
 			if err != nil {
 				return nil, nil, nil, err
@@ -375,4 +449,51 @@ func WithoutOwnJobID(argv []string, jobID string) []string {
 		return argv
 	}
 	return without(argv, own)
+}
+
+// Info is the first of srun's own options before the command with which srun only prints its help,
+// usage or version ("--help", "--usage" or "--version"), as srun reads its command line: srun acts
+// on it when getopt reaches it, so what comes before must read without error. "" when there is none.
+func Info(argv []string) string {
+	for i := 0; i < len(argv); {
+		word := argv[i]
+		i++
+		if word == "--" || !strings.HasPrefix(word, "-") || word == "-" {
+			return ""
+		}
+		if strings.HasPrefix(word, "--") {
+			given, _, eq := strings.Cut(word[2:], "=")
+			name, err := resolveLong(given, word)
+			if err != nil {
+				return ""
+			}
+			takes, _ := srunTakes(name)
+			if _, info := srunInfo[name]; info {
+				if eq {
+					return "" // getopt's "doesn't allow an argument"
+				}
+				return "--" + name
+			}
+			if takes == 1 && !eq {
+				i++
+			}
+			continue
+		}
+		for j := 1; j < len(word); j++ {
+			name, known := srunShort[word[j]]
+			if !known {
+				return ""
+			}
+			if _, info := srunInfo[name]; info {
+				return "--" + name
+			}
+			if takes, _ := srunTakes(name); takes == 1 || takes == 2 {
+				if takes == 1 && j+1 == len(word) {
+					i++
+				}
+				break
+			}
+		}
+	}
+	return ""
 }

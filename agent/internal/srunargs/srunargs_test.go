@@ -57,3 +57,47 @@ func TestTheOwnJobsJobIDIsDroppedAnothersStays(t *testing.T) {
 		t.Errorf("no job id known: %q", got)
 	}
 }
+
+func TestHelpUsageAndVersionAreFoundAsSrunReadsItsOptions(t *testing.T) {
+	cases := []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"--version"}, "--version"}, {[]string{"-V"}, "--version"}, {[]string{"-h"}, "--help"},
+		{[]string{"--vers", "true"}, "--version"}, {[]string{"--usage"}, "--usage"},
+		{[]string{"-n", "1", "--version"}, "--version"}, {[]string{"-lV"}, "--version"},
+		{[]string{"--bcast", "--help"}, "--help"}, // refused for a step, but srun prints its help first
+		{[]string{"-J", "-V", "true"}, ""},        // -V is the job's name
+		{[]string{"-JV", "true"}, ""},
+		{[]string{"true", "--version"}, ""},  // the command's
+		{[]string{"--xyz", "--version"}, ""}, // getopt stops at --xyz first
+		{[]string{"--version=1"}, ""},        // getopt's "doesn't allow an argument"
+		{[]string{"--", "--version"}, ""},
+	}
+	for _, c := range cases {
+		if got := Info(c.argv); got != c.want {
+			t.Errorf("Info(%q) = %q; want %q", c.argv, got, c.want)
+		}
+	}
+}
+
+func TestACommandLineSrunCannotReadGetsGetoptsWords(t *testing.T) {
+	const try = "\nTry \"srun --help\" for more information"
+	cases := map[string][]string{
+		"srun: unrecognized option '--xyz=3'" + try:                   {"--xyz=3", "x"},
+		"srun: invalid option -- 'y'" + try:                           {"-y", "x"},
+		"srun: option requires an argument -- 'N'" + try:              {"-N"},
+		"srun: option '--ntasks-per-node' requires an argument" + try: {"--ntasks-per-n"},
+		"srun: option '--label' doesn't allow an argument" + try:      {"--label=x", "x"},
+		"srun: option '--cpu' is ambiguous; possibilities: '--cpu-bind' '--cpu-freq' '--cpus-per-gpu' " +
+			"'--cpus-per-task'" + try: {"--cpu", "x"},
+	}
+	for want, argv := range cases {
+		if _, _, err := Split(argv); err == nil || err.Error() != want {
+			t.Errorf("Split(%q) = %v; want %q", argv, err, want)
+		}
+	}
+	if passed, _, err := Split([]string{"--extra=a", "x"}); err != nil || !reflect.DeepEqual(passed, []string{"--extra=a"}) {
+		t.Errorf("--extra is its own option, not --extra-node-info: %q, %v", passed, err)
+	}
+}

@@ -16,8 +16,9 @@ const (
 	optArg              // only as --x=v
 )
 
-// slurmCommands are the binaries the pod may have run, in the order the refusal names them.
-var slurmCommands = []string{"scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo"}
+// slurmCommands are the binaries the pod may have run, in the order the refusal names them; srun
+// only for its help, usage and version (the pod's srun asks so: its steps come another way).
+var slurmCommands = []string{"scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "srun"}
 
 // slurmBinaryDirs are where Slurm's binaries are looked for, by absolute path (never the job's PATH).
 var slurmBinaryDirs = []string{"/usr/bin", "/usr/local/bin", "/opt/slurm/bin"}
@@ -58,6 +59,7 @@ var shortOptions = map[string]map[string]arity{
 		"a": noArg, "d": noArg, "F": noArg, "h": noArg, "M": reqArg, "o": noArg, "Q": noArg, "u": reqArg,
 		"v": noArg, "V": noArg,
 	},
+	"srun": {"h": noArg, "V": noArg},
 	"sbatch": {
 		"a": reqArg, "A": reqArg, "b": reqArg, "B": reqArg, "c": reqArg, "C": reqArg, "d": reqArg,
 		"D": reqArg, "e": reqArg, "F": reqArg, "G": reqArg, "H": noArg, "h": noArg, "i": reqArg,
@@ -116,6 +118,7 @@ var longOptions = map[string]map[string]arity{
 		"quiet": noArg, "sibling": noArg, "uid": reqArg, "verbose": noArg, "yaml": optArg, "help": noArg,
 		"usage": noArg, "version": noArg,
 	},
+	"srun": {"help": noArg, "usage": noArg, "version": noArg},
 	"sbatch": {
 		"array": reqArg, "account": reqArg, "bb": reqArg, "bbf": reqArg, "begin": reqArg,
 		"comment": reqArg, "cpu-freq": reqArg, "cpus-per-task": reqArg, "dependency": reqArg,
@@ -171,10 +174,11 @@ var scontrolVerbs = []string{"show", "hold", "holdu", "uhold", "release", "reque
 // scontrolHostVerbs are about (or write files on) the host scontrol runs on: the slurmd host here.
 var scontrolHostVerbs = []string{"listpids", "listjobs", "liststeps", "pidinfo", "getent", "write"}
 
-// infoOnlyOptions make sbatch and scontrol only print their help or version.
+// infoOnlyOptions make sbatch, scontrol and srun only print their help or version.
 var infoOnlyOptions = map[string][]string{
 	"sbatch":   {"help", "h", "usage", "version", "V"},
 	"scontrol": {"help", "h", "usage", "version", "V"},
+	"srun":     {"help", "h", "usage", "version", "V"},
 }
 
 // pluginNameCharacters are those of a data_parser plugin's name (--json=, --yaml=): a name, never a path.

@@ -302,6 +302,8 @@ func prepareCommand(request commandRequest) (preparedCommand, error) {
 		}
 	}
 	switch command {
+	case "srun":
+		return preparedCommand{}, refusal("srun: error: only srun's help, usage and version are asked this way")
 	case "scontrol":
 		words, err := scontrolWords(positionals)
 		return preparedCommand{command: command, argv: append(canonicalOptions(options), words...)}, err
