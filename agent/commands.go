@@ -1,6 +1,6 @@
 package main
 
-// Slurm's own commands inside the pod: `scontrol`, `squeue`, `sbatch`, `scancel`, `sacct` and
+// Slurm's own commands inside the pod: `scontrol`, `squeue`, `sbatch`, `scancel`, `sacct`, `sstat` and
 // `sinfo` are this binary too (symlinks beside `srun`). Like srun they run nothing here: they
 // ask the agent that runs the batch script, which frames the request into its log as
 // "c <base64 JSON>"; the daemon checks it (bridge/core/slurm_commands.py) and the job's waiter,
@@ -19,7 +19,7 @@ import (
 
 // slurmCommands are the names this binary answers to as one of Slurm's commands.
 var slurmCommands = map[string]bool{"scontrol": true, "squeue": true, "sbatch": true, "scancel": true,
-	"sacct": true, "sinfo": true}
+	"sacct": true, "sinfo": true, "sstat": true}
 
 // maxScriptBytes bounds what sbatch reads here (a script, stdin): the daemon refuses more
 // (bridge/core/slurm_commands.py MAX_SCRIPT_BYTES).

@@ -39,7 +39,7 @@
 //	    run one task of a step (ENV: its environment, base64 JSON) as its process group's leader,
 //	    writing its pid to PIDFILE; end as it ended, after a line of what it used on stderr
 //	srun ARGS                                    (as argv[0] "srun") ask the daemon for a step
-//	scontrol|squeue|sbatch|scancel|sacct|sinfo ARGS
+//	scontrol|squeue|sbatch|scancel|sacct|sinfo|sstat ARGS
 //	    (as argv[0]) have the job's waiter run Slurm's own command (commands.go)
 //
 // Exit codes of the agent's own failures are named in exitcodes.go.
@@ -238,7 +238,7 @@ func install(dest string) {
 	// tasks run), they resolve.
 	bin := filepath.Join(filepath.Dir(dest), "bin")
 	_ = os.MkdirAll(bin, 0o755)
-	for _, name := range []string{"srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo"} {
+	for _, name := range []string{"srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "sstat"} {
 		_ = os.Remove(filepath.Join(bin, name))
 		if err := os.Symlink(dest, filepath.Join(bin, name)); err != nil {
 			fail(err.Error())

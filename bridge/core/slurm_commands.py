@@ -1,5 +1,6 @@
 """Slurm's own commands asked for from inside a bridged job's pod (`scontrol`, `squeue`, `sbatch`,
-`scancel`, `sacct`, `sinfo`): what may be run, and the exact argv the waiter gives Slurm's binary.
+`scancel`, `sacct`, `sinfo`, `sstat`; srun's help and version): what may be run, and the exact argv
+the waiter gives Slurm's binary.
 
 The waiter runs the real binary on the slurmd host, as the job's user, so anything that would make
 it read a file or run a program there is refused, each with its reason. Arguments are parsed as
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 NO, ARG, OPT = 0, 1, 2
 """An option takes no value, a value (`--x=v` or `--x v`, `-xv` or `-x v`), or one only as `--x=v`."""
 
-COMMANDS = ("scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "srun")
+COMMANDS = ("scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "sstat", "srun")
 """srun only for its help, usage and version (the pod's srun asks so: its steps come another way)."""
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 """Where the waiter looks for Slurm's binaries, by absolute path (never the job's PATH)."""
@@ -52,6 +53,8 @@ _SHORT: dict[str, dict[str, int]] = {
                 "Q": NO, "q": ARG, "R": ARG, "s": ARG, "t": ARG, "u": ARG, "V": NO, "v": NO, "w": ARG},
     "scontrol": {"a": NO, "d": NO, "F": NO, "h": NO, "M": ARG, "o": NO, "Q": NO, "u": ARG, "v": NO,
                  "V": NO},
+    "sstat": {"a": NO, "e": NO, "h": NO, "i": NO, "j": ARG, "n": NO, "o": ARG, "p": NO, "P": NO, "v": NO,
+              "V": NO},
     "srun": {"h": NO, "V": NO},
     "sbatch": {"a": ARG, "A": ARG, "b": ARG, "B": ARG, "c": ARG, "C": ARG, "d": ARG, "D": ARG, "e": ARG,
                "F": ARG, "G": ARG, "H": NO, "h": NO, "i": ARG, "J": ARG, "k": NO, "L": ARG, "M": ARG,
@@ -94,6 +97,9 @@ _LONG: dict[str, dict[str, int]] = {
     "scontrol": {"all": NO, "details": NO, "federation": NO, "future": NO, "hide": NO, "json": OPT,
                  "local": NO, "cluster": ARG, "clusters": ARG, "oneliner": NO, "quiet": NO,
                  "sibling": NO, "uid": ARG, "verbose": NO, "yaml": OPT, **_HELP},
+    "sstat": {"autocomplete": ARG, "allsteps": NO, "helpformat": NO, "jobs": ARG, "noheader": NO,
+              "fields": ARG, "format": ARG, "noconvert": NO, "pidformat": NO, "parsable": NO,
+              "parsable2": NO, "verbose": NO, **_HELP},
     "srun": dict(_HELP),
     "sbatch": {"array": ARG, "account": ARG, "bb": ARG, "bbf": ARG, "begin": ARG, "comment": ARG,
                "cpu-freq": ARG, "cpus-per-task": ARG, "dependency": ARG, "deadline": ARG,

@@ -129,7 +129,7 @@ REFUSED = {
     "--cpu-freq=high": "slurmstepd would set the slurmd host's CPU frequency",
     "--output=/tmp/x-%t.out": "/tmp/x-%t.out is not on a volume the pods share with the slurmd host",
     "--input=/etc/hostname": "/etc/hostname is not on a volume the pods share with the slurmd host",
-    "--nodefile=/home/alice/nodes": "it would read the file on the slurmd host; name the nodes with --nodelist",
+    "--nodefile=/home/alice/nodes": "it would read the file on the slurmd host",
 }
 
 

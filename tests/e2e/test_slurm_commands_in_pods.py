@@ -49,6 +49,11 @@ CASES = [
     # its child die first goes on to the next line (as the parity suite's time_limit case).
     # Nothing printed after scancel: natively the TERM may come before the next line runs.
     Case("scancel_itself", 'echo before\nscancel $SLURM_JOB_ID && exec sleep 30\necho "scancel said $?"\n'),
+    # sstat of the job's running step, and the version of Slurm (MPI launchers ask srun's).
+    Case("sstat_and_versions", "srun -n 1 sh -c 'touch step-$SLURM_JOB_ID.up; sleep 20' &\n"
+         "while [ ! -e step-$SLURM_JOB_ID.up ]; do sleep 0.2; done\n"
+         "sstat -n -P -j $SLURM_JOB_ID.0 -o NTasks\necho \"sstat rc $?\"\n"
+         "srun --version\necho \"srun rc $?\"\nsbatch -V\nsstat --version\nkill %1\nwait\n", stderr_file=True),
     # Slurm's own refusals, from Slurm's own binaries: the same words in both.
     Case("slurm_refuses", "squeue --states=nonsense\necho \"rc $?\"\nscontrol show job 999999999\n"
          "echo \"rc $?\"\n", stderr_file=True),
@@ -88,6 +93,8 @@ def test_slurm_commands_in_a_busybox_pod_answer_as_natively(bridge: Sandbox) -> 
     # What the parity holds to, so that two equally broken sides cannot pass.
     hostnames = outcomes[("hostnames", "k8s")][1][".out"]
     assert hostnames == b"NODE\nNODE\nrc 0\nfirst: NODE\n", hostnames
+    versions = outcomes[("sstat_and_versions", "k8s")][1][".out"]
+    assert re.fullmatch(rb"1\nsstat rc 0\n(slurm\S* 26\.05\.\d+\n)srun rc 0\n\1\1", versions), versions
     squeue = outcomes[("squeue_itself", "k8s")][1][".out"]
     assert re.fullmatch(rb"RUNNING\nrc 0\nRUNNING *\nup\n", squeue), squeue
     assert outcomes[("scancel_itself", "k8s")][0] is not None

@@ -44,6 +44,8 @@ STAMP = "2025-12-01T12:00:00.000000000Z"
     ("sbatch", ["--help"], ["--help"]),
     ("sinfo", ["--json=v0.0.44"], ["--json=v0.0.44"]),
     # The pod's srun has its help, usage and version printed by Slurm's srun: nothing else of srun's.
+    ("sstat", ["-j", "7", "-n", "-oJobID,MaxRSS"], ["-j7", "-n", "-oJobID,MaxRSS"]),
+    ("sstat", ["--allsteps", "7"], ["--allsteps", "--", "7"]),
     ("srun", ["--vers"], ["--version"]), ("srun", ["-V"], ["-V"]), ("srun", ["--help", "x"], ["--help"]),
 ])
 def test_arguments_are_given_back_canonical(command: str, argv: list[str], want: list[str]) -> None:
@@ -239,7 +241,7 @@ def test_the_agent_answers_as_slurms_commands_and_reads_sbatchs_script_in_the_po
     agent: Path, tmp_path: Path,
 ) -> None:
     home, installed = installed_agent(agent, tmp_path)
-    for name in ("srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo"):
+    for name in ("srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "sstat"):
         assert os.readlink(home / "bin" / name) == str(installed)
     work = tmp_path / "work"
     work.mkdir()

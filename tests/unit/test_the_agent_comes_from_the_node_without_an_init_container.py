@@ -208,4 +208,4 @@ def test_the_links_are_made_before_the_pods_copy_appears(agent: Path, tmp_path: 
                             capture_output=True, timeout=60, check=False)
     assert result.returncode != 0
     assert sorted(p.name for p in (pod_dir / "bin").iterdir()) == sorted(
-        ["srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo"])
+        ["srun", "scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "sstat"])

@@ -18,7 +18,7 @@ const (
 
 // slurmCommands are the binaries the pod may have run, in the order the refusal names them; srun
 // only for its help, usage and version (the pod's srun asks so: its steps come another way).
-var slurmCommands = []string{"scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "srun"}
+var slurmCommands = []string{"scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "sstat", "srun"}
 
 // slurmBinaryDirs are where Slurm's binaries are looked for, by absolute path (never the job's PATH).
 var slurmBinaryDirs = []string{"/usr/bin", "/usr/local/bin", "/opt/slurm/bin"}
@@ -58,6 +58,10 @@ var shortOptions = map[string]map[string]arity{
 	"scontrol": {
 		"a": noArg, "d": noArg, "F": noArg, "h": noArg, "M": reqArg, "o": noArg, "Q": noArg, "u": reqArg,
 		"v": noArg, "V": noArg,
+	},
+	"sstat": {
+		"a": noArg, "e": noArg, "h": noArg, "i": noArg, "j": reqArg, "n": noArg, "o": reqArg, "p": noArg,
+		"P": noArg, "v": noArg, "V": noArg,
 	},
 	"srun": {"h": noArg, "V": noArg},
 	"sbatch": {
@@ -117,6 +121,11 @@ var longOptions = map[string]map[string]arity{
 		"json": optArg, "local": noArg, "cluster": reqArg, "clusters": reqArg, "oneliner": noArg,
 		"quiet": noArg, "sibling": noArg, "uid": reqArg, "verbose": noArg, "yaml": optArg, "help": noArg,
 		"usage": noArg, "version": noArg,
+	},
+	"sstat": {
+		"autocomplete": reqArg, "allsteps": noArg, "helpformat": noArg, "jobs": reqArg, "noheader": noArg,
+		"fields": reqArg, "format": reqArg, "noconvert": noArg, "pidformat": noArg, "parsable": noArg,
+		"parsable2": noArg, "verbose": noArg, "help": noArg, "usage": noArg, "version": noArg,
 	},
 	"srun": {"help": noArg, "usage": noArg, "version": noArg},
 	"sbatch": {
