@@ -50,10 +50,13 @@ CASES = [
     # Nothing printed after scancel: natively the TERM may come before the next line runs.
     Case("scancel_itself", 'echo before\nscancel $SLURM_JOB_ID && exec sleep 30\necho "scancel said $?"\n'),
     # sstat of the job's running step, and the version of Slurm (MPI launchers ask srun's).
-    Case("sstat_and_versions", "srun -n 1 sh -c 'touch step-$SLURM_JOB_ID.up; sleep 20' &\n"
-         "while [ ! -e step-$SLURM_JOB_ID.up ]; do sleep 0.2; done\n"
+    Case("sstat_and_versions",
+         "f=step-$SLURM_JOB_ID\n"
+         "srun -n 1 sh -c \"touch $f.up; while [ ! -e $f.done ]; do sleep 0.2; done\" &\n"
+         "while [ ! -e $f.up ]; do sleep 0.2; done\n"
          "sstat -n -P -j $SLURM_JOB_ID.0 -o NTasks\necho \"sstat rc $?\"\n"
-         "srun --version\necho \"srun rc $?\"\nsbatch -V\nsstat --version\nkill %1\nwait\n", stderr_file=True),
+         "srun --version\necho \"srun rc $?\"\nsbatch -V\nsstat --version\ntouch $f.done\nwait\n",
+         stderr_file=True),
     # Slurm's own refusals, from Slurm's own binaries: the same words in both.
     Case("slurm_refuses", "squeue --states=nonsense\necho \"rc $?\"\nscontrol show job 999999999\n"
          "echo \"rc $?\"\n", stderr_file=True),
