@@ -41,7 +41,9 @@ CHAIN = (
 
 CASES = [
     Case("hostnames", 'scontrol show hostnames "$SLURM_JOB_NODELIST"\necho "rc $?"\n'
-         'echo "first: $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"\n', args=("-N", "2")),
+         'echo "first: $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"\n'
+         # With no list, scontrol reads SLURM_NODELIST (PSI/J writes its node file so).
+         'scontrol show hostnames\necho "no list: rc $?"\n', args=("-N", "2")),
     Case("squeue_itself", 'squeue -h -j $SLURM_JOB_ID -o %T\necho "rc $?"\n'
          'sacct -n -X -j $SLURM_JOB_ID -o State%-10\nsinfo -h -p $SLURM_JOB_PARTITION -o %a\n'),
     Case("sbatch_chain", CHAIN),
@@ -95,7 +97,7 @@ def test_slurm_commands_in_a_busybox_pod_answer_as_natively(bridge: Sandbox) -> 
     assert not found, "\n".join(found)
     # What the parity holds to, so that two equally broken sides cannot pass.
     hostnames = outcomes[("hostnames", "k8s")][1][".out"]
-    assert hostnames == b"NODE\nNODE\nrc 0\nfirst: NODE\n", hostnames
+    assert hostnames == b"NODE\nNODE\nrc 0\nfirst: NODE\nNODE\nNODE\nno list: rc 0\n", hostnames
     versions = outcomes[("sstat_and_versions", "k8s")][1][".out"]
     assert re.fullmatch(rb"1\nsstat rc 0\n(slurm\S* 26\.05\.\d+\n)srun rc 0\n\1\1", versions), versions
     squeue = outcomes[("squeue_itself", "k8s")][1][".out"]

@@ -143,7 +143,8 @@ printf '%s: warning\\n' "${0##*/}" >&2
 exit 4
 """
 FAKES = {name: FAKE_SLURM_COMMAND for name in ("sbatch", "scontrol", "squeue")}
-ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node-[1-2]", "SLURM_CONF": "/nonexistent/slurm.conf",
+ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node-[1-2]", "SLURM_NODELIST": "node-[1-2]",
+       "SLURM_CONF": "/nonexistent/slurm.conf",
        "HOME": "/home/alice", "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin", "SQUEUE_FORMAT": "%i"}
 
 
@@ -217,7 +218,7 @@ def test_sbatchs_output_script_and_exports_go_back_through_the_relay(
 @pytest.mark.parametrize(("event", "stdout", "stderr", "code"), [
     ({"key": 5, "data": encoded("scontrol", ("show", "hostnames"))},
      b"arg --\narg show\narg hostnames\nLC_ALL=C\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\n"
-     b"PWD=/\nSLURM_JOB_NODELIST=node-[1-2]\nstdin: ", b"scontrol: warning\n", 4),
+     b"PWD=/\nSLURM_JOB_NODELIST=node-[1-2]\nSLURM_NODELIST=node-[1-2]\nstdin: ", b"scontrol: warning\n", 4),
     ({"key": 5, "data": encoded("squeue", ("--me",)), "refused": "squeue: refused by the daemon"},
      b"", b"squeue: refused by the daemon\n", 1),
     ({"key": 5, "data": encoded("scontrol", ("listpids",))}, b"",

@@ -45,8 +45,12 @@ func commandEnvironment(command string, environ Object) []string {
 	if conf := lookup(environ, "SLURM_CONF"); len(conf) > 0 && conf[0] == '/' && rootControlled(conf) {
 		env = append(env, "SLURM_CONF="+conf)
 	}
-	if nodes := lookup(environ, "SLURM_JOB_NODELIST"); command == "scontrol" && nodes != "" {
-		env = append(env, "SLURM_JOB_NODELIST="+nodes)
+	// scontrol reads SLURM_NODELIST (`scontrol show hostnames` with no list): both names, as
+	// slurmstepd sets them for the script.
+	for _, name := range []string{"SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
+		if nodes := lookup(environ, name); command == "scontrol" && nodes != "" {
+			env = append(env, name+"="+nodes)
+		}
 	}
 	return env
 }

@@ -23,11 +23,14 @@ import (
 
 func TestTheBinarysEnvironmentIsFixedWhateverTheJobExported(t *testing.T) {
 	environ := Object{{"LD_PRELOAD", "/tmp/evil.so"}, {"SQUEUE_FORMAT", "%Z"}, {"SBATCH_GET_USER_ENV", "1"},
-		{"PATH", "/home/alice/bin"}, {"SLURM_CONF", "/home/alice/slurm.conf"}, {"SLURM_JOB_NODELIST", "k[1-2]"}}
+		{"PATH", "/home/alice/bin"}, {"SLURM_CONF", "/home/alice/slurm.conf"}, {"SLURM_JOB_NODELIST", "k[1-2]"},
+		{"SLURM_NODELIST", "k[1-2]"}}
 
 	expectEqual(t, "squeue's", commandEnvironment("squeue", environ),
 		[]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"})
-	if scontrol := commandEnvironment("scontrol", environ); !slices.Contains(scontrol, "SLURM_JOB_NODELIST=k[1-2]") {
+	// `scontrol show hostnames` with no list reads SLURM_NODELIST (a PSI/J job's node file).
+	scontrol := commandEnvironment("scontrol", environ)
+	if !slices.Contains(scontrol, "SLURM_JOB_NODELIST=k[1-2]") || !slices.Contains(scontrol, "SLURM_NODELIST=k[1-2]") {
 		t.Fatalf("scontrol's: %v", scontrol)
 	}
 }
