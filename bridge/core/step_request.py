@@ -128,7 +128,12 @@ def task_environment(
             env[name] = value
         elif name in step_env:
             env[name] = step_env[name]
-    env.update(task_env)
+    own = dict(task_env)
+    if not any(word.startswith("--job-name=") for word in args.passed) and "SLURM_JOB_NAME" in env:
+        # The waiter names the step after its command for Slurm's srun, as native srun does (sacct's
+        # step name); natively the tasks still get srun's SLURM_JOB_NAME unless the user gave -J.
+        own.pop("SLURM_JOB_NAME", None)
+    env.update(own)
     return env
 
 

@@ -213,3 +213,44 @@ srun -n 1 -D / sh -c '{PROBE}'
     assert out.count("IN_POD") == 3, context  # two --multi-prog tasks and the --chdir one
     for what in ("by name", "by link", "out by name", "per-task by name", "out by link"):
         assert re.search(rf"^{what} [1-9][0-9]*$", out, re.M), f"{what}: {context}"
+
+
+NAMED_STEPS = """#!/bin/sh
+#K8S image=sandbox.local/busybox:1
+srun -n 1 true
+srun -n 1 /bin/sh -c true
+srun -n 1 -J mine sh -c 'echo "named: $SLURM_JOB_NAME"'
+srun -n 1 sh -c 'echo "unnamed: $SLURM_JOB_NAME"'
+printf '0 echo multi\\n' > steps.conf
+srun -n 1 --multi-prog steps.conf
+"""
+
+
+def test_steps_are_named_in_sacct_as_natively(bridge: Sandbox) -> None:
+    """sacct's JobName of each step is its command's base name, or the -J given to its srun, as
+    natively (a bridged step was named after the waiter, which Slurm's srun runs for it); the tasks
+    see the script's SLURM_JOB_NAME unless -J. Two jobs per partition at once. Found by the
+    Snakemake probe."""
+    base = f"stepnames-{int(time.time() * 1000)}"
+    jobs: dict[tuple[str, int], tuple[int, Path]] = {}
+    for part in ("native", "k8s"):
+        for copy in range(2):
+            workdir = _directory(bridge, f"{base}/{part}-{copy}")
+            script = write_script(bridge, "alice", f"{base}/{part}-{copy}/named.sh", NAMED_STEPS)
+            jobs[(part, copy)] = (bridge.sbatch("-p", part, "-D", str(workdir), "-o", "out", str(script)),
+                                  workdir)
+    seen = {}
+    for key, (job, workdir) in jobs.items():
+        bridge.wait_job_final(job, timeout=180)
+        rows = wait_until(f"{key}: five steps in sacct", lambda j=job: _step_names(bridge, j), timeout=60)
+        seen[key] = (rows, (workdir / "out").read_text())
+    native = seen[("native", 0)]
+    assert native[0] == ["0|true", "1|sh", "2|mine", "3|sh", "4|steps.conf"], native
+    assert native[1] == "named: mine\nunnamed: named.sh\nmulti\n", native
+    assert all(case == native for case in seen.values()), seen
+
+
+def _step_names(sandbox: Sandbox, job: int) -> list[str] | None:
+    out = sandbox.slurm("sacct", "-n", "-P", "-j", str(job), "-o", "JobID,JobName", check=False).stdout
+    rows = [line.split(".", 1)[1] for line in out.split() if re.match(rf"{job}\.\d+\|", line)]
+    return sorted(rows) if len(rows) == 5 else None

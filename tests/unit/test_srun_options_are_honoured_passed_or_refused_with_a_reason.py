@@ -154,6 +154,20 @@ def test_the_tasks_environment_follows_export(export: str, want: dict[str, str])
     assert task_environment(parse_srun_args(argv), STEP_ENV, TASK_ENV) == want
 
 
+@pytest.mark.parametrize(("argv", "export", "want"), [
+    (["x"], "", "job.sh"), (["--export=NONE", "x"], "", "job.sh"), (["-J", "mine", "x"], "", "mine"),
+])
+def test_the_tasks_see_the_scripts_job_name_unless_the_step_is_named(
+    argv: list[str], export: str, want: str,
+) -> None:
+    """The waiter names each step after its command for Slurm's srun (sacct shows `python`, as
+    natively), so slurmstepd gives the task proxies that name; natively the tasks see the script's
+    SLURM_JOB_NAME, or the -J the user gave."""
+    slurmstepd = {**TASK_ENV, "SLURM_JOB_NAME": "mine" if "-J" in argv else "x"}
+    env = task_environment(parse_srun_args(argv), {**STEP_ENV, "SLURM_JOB_NAME": "job.sh"}, slurmstepd)
+    assert env["SLURM_JOB_NAME"] == want
+
+
 def test_the_tables_hold_every_option_sruns_getopt_knows_each_once() -> None:
     kinds = [srun_options.PASSED, srun_options.HONOURED, srun_options.INFO, srun_options.REFUSED]
     assert sum(len(kind) for kind in kinds) == len(srun_options.GETOPT_ORDER)

@@ -115,8 +115,8 @@ def test_a_steps_output_and_end_go_back_through_the_relay(waiter: list[str], tmp
               'step-output {"key": "5"}\n')
     assert (ran.stdout, ran.stderr) == (b"", b"")
     out, err = (b"".join(data for fd, data in frames if fd == wanted) for wanted in (1, 2))
-    assert out == (b"option --jobid=42\noption --nodes=1\noption --label\noption --output=/tmp/slurm-%j.out\n"
-                   b"option --chdir=/\ntask key 5\n" + SRUN_ENVIRONMENT)
+    assert out == (b"option --jobid=42\noption --nodes=1\noption --label\noption --job-name=hostname\n"
+                   b"option --output=/tmp/slurm-%j.out\noption --chdir=/\ntask key 5\n" + SRUN_ENVIRONMENT)
     assert err == SRUN_FAILED
     assert [data for fd, data in frames if fd == 0] == [b"3"] and frames[-1] == (0, b"3")
 
@@ -125,8 +125,9 @@ def test_without_a_relay_the_output_goes_to_the_jobs_files(waiter: list[str], tm
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, stepping(["hostname"], lambda _: refused, "step-done"),
               'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 3, "run": 0}')
-    assert ran.stdout == (b"option --jobid=42\noption --output=/tmp/slurm-%j.out\noption --chdir=/\n"
-                          b"task key 5\n" + SRUN_ENVIRONMENT)
+    assert ran.stdout == (b"option --jobid=42\noption --job-name=hostname\n"
+                          b"option --output=/tmp/slurm-%j.out\noption --chdir=/\ntask key 5\n"
+                          + SRUN_ENVIRONMENT)
     assert ran.stderr == SRUN_FAILED
     assert ran.requests[-1] == ("/v1/jobs/42/step-done", b'{"key": "5", "code": 3, "run": 0}')
 

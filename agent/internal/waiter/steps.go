@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -230,9 +231,10 @@ func (s *scriptSteps) start(data, token string, io any) {
 	for i, arg := range list {
 		argv[i] = pyStr(arg)
 	}
-	options, _, err := SplitSrunArgs(argv)
+	options, userCommand, err := SplitSrunArgs(argv)
 	var limitEnv []string
 	if err == nil {
+		options = withStepName(options, userCommand)
 		var hostIO []string
 		hostIO, err = HostIOOptions(io)
 		requestEnv, _ := request.Get("env")
@@ -273,6 +275,26 @@ func (s *scriptSteps) start(data, token string, io any) {
 	s.active++
 	s.mu.Unlock()
 	go s.run(key, command, env, stepStdin(request))
+}
+
+// withStepName names the step as native srun would, after its command's base name (`python`,
+// `bash`; sacct's JobName of the step), unless the user named it: Slurm's srun here runs the task
+// proxies, whose name it would take otherwise. The tasks still see the script's SLURM_JOB_NAME
+// (bridge/core/step_request.py task_environment).
+func withStepName(options, command []string) []string {
+	for _, option := range options {
+		if strings.HasPrefix(option, "--job-name=") {
+			return options
+		}
+	}
+	if len(command) == 0 {
+		return options
+	}
+	name := command[0][strings.LastIndexByte(command[0], '/')+1:]
+	if name == "" {
+		return options
+	}
+	return append(options, "--job-name="+name)
 }
 
 // stepStdin is what the script's srun read of its stdin (`echo x | srun cat`, the rest of an

@@ -186,6 +186,19 @@ func (u *stepsUnderTest) noted(t *testing.T, name string) (string, bool) {
 	return string(data), true
 }
 
+func TestAStepIsNamedAfterItsCommandUnlessTheUserNamedIt(t *testing.T) {
+	cases := []struct{ options, command, want []string }{
+		{nil, []string{"/usr/bin/python3", "x.py"}, []string{"--job-name=python3"}},
+		{[]string{"--ntasks=2"}, []string{"bash"}, []string{"--ntasks=2", "--job-name=bash"}},
+		{[]string{"--job-name=mine"}, []string{"bash"}, []string{"--job-name=mine"}},
+		{nil, []string{"dir/"}, nil},
+		{nil, nil, nil},
+	}
+	for _, c := range cases {
+		expectEqual(t, strings.Join(c.command, " "), withStepName(c.options, c.command), c.want)
+	}
+}
+
 func TestTheWaitersSrunRunsTheTaskProxyWithTheLayoutOnly(t *testing.T) {
 	under := newStepsUnderTest(t)
 
@@ -193,7 +206,8 @@ func TestTheWaitersSrunRunsTheTaskProxyWithTheLayoutOnly(t *testing.T) {
 		strings.Repeat("t", 64))
 
 	argv, _ := under.noted(t, "argv")
-	want := append(append([]string{SrunPaths[0], "--jobid=42", "--label", "--ntasks=2", "--chdir=/"},
+	// Named after its command, as native srun names a step (sacct), not after the task proxies.
+	want := append(append([]string{SrunPaths[0], "--jobid=42", "--label", "--ntasks=2", "--job-name=sh", "--chdir=/"},
 		waiterOwnCommand...), "task", "9")
 	expectEqual(t, "srun's command", strings.Split(strings.TrimSuffix(argv, "\n"), "\n"), want)
 	text, _ := under.noted(t, "env")
