@@ -23,7 +23,8 @@ NO, ARG, OPT = 0, 1, 2
 """An option takes no value, a value (`--x=v` or `--x v`, `-xv` or `-x v`), or one only as `--x=v`."""
 
 COMMANDS = ("scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "sstat", "srun")
-"""srun only for its help, usage and version (the pod's srun asks so: its steps come another way)."""
+"""srun only for its help, usage, version and --mpi=list (the pod's srun asks so: its steps come
+another way)."""
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 """Where the waiter looks for Slurm's binaries, by absolute path (never the job's PATH)."""
 MAX_ARGS = 256
@@ -100,7 +101,7 @@ _LONG: dict[str, dict[str, int]] = {
     "sstat": {"autocomplete": ARG, "allsteps": NO, "helpformat": NO, "jobs": ARG, "noheader": NO,
               "fields": ARG, "format": ARG, "noconvert": NO, "pidformat": NO, "parsable": NO,
               "parsable2": NO, "verbose": NO, **_HELP},
-    "srun": dict(_HELP),
+    "srun": {"mpi": ARG, **_HELP},
     "sbatch": {"array": ARG, "account": ARG, "bb": ARG, "bbf": ARG, "begin": ARG, "comment": ARG,
                "cpu-freq": ARG, "cpus-per-task": ARG, "dependency": ARG, "deadline": ARG,
                "delay-boot": ARG, "chdir": ARG, "error": ARG, "export": OPT, "export-file": ARG,
@@ -308,7 +309,9 @@ def prepare(command: str, argv: list[str], cwd: str, files: Mapping[str, bytes] 
     if {name for name, _ in options} & _INFO_ONLY.get(command, frozenset()):
         return Prepared(command, canonical(options), None, None)  # needs no script, nor command
     if command == "srun":
-        raise Refused("srun: error: only srun's help, usage and version are asked this way")
+        if options == [("mpi", "list")]:
+            return Prepared(command, ["--mpi=list"], None, None)  # the MPI plugins Slurm has
+        raise Refused("srun: error: only srun's help, usage, version and --mpi=list are asked this way")
     if command == "scontrol":
         return Prepared(command, canonical(options) + _scontrol_words(positionals), None, None)
     if command == "sbatch":

@@ -40,6 +40,12 @@ PASSED = {
     # to tasks; a job's extra field, preferred features and test-only, which a step ignores or
     # answers as natively.
     "accel-bind": 1, "extra": 1, "prefer": 1, "test-only": 0,
+    # A job's own options: inside the allocation Slurm's srun ignores them, some with a warning
+    # (--begin, --core-spec, --thread-spec), as natively.
+    "deadline": 1, "delay-boot": 1, "licenses": 1, "mail-type": 1, "mail-user": 1, "mcs-label": 1,
+    "nice": 2, "priority": 1, "reboot": 0, "tmp": 1, "core-spec": 1, "thread-spec": 1, "switches": 1,
+    "cluster-constraint": 1, "consolidate-segments": 0, "segment": 1, "stepmgr": 0, "resources": 1,
+    "begin": 1, "dependency": 1, "hold": 0, "spread-segments": 0,
 }
 HONOURED = {"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
 _ON_HOST = "it would run a program on the slurmd host, outside the job's pods"
@@ -66,10 +72,6 @@ REFUSED = {
     "het-group": "heterogeneous steps are not available in a bridged job",
     "async": "the bridge relays a step's output and end through its srun, which must wait",
     "parsable": "it belongs to --async",
-    "spread-segments": "it places a job, and a step of a bridged job runs in its allocation",
-    "begin": "it places a job, and a step of a bridged job runs in its allocation",
-    "dependency": "it places a job, and a step of a bridged job runs in its allocation",
-    "hold": "it places a job, and a step of a bridged job runs in its allocation",
     "pack-group": "heterogeneous steps are not available in a bridged job",
     "nodefile": "it would read the file on the slurmd host; name the nodes with --nodelist",
     "context": "slurmstepd would set the SELinux context of the slurmd host's proxies, not the pods' tasks",
@@ -78,11 +80,8 @@ REFUSED = {
     "debugger-test": "it is for Slurm's parallel debugger tests",
     "autocomplete": "it is for a shell's completion on a login host",
 }
-# Options srun takes only for allocations that no step of a running job can use.
-for _name in ("deadline", "delay-boot", "licenses", "clusters", "mail-type", "mail-user", "mcs-label",
-              "nice", "priority", "reboot", "tmp", "core-spec", "thread-spec", "switches",
-              "cluster-constraint", "cluster", "consolidate-segments", "segment", "stepmgr", "resources"):
-    REFUSED[_name] = "it places a job, and a step of a bridged job runs in its allocation"
+for _name in ("clusters", "cluster"):
+    REFUSED[_name] = "it would run the step on another cluster, outside the job's pods"
 SHORT = {
     "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "w": "nodelist", "x": "exclude", "J": "job-name",
     "t": "time", "G": "gpus", "m": "distribution", "r": "relative", "W": "wait", "C": "constraint",
@@ -96,9 +95,8 @@ SHORT = {
 INFO = {"help": 0, "usage": 0, "version": 0}
 """Options with which srun only prints its help, usage or version and exits 0: the pod's srun has
 Slurm's srun on the slurmd host print them (through the Slurm commands' door, slurm_commands.py)."""
-_REFUSED_TAKES = {"no-allocate": 0, "async": 0, "parsable": 0, "spread-segments": 0, "hold": 0, "reboot": 0,
-                  "x11": 2, "pty": 2, "send-libs": 2, "compress": 2, "bcast": 2,
-                  "nice": 2, "interactive": 0, "debugger-test": 0, "consolidate-segments": 0, "stepmgr": 0}
+_REFUSED_TAKES = {"no-allocate": 0, "async": 0, "parsable": 0, "x11": 2, "pty": 2, "send-libs": 2,
+                  "compress": 2, "bcast": 2, "interactive": 0, "debugger-test": 0}
 _TAKES = {**PASSED, **HONOURED, **INFO, **{name: _REFUSED_TAKES.get(name, 1) for name in REFUSED}}
 GETOPT_ORDER = (
     "accel-bind", "account", "acctg-freq", "async", "autocomplete", "bcast", "bcast-exclude", "begin", "bb",

@@ -149,7 +149,10 @@ CASES = [
          "srun --ex true; echo \"ambiguous $?\"\nsrun --nodes; echo \"no value $?\"\n"
          "srun --label=x true; echo \"a value $?\"\nsrun --version; echo \"version $?\"\n"
          "srun -n 1 -V true; echo \"V $?\"\nsrun --help | head -n 3\nsrun --usage | head -n 2\n"
-         "srun -n 1 --extra=a echo extra; echo \"extra $?\"\nsrun -n 1 --prefer=x echo prefer\n",
+         "srun -n 1 --extra=a echo extra; echo \"extra $?\"\nsrun -n 1 --prefer=x echo prefer\n"
+         # A job's own options: ignored inside the allocation, some with a warning.
+         "srun -n 1 --begin=now --hold --thread-spec=1 --mail-type=END echo job-options; echo \"rc $?\"\n"
+         "srun --mpi=list; echo \"mpi list $?\"\n",
          stderr_file=True),
     Case("srun_stderr_redirected",
          "srun -n 1 sh -c 'echo kept; echo dropped >&2' 2>/dev/null\n"

@@ -46,7 +46,8 @@ STAMP = "2025-12-01T12:00:00.000000000Z"
     # The pod's srun has its help, usage and version printed by Slurm's srun: nothing else of srun's.
     ("sstat", ["-j", "7", "-n", "-oJobID,MaxRSS"], ["-j7", "-n", "-oJobID,MaxRSS"]),
     ("sstat", ["--allsteps", "7"], ["--allsteps", "--", "7"]),
-    ("srun", ["--vers"], ["--version"]), ("srun", ["-V"], ["-V"]), ("srun", ["--help", "x"], ["--help"]),
+    ("srun", ["--vers"], ["--version"]), ("srun", ["--mpi=list"], ["--mpi=list"]),
+    ("srun", ["-V"], ["-V"]), ("srun", ["--help", "x"], ["--help"]),
 ])
 def test_arguments_are_given_back_canonical(command: str, argv: list[str], want: list[str]) -> None:
     assert prepare(command, argv, "/home/alice").argv == want
@@ -54,7 +55,8 @@ def test_arguments_are_given_back_canonical(command: str, argv: list[str], want:
 
 @pytest.mark.parametrize(("command", "argv", "reason"), [
     ("bash", ["-c", "id"], "'bash' is not one of the Slurm commands"),
-    ("srun", ["hostname"], "only srun's help, usage and version are asked this way"),
+    ("srun", ["hostname"], "only srun's help, usage, version and --mpi=list are asked this way"),
+    ("srun", ["--mpi=pmi2"], "only srun's help, usage, version and --mpi=list are asked this way"),
     ("srun", ["-n1", "--version"], "option '-n' is not allowed"),
     ("srun", ["--pty", "bash"], "option '--pty' is not allowed"),
     ("sbatch", ["--get-user-env", "--wrap", "x"], "--get-user-env is not allowed inside a job that runs in "

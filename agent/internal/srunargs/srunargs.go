@@ -29,42 +29,37 @@ var srunPassed = map[string]int{
 	"propagate": 2, "oom-kill-step": 2, "external-launcher": 0,
 	"cpu_bind": 1, "tasks-per-node": 1, "msg-timeout": 1, "treewidth": 1, "ntasks-per-tres": 1,
 	"accel-bind": 1, "extra": 1, "prefer": 1, "test-only": 0,
+	"deadline": 1, "delay-boot": 1, "licenses": 1, "mail-type": 1, "mail-user": 1, "mcs-label": 1, "nice": 2, "priority": 1, "reboot": 0, "tmp": 1, "core-spec": 1, "thread-spec": 1, "switches": 1, "cluster-constraint": 1, "consolidate-segments": 0, "segment": 1, "stepmgr": 0, "resources": 1, "begin": 1, "dependency": 1, "hold": 0, "spread-segments": 0,
 }
 
 var srunHonoured = map[string]int{"output": 1, "error": 1, "input": 1, "open-mode": 1, "chdir": 1, "export": 1, "multi-prog": 0}
 
 const onHost = "it would run a program on the slurmd host, outside the job's pods"
-const placesAJob = "it places a job, and a step of a bridged job runs in its allocation"
+const otherCluster = "it would run the step on another cluster, outside the job's pods"
 
 var srunRefused = map[string]string{
 	"prolog": onHost, "epilog": onHost, "task-prolog": onHost, "task-epilog": onHost,
-	"bcast":           "it copies a file onto the step's nodes, which here are the slurmd hosts, not the pods",
-	"bcast-exclude":   "it belongs to --bcast, which copies files onto the slurmd hosts",
-	"send-libs":       "it copies libraries onto the slurmd hosts, not the pods",
-	"compress":        "it belongs to --bcast, which copies files onto the slurmd hosts",
-	"container":       "it runs the task in an OCI container on the slurmd host; the task runs in the job's pod image already",
-	"container-id":    "it runs the task in an OCI container on the slurmd host",
-	"container-type":  "it runs the task in an OCI container on the slurmd host",
-	"x11":             "it forwards X11 through the slurmd host",
-	"cpu-freq":        "slurmstepd would set the slurmd host's CPU frequency, not the pods' node's",
-	"gpu-freq":        "slurmstepd would set the slurmd host's GPU frequency, not the pods' node's",
-	"bb":              "burst buffers are staged by Slurm on its own hosts, not in the pods",
-	"bbf":             "it reads a burst buffer file on the slurmd host",
-	"profile":         "slurmstepd would profile the slurmd host's proxies, not the pods' tasks",
-	"slurmd-debug":    "slurmstepd's own debug log describes the slurmd host",
-	"pty":             "a terminal for a step's task is not available in a bridged job yet",
-	"jobid":           "a step of a bridged job runs in that job (the bridge names it to Slurm's srun)",
-	"no-allocate":     "it is for Slurm's administrators",
-	"het-group":       "heterogeneous steps are not available in a bridged job",
-	"async":           "the bridge relays a step's output and end through its srun, which must wait",
-	"parsable":        "it belongs to --async",
-	"spread-segments": placesAJob, "begin": placesAJob, "dependency": placesAJob, "hold": placesAJob,
-	"deadline": placesAJob, "delay-boot": placesAJob, "licenses": placesAJob, "clusters": placesAJob,
-	"mail-type": placesAJob, "mail-user": placesAJob, "mcs-label": placesAJob, "nice": placesAJob,
-	"priority": placesAJob, "reboot": placesAJob, "tmp": placesAJob,
-	"core-spec": placesAJob, "thread-spec": placesAJob, "switches": placesAJob,
-	"cluster-constraint": placesAJob, "cluster": placesAJob, "consolidate-segments": placesAJob,
-	"segment": placesAJob, "stepmgr": placesAJob, "resources": placesAJob,
+	"bcast":          "it copies a file onto the step's nodes, which here are the slurmd hosts, not the pods",
+	"bcast-exclude":  "it belongs to --bcast, which copies files onto the slurmd hosts",
+	"send-libs":      "it copies libraries onto the slurmd hosts, not the pods",
+	"compress":       "it belongs to --bcast, which copies files onto the slurmd hosts",
+	"container":      "it runs the task in an OCI container on the slurmd host; the task runs in the job's pod image already",
+	"container-id":   "it runs the task in an OCI container on the slurmd host",
+	"container-type": "it runs the task in an OCI container on the slurmd host",
+	"x11":            "it forwards X11 through the slurmd host",
+	"cpu-freq":       "slurmstepd would set the slurmd host's CPU frequency, not the pods' node's",
+	"gpu-freq":       "slurmstepd would set the slurmd host's GPU frequency, not the pods' node's",
+	"bb":             "burst buffers are staged by Slurm on its own hosts, not in the pods",
+	"bbf":            "it reads a burst buffer file on the slurmd host",
+	"profile":        "slurmstepd would profile the slurmd host's proxies, not the pods' tasks",
+	"slurmd-debug":   "slurmstepd's own debug log describes the slurmd host",
+	"pty":            "a terminal for a step's task is not available in a bridged job yet",
+	"jobid":          "a step of a bridged job runs in that job (the bridge names it to Slurm's srun)",
+	"no-allocate":    "it is for Slurm's administrators",
+	"het-group":      "heterogeneous steps are not available in a bridged job",
+	"async":          "the bridge relays a step's output and end through its srun, which must wait",
+	"parsable":       "it belongs to --async",
+	"clusters":       otherCluster, "cluster": otherCluster,
 	"pack-group":    "heterogeneous steps are not available in a bridged job",
 	"nodefile":      "it would read the file on the slurmd host; name the nodes with --nodelist",
 	"context":       "slurmstepd would set the SELinux context of the slurmd host's proxies, not the pods' tasks",
@@ -89,9 +84,8 @@ var srunShort = map[byte]string{
 // the pod's srun has Slurm's srun on the slurmd host print them (the Slurm commands' door).
 var srunInfo = map[string]int{"help": 0, "usage": 0, "version": 0}
 
-var srunRefusedTakes = map[string]int{"no-allocate": 0, "async": 0, "parsable": 0, "spread-segments": 0,
-	"hold": 0, "reboot": 0, "x11": 2, "pty": 2, "send-libs": 2, "compress": 2, "bcast": 2,
-	"nice": 2, "interactive": 0, "debugger-test": 0, "consolidate-segments": 0, "stepmgr": 0}
+var srunRefusedTakes = map[string]int{"no-allocate": 0, "async": 0, "parsable": 0, "x11": 2, "pty": 2,
+	"send-libs": 2, "compress": 2, "bcast": 2, "interactive": 0, "debugger-test": 0}
 
 // getoptOrder is every long option Slurm 26.05's srun knows (src/common/slurm_opt.c), in its
 // getopt table's order: an abbreviation is resolved against all of them, and an ambiguous one
@@ -452,8 +446,9 @@ func WithoutOwnJobID(argv []string, jobID string) []string {
 }
 
 // Info is the first of srun's own options before the command with which srun only prints its help,
-// usage or version ("--help", "--usage" or "--version"), as srun reads its command line: srun acts
-// on it when getopt reaches it, so what comes before must read without error. "" when there is none.
+// usage, version or MPI plugins ("--help", "--usage", "--version", "--mpi=list"), as srun reads its
+// command line: srun acts on it when getopt reaches it, so what comes before must read without
+// error. "" when there is none.
 func Info(argv []string) string {
 	for i := 0; i < len(argv); {
 		word := argv[i]
@@ -474,8 +469,15 @@ func Info(argv []string) string {
 				}
 				return "--" + name
 			}
+			_, value, _ := strings.Cut(word, "=")
 			if takes == 1 && !eq {
+				if i < len(argv) {
+					value = argv[i]
+				}
 				i++
+			}
+			if name == "mpi" && value == "list" {
+				return "--mpi=list" // srun lists its MPI plugins and exits
 			}
 			continue
 		}

@@ -73,6 +73,8 @@ func TestHelpUsageAndVersionAreFoundAsSrunReadsItsOptions(t *testing.T) {
 		{[]string{"--xyz", "--version"}, ""}, // getopt stops at --xyz first
 		{[]string{"--version=1"}, ""},        // getopt's "doesn't allow an argument"
 		{[]string{"--", "--version"}, ""},
+		{[]string{"--mpi=list"}, "--mpi=list"}, {[]string{"-n1", "--mpi", "list"}, "--mpi=list"},
+		{[]string{"--mpi=pmi2", "true"}, ""},
 	}
 	for _, c := range cases {
 		if got := Info(c.argv); got != c.want {

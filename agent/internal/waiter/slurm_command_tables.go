@@ -17,7 +17,7 @@ const (
 )
 
 // slurmCommands are the binaries the pod may have run, in the order the refusal names them; srun
-// only for its help, usage and version (the pod's srun asks so: its steps come another way).
+// only for its help, usage, version and --mpi=list (the pod's srun asks so: its steps come another way).
 var slurmCommands = []string{"scontrol", "squeue", "sbatch", "scancel", "sacct", "sinfo", "sstat", "srun"}
 
 // slurmBinaryDirs are where Slurm's binaries are looked for, by absolute path (never the job's PATH).
@@ -127,7 +127,7 @@ var longOptions = map[string]map[string]arity{
 		"fields": reqArg, "format": reqArg, "noconvert": noArg, "pidformat": noArg, "parsable": noArg,
 		"parsable2": noArg, "verbose": noArg, "help": noArg, "usage": noArg, "version": noArg,
 	},
-	"srun": {"help": noArg, "usage": noArg, "version": noArg},
+	"srun": {"mpi": reqArg, "help": noArg, "usage": noArg, "version": noArg},
 	"sbatch": {
 		"array": reqArg, "account": reqArg, "bb": reqArg, "bbf": reqArg, "begin": reqArg,
 		"comment": reqArg, "cpu-freq": reqArg, "cpus-per-task": reqArg, "dependency": reqArg,

@@ -303,7 +303,10 @@ func prepareCommand(request commandRequest) (preparedCommand, error) {
 	}
 	switch command {
 	case "srun":
-		return preparedCommand{}, refusal("srun: error: only srun's help, usage and version are asked this way")
+		if len(options) == 1 && options[0].name == "mpi" && options[0].hasValue && options[0].value == "list" {
+			return preparedCommand{command: command, argv: []string{"--mpi=list"}}, nil // the MPI plugins Slurm has
+		}
+		return preparedCommand{}, refusal("srun: error: only srun's help, usage, version and --mpi=list are asked this way")
 	case "scontrol":
 		words, err := scontrolWords(positionals)
 		return preparedCommand{command: command, argv: append(canonicalOptions(options), words...)}, err
