@@ -15,6 +15,7 @@ import shlex
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1007,18 +1008,22 @@ def test_what_native_srun_takes_as_nothing_in_a_batch_script_is_dropped(
     srun asks for the step without them (Parsl's probe: both ended 255)."""
     home, installed = installed_agent(agent, tmp_path)
     proc = _start_script(installed, home, command, {"SLURM_JOB_ID": "7"})
-    lines: list[bytes] = []
-    request = None
+    request, err = None, b""
+    # The script's stderr is framed as the agent reads it, not ordered with the request's frame.
+    watchdog = threading.Timer(30, proc.kill)
+    watchdog.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            lines.append(line)
             if line.startswith(b"s "):
                 request = json.loads(base64.b64decode(line[2:]))
+            elif line.startswith(b"e "):
+                err += base64.b64decode(line[2:])
+            if request is not None and len(err) >= len(said):
                 break
     finally:
+        watchdog.cancel()
         proc.kill()
         proc.communicate(timeout=30)
     assert request is not None and request["argv"] == argv, request
-    err = b"".join(base64.b64decode(line[2:]) for line in lines if line.startswith(b"e "))
     assert err == said
