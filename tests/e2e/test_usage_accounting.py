@@ -61,11 +61,10 @@ def kilobytes(text: str) -> float:
 
 
 def batch_usage(sandbox: Sandbox, job_id: int) -> dict[str, str]:
-    out = sandbox.slurm("sacct", "-n", "-P", "-j", f"{job_id}.batch", "-o",
-                        "JobID,State,TotalCPU,UserCPU,SystemCPU,MaxRSS").stdout
+    fields = ("JobID", "State", "TotalCPU", "UserCPU", "SystemCPU", "MaxRSS", "AveCPUFreq")
+    out = sandbox.slurm("sacct", "-n", "-P", "-j", f"{job_id}.batch", "-o", ",".join(fields)).stdout
     for line in out.splitlines():
-        row = dict(zip(("JobID", "State", "TotalCPU", "UserCPU", "SystemCPU", "MaxRSS"), line.split("|"),
-                       strict=True))
+        row = dict(zip(fields, line.split("|"), strict=True))
         if row["JobID"] == f"{job_id}.batch":
             return row
     raise AssertionError(f"no batch step of {job_id} in sacct: {out!r}\n{job_trail(job_id)}")
@@ -138,6 +137,53 @@ def test_a_bridged_jobs_cpu_and_memory_are_accounted_as_a_native_ones(bridge: Sa
     # Elapsed differs by the pod's start, so CPUEff a little; before the plugin it was ~0 %.
     assert bridged_eff[0] >= 0.6 * native_eff[0], efficiency
     assert abs(bridged_eff[1] - native_eff[1]) <= 0.2 * native_eff[1], efficiency
+
+
+SHORT_STEPS = """#!/bin/bash
+python3 -c 'import time; b = bytearray(100 << 20); time.sleep(3)'
+srun python3 -c 'import time; b = bytearray(50 << 20); time.sleep(3)'
+"""
+
+
+def hertz(text: str) -> float:
+    """sacct's AveCPUFreq (kHz, with Slurm's K/M/G suffixes) in Hz; 0 when empty."""
+    match = re.fullmatch(r"([\d.]+)([KMGT]?)", text.strip())
+    if not match:
+        return 0.0
+    return float(match[1]) * 1000 * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[match[2]]
+
+
+@pytest.mark.shares_the_cluster
+def test_no_step_reports_a_cpu_frequency_no_cpu_has(bridge: Sandbox) -> None:
+    """AveCPUFreq of a bridged step is weighted by the CPU time of the process slurmstepd measures,
+    as for any task. It read 429.49G on 2 of 3 such batch steps (the sweep's probe): the plugin's
+    pod CPU figure, left from the last poll, was taken from the waiter's own, and the negative
+    difference weighed the frequency as a uint32. Six jobs at once, and a native one beside."""
+    jobs = {f"{partition}-{n}": submit(bridge, partition, f"cpufreq-{partition}-{n}", SHORT_STEPS)
+            for partition, count in (("k8s", 6), ("native", 1)) for n in range(count)}
+    rows: dict[str, float] = {}
+    for name, job_id in jobs.items():
+        assert bridge.wait_job_final(job_id, timeout=300)["State"] == "COMPLETED", job_trail(job_id)
+        out = bridge.slurm("sacct", "-n", "-P", "-j", str(job_id), "-o", "JobID,AveCPUFreq").stdout
+        rows |= {f"{name} {step}": hertz(freq) for step, freq in (line.split("|") for line in out.split())}
+    print(f"AveCPUFreq: {rows}")
+    assert any(hz > 0 for hz in rows.values()), rows  # the figure is there at all
+    assert all(hz < 20e9 for hz in rows.values()), rows
+
+
+@pytest.mark.shares_the_cluster
+def test_a_script_waiting_on_its_srun_is_charged_next_to_nothing(bridge: Sandbox) -> None:
+    """The script's srun in the pod waits for its step as native srun does, asleep: it looked for
+    the step's result file every 20 ms, which charged the batch step ~1 % of a core (1.06 s of CPU
+    for a script that only waited 90 s, against native's 0.004 s: the sweep's probe)."""
+    body = "#!/bin/bash\nsrun -n 1 sleep 30\n"
+    jobs = {partition: submit(bridge, partition, f"srunwait-{partition}", body)
+            for partition in ("native", "k8s")}
+    for job_id in jobs.values():
+        assert bridge.wait_job_final(job_id, timeout=300)["State"] == "COMPLETED", job_trail(job_id)
+    usage = {partition: batch_usage(bridge, job_id) for partition, job_id in jobs.items()}
+    print(f"usage: {usage}")
+    assert seconds(usage["k8s"]["TotalCPU"]) <= seconds(usage["native"]["TotalCPU"]) + 0.1, usage
 
 
 @pytest.mark.shares_the_cluster

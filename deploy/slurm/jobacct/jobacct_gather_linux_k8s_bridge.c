@@ -127,6 +127,13 @@ static int (*linux_add_task)(pid_t, void *);
 static void (*linux_stat_job)(void *);
 static void (*linux_fini)(void);
 static bool layout_refused;
+/* The CPU time jobacct_gather/linux last measured of each bridged task, by pid (see below). */
+struct measured_cpu {
+	pid_t pid;
+	uint64_t cpu_ms;
+};
+static struct measured_cpu *measured;
+static size_t measured_count, measured_room;
 
 extern int init(void)
 {
@@ -157,6 +164,9 @@ extern void fini(void)
 {
 	if (linux_fini)
 		linux_fini();
+	free(measured);
+	measured = NULL;
+	measured_count = measured_room = 0;
 }
 
 /* Directory `name` under `parent`, if it is root's and only root writes it (the step guard makes
@@ -301,15 +311,69 @@ static void put_pod_usage(struct jobacctinfo_head *jobacct, const struct pod_usa
 		set_out(jobacct, TRES_FS_DISK, v[F_WRITE]);
 }
 
+/*
+ * jobacct_gather/linux weighs the CPU frequency by the CPU time its task used since the last poll:
+ * what it reads of the process now, less the task's CPU figure it left last time. For a bridged
+ * task that figure is the pod's, which this plugin put there, so the difference went negative and
+ * sacct showed AveCPUFreq in the hundreds of GHz. So each bridged task's figure is, during
+ * jobacct_gather/linux's poll, the one that plugin measured itself last time (kept here by pid,
+ * for this slurmstepd's few tasks: `measured`), and the pod's after it.
+ */
+
+static struct measured_cpu *measured_of(pid_t pid, bool add)
+{
+	for (size_t i = 0; i < measured_count; i++)
+		if (measured[i].pid == pid)
+			return &measured[i];
+	if (!add)
+		return NULL;
+	if (measured_count == measured_room) {
+		size_t room = measured_room ? 2 * measured_room : 16;
+		struct measured_cpu *grown = realloc(measured, room * sizeof(*measured));
+		if (!grown)
+			return NULL;
+		measured = grown;
+		measured_room = room;
+	}
+	measured[measured_count] = (struct measured_cpu) { .pid = pid, .cpu_ms = 0 };
+	return &measured[measured_count++];
+}
+
+/* Each bridged task's CPU figure as jobacct_gather/linux left it (before), or keep what it left
+ * (after, before the pod's figures go in). */
+static void swap_in_measured_cpu(list_t *task_list, bool before)
+{
+	struct jobacctinfo_head *jobacct;
+	struct pod_usage usage;
+	struct measured_cpu *kept;
+	list_itr_t *it = slurm_list_iterator_create(task_list);
+
+	while ((jobacct = slurm_list_next(it))) {
+		if (jobacct->pid <= 0 || !read_pod_usage(jobacct->pid, &usage))
+			continue;
+		if (!layout_agrees(jobacct))
+			break;
+		kept = measured_of(jobacct->pid, !before);
+		if (before)
+			jobacct->tres_usage_in_tot[TRES_CPU] = kept ? kept->cpu_ms : 0;
+		else if (kept)
+			kept->cpu_ms = jobacct->tres_usage_in_tot[TRES_CPU];
+	}
+	slurm_list_iterator_destroy(it);
+}
+
 extern void jobacct_gather_p_poll_data(list_t *task_list, uint64_t cont_id, bool profile)
 {
 	struct jobacctinfo_head *jobacct;
 	struct pod_usage usage;
 	list_itr_t *it;
 
+	if (task_list && !layout_refused)
+		swap_in_measured_cpu(task_list, true);
 	linux_poll_data(task_list, cont_id, profile);
 	if (!task_list || layout_refused)
 		return;
+	swap_in_measured_cpu(task_list, false);
 	it = slurm_list_iterator_create(task_list);
 	while ((jobacct = slurm_list_next(it))) {
 		if (jobacct->pid <= 0 || !read_pod_usage(jobacct->pid, &usage))
