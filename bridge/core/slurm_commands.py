@@ -306,6 +306,8 @@ def prepare(command: str, argv: list[str], cwd: str, files: Mapping[str, bytes] 
                       f"({', '.join(COMMANDS)})")
     _check_sizes(argv)
     options, positionals = parse(command, argv)
+    if command == "srun" and len(options) != 1:
+        raise Refused("srun: error: only srun's help, usage, version and --mpi=list are asked this way")
     if {name for name, _ in options} & _INFO_ONLY.get(command, frozenset()):
         return Prepared(command, canonical(options), None, None)  # needs no script, nor command
     if command == "srun":

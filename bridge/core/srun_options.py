@@ -26,13 +26,13 @@ PASSED = {
     "relative": 1, "wait": 1, "constraint": 1, "mincpus": 1, "sockets-per-node": 1,
     "cores-per-socket": 1, "threads-per-core": 1, "extra-node-info": 1, "tres-per-task": 1,
     "tres-bind": 1, "comment": 1, "signal": 1, "threads": 1, "ignore-signals": 1, "acctg-freq": 1,
-    "account": 1, "partition": 1, "qos": 1, "reservation": 1, "wckey": 1, "overlap": 0,
+    "account": 1, "partition": 1, "qos": 1, "reservation": 1, "wckey": 1, "overlap": 2,
     "exclusive": 2, "label": 0, "kill-on-bad-exit": 2, "unbuffered": 0, "quiet": 0, "verbose": 0,
     "disable-status": 0, "whole": 0, "exact": 0, "overcommit": 0, "oversubscribe": 0,
     "contiguous": 0, "spread-job": 0, "use-min-nodes": 0, "wait-for-children": 0,
-    "quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 0, "immediate": 2, "preserve-env": 0,
+    "quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 2, "immediate": 2, "preserve-env": 0,
     "propagate": 2, "oom-kill-step": 2,
-    "external-launcher": 0,  # what mpirun (Open MPI, MPICH hydra) adds to start its daemons
+    "external-launcher": 2,  # what mpirun (Open MPI, MPICH hydra) adds to start its daemons
     # Native srun takes these too (Parsl's SrunLauncher and sites' wrappers use some): the old
     # spellings of two options, the step's RPC timeout and fan-out, tasks per GPU-like resource.
     "cpu_bind": 1, "tasks-per-node": 1, "msg-timeout": 1, "treewidth": 1, "ntasks-per-tres": 1,
@@ -124,6 +124,8 @@ GETOPT_ORDER = (
 an abbreviation is resolved against all of them, and an ambiguous one names them in this order."""
 SAME_OPTION = {"cpu_bind": "cpu-bind", "tasks-per-node": "ntasks-per-node", "pack-group": "het-group"}
 """Spellings getopt_long does not count apart when an abbreviation matches both (one option)."""
+NODE_FILE = ("a node list with a / names a file, which Slurm's srun would read on the slurmd host; "
+             "name the nodes")
 TRY_HELP = "Try \"srun --help\" for more information"
 OPEN_MODES = ("append", "truncate")
 
@@ -156,12 +158,16 @@ def _long_name(given: str, word: str) -> str:
     if given in _TAKES:
         return given
     matches = [name for name in GETOPT_ORDER if name.startswith(given)]
-    if len({SAME_OPTION.get(name, name) for name in matches}) == 1:
+    if not matches:
+        raise getopt_error(f"unrecognized option '{word}'")
+    # As glibc: a match that is the first one's option under another name is no ambiguity, nor
+    # listed; any other is.
+    first = SAME_OPTION.get(matches[0], matches[0])
+    listed = [name for name in matches if name == matches[0] or SAME_OPTION.get(name, name) != first]
+    if len(listed) == 1:
         return matches[0]
-    if matches:
-        possibilities = " ".join(f"'--{name}'" for name in matches if name not in SAME_OPTION)
-        raise getopt_error(f"option '{word}' is ambiguous; possibilities: {possibilities}")
-    raise getopt_error(f"unrecognized option '{word}'")
+    possibilities = " ".join(f"'--{name}'" for name in listed)
+    raise getopt_error(f"option '{word}' is ambiguous; possibilities: {possibilities}")
 
 
 def refusal(option: str, reason: str) -> ValueError:
@@ -227,6 +233,8 @@ def _take(args: SrunArgs, name: str, value: str | None) -> None:
         raise ValueError(f"srun: error: option --{name} is answered by the job's own srun, not in a step")
     if name in REFUSED:
         raise refusal(f"--{name}", REFUSED[name])
+    if name in ("nodelist", "exclude") and value and "/" in value:
+        raise refusal(f"--{name}", NODE_FILE)
     if name == "mpi" and value != "none":
         # slurmstepd's PMI server lives on the slurmd host, out of the pods' reach.
         raise ValueError(f"srun: error: --mpi={value} {NOT_HERE}: start MPI programs with mpirun "

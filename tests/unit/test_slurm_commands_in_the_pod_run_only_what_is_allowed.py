@@ -57,6 +57,7 @@ def test_arguments_are_given_back_canonical(command: str, argv: list[str], want:
     ("bash", ["-c", "id"], "'bash' is not one of the Slurm commands"),
     ("srun", ["hostname"], "only srun's help, usage, version and --mpi=list are asked this way"),
     ("srun", ["--mpi=pmi2"], "only srun's help, usage, version and --mpi=list are asked this way"),
+    ("srun", ["--mpi=x", "--help"], "only srun's help, usage, version and --mpi=list are asked this way"),
     ("srun", ["-n1", "--version"], "option '-n' is not allowed"),
     ("srun", ["--pty", "bash"], "option '--pty' is not allowed"),
     ("sbatch", ["--get-user-env", "--wrap", "x"], "--get-user-env is not allowed inside a job that runs in "

@@ -105,6 +105,8 @@ def test_allowed_options_are_split_from_the_command(
         ["--x11"], ["--cpu-freq=high"], ["--gpu-freq=high"], ["--send-libs"], ["--bbf=f"], ["--jobid=7"],
         ["--task-prolog", "/home/alice/x.sh"], ["--task-pro=/home/alice/x.sh"], ["--async"],
         ["-Z"], ["--nodefile=/home/alice/nodes"], ["-F", "nodes"], ["--pack-group=1"], ["--interactive"],
+        # A node list with a / is a file Slurm's srun reads, on the slurmd host here.
+        ["-w", "/etc/hosts"], ["--exclude=./nodes"], ["-x./n"],
     ],
 )
 def test_options_that_would_run_or_place_something_on_the_host_are_refused(refused: list[str]) -> None:
@@ -143,6 +145,11 @@ TRY = '\nTry "srun --help" for more information'
                       "'--exclusive' '--export' '--external-launcher' '--extra' '--extra-node-info'"),
     (["--cpu", "x"], "srun: option '--cpu' is ambiguous; possibilities: '--cpu-bind' '--cpu-freq' "
                      "'--cpus-per-gpu' '--cpus-per-task'"),
+    # glibc leaves out only the first match's own aliases.
+    (["--pa", "x"], "srun: option '--pa' is ambiguous; possibilities: '--pack-group' '--parsable' "
+                    "'--partition'"),
+    (["--tas", "x"], "srun: option '--tas' is ambiguous; possibilities: '--task-epilog' '--task-prolog' "
+                     "'--tasks-per-node'"),
 ])
 def test_a_command_line_srun_cannot_read_gets_getopts_words_as_natively(argv: list[str], native: str) -> None:
     with pytest.raises(ValueError) as caught:
@@ -156,6 +163,10 @@ def test_a_command_line_srun_cannot_read_gets_getopts_words_as_natively(argv: li
     (["--accel-bind=g", "x"], ["--accel-bind=g"]), (["--test-only", "x"], ["--test-only"]),
     # Two spellings of one option are no ambiguity.
     (["--cpu-b=none", "x"], ["--cpu-bind=none"]), (["--cpu_b=none", "x"], ["--cpu_bind=none"]),
+    # Optional values, as srun 26.05 takes them (a port count for MPI).
+    (["--resv-ports=2", "x"], ["--resv-ports=2"]), (["--overlap=force", "x"], ["--overlap=force"]),
+    (["--external-launcher=x", "x"], ["--external-launcher=x"]),
+    (["-w", "kreal[1-2]", "x"], ["--nodelist=kreal[1-2]"]),
 ])
 def test_every_option_srun_knows_is_read_as_srun_reads_it(argv: list[str], passed: list[str]) -> None:
     assert split_srun_args(argv) == (passed, ["x"])

@@ -21,12 +21,12 @@ var srunPassed = map[string]int{
 	"relative": 1, "wait": 1, "constraint": 1, "mincpus": 1, "sockets-per-node": 1,
 	"cores-per-socket": 1, "threads-per-core": 1, "extra-node-info": 1, "tres-per-task": 1,
 	"tres-bind": 1, "comment": 1, "signal": 1, "threads": 1, "ignore-signals": 1, "acctg-freq": 1,
-	"account": 1, "partition": 1, "qos": 1, "reservation": 1, "wckey": 1, "overlap": 0,
+	"account": 1, "partition": 1, "qos": 1, "reservation": 1, "wckey": 1, "overlap": 2,
 	"exclusive": 2, "label": 0, "kill-on-bad-exit": 2, "unbuffered": 0, "quiet": 0, "verbose": 0,
 	"disable-status": 0, "whole": 0, "exact": 0, "overcommit": 0, "oversubscribe": 0,
 	"contiguous": 0, "spread-job": 0, "use-min-nodes": 0, "wait-for-children": 0,
-	"quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 0, "immediate": 2, "preserve-env": 0,
-	"propagate": 2, "oom-kill-step": 2, "external-launcher": 0,
+	"quit-on-interrupt": 0, "no-kill": 2, "resv-ports": 2, "immediate": 2, "preserve-env": 0,
+	"propagate": 2, "oom-kill-step": 2, "external-launcher": 2,
 	"cpu_bind": 1, "tasks-per-node": 1, "msg-timeout": 1, "treewidth": 1, "ntasks-per-tres": 1,
 	"accel-bind": 1, "extra": 1, "prefer": 1, "test-only": 0,
 	"deadline": 1, "delay-boot": 1, "licenses": 1, "mail-type": 1, "mail-user": 1, "mcs-label": 1, "nice": 2, "priority": 1, "reboot": 0, "tmp": 1, "core-spec": 1, "thread-spec": 1, "switches": 1, "cluster-constraint": 1, "consolidate-segments": 0, "segment": 1, "stepmgr": 0, "resources": 1, "begin": 1, "dependency": 1, "hold": 0, "spread-segments": 0,
@@ -162,28 +162,34 @@ func resolveLong(given, word string) (string, error) {
 		return given, nil
 	}
 	var matches []string
-	options := map[string]bool{}
 	for _, name := range getoptOrder {
 		if strings.HasPrefix(name, given) {
 			matches = append(matches, name)
-			if same, ok := sameOption[name]; ok {
-				options[same] = true
-			} else {
-				options[name] = true
-			}
 		}
-	}
-	if len(options) == 1 {
-		return matches[0], nil
 	}
 	if len(matches) == 0 {
 		return "", getoptError("unrecognized option '" + word + "'")
 	}
-	line := "option '" + word + "' is ambiguous; possibilities:"
-	for _, name := range matches {
-		if _, alias := sameOption[name]; !alias {
-			line += " '--" + name + "'"
+	// As glibc: a match that is the first one's option under another name is no ambiguity, nor
+	// listed; any other is.
+	option := func(name string) string {
+		if same, ok := sameOption[name]; ok {
+			return same
 		}
+		return name
+	}
+	listed := []string{matches[0]}
+	for _, name := range matches[1:] {
+		if option(name) != option(matches[0]) {
+			listed = append(listed, name)
+		}
+	}
+	if len(listed) == 1 {
+		return matches[0], nil
+	}
+	line := "option '" + word + "' is ambiguous; possibilities:"
+	for _, name := range listed {
+		line += " '--" + name + "'"
 	}
 	return "", getoptError(line)
 }
@@ -223,6 +229,9 @@ func split(argv []string) ([]string, []string, *string, error) {
 		}
 		if reason, refused := srunRefused[name]; refused {
 			return Error("srun: error: option --" + name + " " + notHere + ": " + reason)
+		}
+		if (name == "nodelist" || name == "exclude") && value != nil && strings.Contains(*value, "/") {
+			return Error("srun: error: option --" + name + " " + notHere + ": a node list with a / names a file, which Slurm's srun would read on the slurmd host; name the nodes")
 		}
 		if name == "mpi" && (value == nil || *value != "none") {
 			shown := "None"
@@ -450,34 +459,43 @@ func WithoutOwnJobID(argv []string, jobID string) []string {
 // command line: srun acts on it when getopt reaches it, so what comes before must read without
 // error. "" when there is none.
 func Info(argv []string) string {
+	// --mpi=list is acted on once all the options are read (the last --mpi wins); the others as
+	// getopt reaches them.
+	lastMPI := ""
+	atCommand := func() string {
+		if lastMPI == "list" {
+			return "--mpi=list"
+		}
+		return ""
+	}
 	for i := 0; i < len(argv); {
 		word := argv[i]
 		i++
 		if word == "--" || !strings.HasPrefix(word, "-") || word == "-" {
-			return ""
+			return atCommand()
 		}
 		if strings.HasPrefix(word, "--") {
-			given, _, eq := strings.Cut(word[2:], "=")
+			given, value, eq := strings.Cut(word[2:], "=")
 			name, err := resolveLong(given, word)
 			if err != nil {
 				return ""
 			}
 			takes, _ := srunTakes(name)
+			if takes == 0 && eq {
+				return "" // getopt's "doesn't allow an argument"
+			}
 			if _, info := srunInfo[name]; info {
-				if eq {
-					return "" // getopt's "doesn't allow an argument"
-				}
 				return "--" + name
 			}
-			_, value, _ := strings.Cut(word, "=")
 			if takes == 1 && !eq {
-				if i < len(argv) {
-					value = argv[i]
+				if i >= len(argv) {
+					return "" // getopt's "requires an argument"
 				}
+				value = argv[i]
 				i++
 			}
-			if name == "mpi" && value == "list" {
-				return "--mpi=list" // srun lists its MPI plugins and exits
+			if name == "mpi" {
+				lastMPI = value
 			}
 			continue
 		}
@@ -491,11 +509,14 @@ func Info(argv []string) string {
 			}
 			if takes, _ := srunTakes(name); takes == 1 || takes == 2 {
 				if takes == 1 && j+1 == len(word) {
+					if i >= len(argv) {
+						return ""
+					}
 					i++
 				}
 				break
 			}
 		}
 	}
-	return ""
+	return atCommand()
 }

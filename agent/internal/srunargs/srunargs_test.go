@@ -2,6 +2,7 @@ package srunargs
 
 import (
 	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -75,6 +76,10 @@ func TestHelpUsageAndVersionAreFoundAsSrunReadsItsOptions(t *testing.T) {
 		{[]string{"--", "--version"}, ""},
 		{[]string{"--mpi=list"}, "--mpi=list"}, {[]string{"-n1", "--mpi", "list"}, "--mpi=list"},
 		{[]string{"--mpi=pmi2", "true"}, ""},
+		{[]string{"--mpi=list", "--mpi=none", "true"}, ""}, // the last --mpi wins: the step runs
+		{[]string{"--mpi=list", "--help"}, "--help"},       // help is acted on as it is read
+		{[]string{"--mpi=list", "--xyz"}, ""},              // getopt's error first
+		{[]string{"--mpi=list", "-N"}, ""},
 	}
 	for _, c := range cases {
 		if got := Info(c.argv); got != c.want {
@@ -93,6 +98,8 @@ func TestACommandLineSrunCannotReadGetsGetoptsWords(t *testing.T) {
 		"srun: option '--label' doesn't allow an argument" + try:      {"--label=x", "x"},
 		"srun: option '--cpu' is ambiguous; possibilities: '--cpu-bind' '--cpu-freq' '--cpus-per-gpu' " +
 			"'--cpus-per-task'" + try: {"--cpu", "x"},
+		// glibc leaves out only the first match's own aliases.
+		"srun: option '--pa' is ambiguous; possibilities: '--pack-group' '--parsable' '--partition'" + try: {"--pa", "x"},
 	}
 	for want, argv := range cases {
 		if _, _, err := Split(argv); err == nil || err.Error() != want {
@@ -101,5 +108,18 @@ func TestACommandLineSrunCannotReadGetsGetoptsWords(t *testing.T) {
 	}
 	if passed, _, err := Split([]string{"--extra=a", "x"}); err != nil || !reflect.DeepEqual(passed, []string{"--extra=a"}) {
 		t.Errorf("--extra is its own option, not --extra-node-info: %q, %v", passed, err)
+	}
+}
+
+func TestANodeListThatNamesAFileIsRefused(t *testing.T) {
+	// Slurm's srun would read it on the slurmd host, where the waiter runs it.
+	for _, argv := range [][]string{{"-w", "/etc/hosts", "x"}, {"--exclude=./nodes", "x"}, {"-x./n", "x"}} {
+		if _, _, err := Split(argv); err == nil || !strings.Contains(err.Error(), "names a file") {
+			t.Errorf("Split(%q) = %v", argv, err)
+		}
+	}
+	if passed, _, err := Split([]string{"--resv-ports=2", "--overlap=force", "-w", "kreal[1-2]", "x"}); err != nil ||
+		!reflect.DeepEqual(passed, []string{"--resv-ports=2", "--overlap=force", "--nodelist=kreal[1-2]"}) {
+		t.Errorf("optional values and a node list: %q, %v", passed, err)
 	}
 }

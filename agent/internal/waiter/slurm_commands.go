@@ -296,6 +296,9 @@ func prepareCommand(request commandRequest) (preparedCommand, error) {
 	if err != nil {
 		return preparedCommand{}, err
 	}
+	if command == "srun" && len(options) != 1 {
+		return preparedCommand{}, refusal("srun: error: only srun's help, usage, version and --mpi=list are asked this way")
+	}
 	for _, option := range options {
 		if slices.Contains(infoOnlyOptions[command], option.name) {
 			return preparedCommand{command: command, argv: canonicalOptions(options)}, nil // no script, nor command
