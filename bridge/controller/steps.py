@@ -156,7 +156,8 @@ class Steps:
             return
         try:
             args = parse_srun_args(argv)
-            io = host_io_options(args, str(request.get("cwd") or "/"), self._volumes_of(session.job_id))
+            io = host_io_options(args, str(request.get("cwd") or "/"), self._volumes_of(session.job_id),
+                                 env.get("SLURM_JOB_NAME"))
         except ValueError as error:
             # An option the bridge cannot honour: the script's srun says why on its own stderr
             # and ends with 255, as srun does natively with an option it cannot take.

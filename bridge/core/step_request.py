@@ -81,9 +81,33 @@ def on_host(path: str, volumes: Volumes) -> str | None:
     return through_volumes(path, volumes)
 
 
-def host_io_options(args: SrunArgs, cwd: str, volumes: Volumes) -> list[str]:
-    """Slurm's srun options for the step's files, with each file as the slurmd host sees it.
-    ValueError (the reason, in srun's words) for a file outside the partition's volumes."""
+def with_job_name(pattern: str, job_name: str | None) -> str:
+    """`pattern` with its %x (the job's name, which Slurm's srun would put in) filled in here, so
+    that the path is checked as it will be opened; a % of the name stays a plain %. ValueError for
+    a %x with no name known."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern[i] != "%":
+            out.append(pattern[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(pattern) and pattern[j].isdigit():
+            j += 1
+        if j < len(pattern) and pattern[j] == "x":
+            if job_name is None:
+                raise ValueError("srun: error: %x in a file name needs the job's name (SLURM_JOB_NAME)")
+            out.append(job_name.replace("%", "%%"))
+        else:
+            out.append(pattern[i:j + 1])
+        i = j + 1
+    return "".join(out)
+
+
+def host_io_options(args: SrunArgs, cwd: str, volumes: Volumes, job_name: str | None = None) -> list[str]:
+    """Slurm's srun options for the step's files, with each file as the slurmd host sees it (%x,
+    the job's name, filled in). ValueError (the reason, in srun's words) for a file outside the
+    partition's volumes."""
     options: list[str] = []
     for name in ("output", "error", "input"):
         value = args.io.get(name)
@@ -92,6 +116,8 @@ def host_io_options(args: SrunArgs, cwd: str, volumes: Volumes) -> list[str]:
         if special_io(value):
             options.append(f"--{name}={value}")
             continue
+        # A job's name may hold a '/' or '..': the path is checked with it in its place.
+        value = with_job_name(value, job_name)
         # slurmstepd opens a per-task file in the task's directory (--chdir); srun its own in its own.
         path = absolute(value, task_cwd(args, cwd) if per_task(value) else cwd)
         mapped = on_host(path, volumes)

@@ -107,10 +107,27 @@ def test_a_pod_path_is_the_slurmd_hosts_through_its_volume(path: str, want: str 
 def test_the_step_files_reach_slurms_srun_as_the_hosts_absolute_paths() -> None:
     args = parse_srun_args(["-D", "sub", "-o", "%x-%j-%t.out", "-e", "/scratch/e-%t", "-i", "none",
                             "--open-mode=append", "x"])
-    options = daemon_io_options(args, "/home/alice/run", VOLUMES)
-    assert options == ["--output=/home/alice/run/sub/%x-%j-%t.out", "--error=/var/lib/sandbox/scratch/e-%t",
+    options = daemon_io_options(args, "/home/alice/run", VOLUMES, "job")
+    assert options == ["--output=/home/alice/run/sub/job-%j-%t.out", "--error=/var/lib/sandbox/scratch/e-%t",
                        "--input=none", "--open-mode=append"]
     assert host_io_options(options) == options  # the waiter's check takes what the daemon makes
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    ("a%tb", "--output=/home/alice/a%%tb-%j.out"),  # the name's % is no pattern of Slurm's
+    ("r/x", "--output=/home/alice/r/x-%j.out"),
+])
+def test_the_jobs_name_is_in_the_path_the_daemon_checks(name: str, want: str) -> None:
+    """%x is filled in by the daemon, as Slurm's srun would from SLURM_JOB_NAME: a name with a
+    '/..' cannot take a step's file out of the volumes (sbatch -J '../../etc/x'), from the review."""
+    args = parse_srun_args(["-o", "%x-%j.out", "y"])
+    assert daemon_io_options(args, "/home/alice", VOLUMES, name) == [want]
+    with pytest.raises(ValueError, match="is not on a volume"):
+        daemon_io_options(args, "/home/alice", VOLUMES, "../../etc/x")
+    with pytest.raises(ValueError, match="needs the job's name"):
+        daemon_io_options(args, "/home/alice", VOLUMES, None)
+    assert daemon_io_options(parse_srun_args(["-o", "%%x.out", "y"]), "/home/alice", VOLUMES, None) == [
+        "--output=/home/alice/%%x.out"]
 
 
 @pytest.mark.parametrize("argv", [
@@ -224,11 +241,11 @@ async def test_a_refusal_the_relay_cannot_tell_still_ends_the_scripts_srun(tmp_p
 async def test_an_allowed_step_carries_its_files_as_the_hosts_paths(tmp_path: Path) -> None:
     reconciler, _kube, session = _signing_reconciler(tmp_path)
     event = _step_event(7, argv=["-o", "%x-%t.out", "-e", "/scratch/e", "--open-mode=append", "true"],
-                        cwd="/home/alice/run")
+                        cwd="/home/alice/run", env={"SLURM_JOB_NAME": "train.sh"})
     reconciler.steps.register(session, event, Log())
 
     assert event["token"]
-    assert event["io"] == ["--output=/home/alice/run/%x-%t.out", "--error=/var/lib/sandbox/scratch/e",
+    assert event["io"] == ["--output=/home/alice/run/train.sh-%t.out", "--error=/var/lib/sandbox/scratch/e",
                            "--open-mode=append"]
 
 
