@@ -115,10 +115,12 @@ func (f *firstByte) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// onlyWaitingAncestorsWrite says whether every other process that holds a write end of pipe ino
-// is an ancestor of this process waiting for a child. A process whose descriptors cannot be read
-// might hold one (false), but for an ancestor (the agent that started the script is undumpable)
-// and PID 1 (the pod's pause process, maybe of another user).
+// onlyWaitingAncestorsWrite says whether the write end of pipe ino is held, and only by ancestors
+// of this process waiting for a child (or by this process itself). A process whose descriptors
+// cannot be read might hold one (false), but for an ancestor (the agent that started the script is
+// undumpable) and PID 1 (the pod's pause process, maybe of another user). No holder at all is no
+// silent caller: the last writer has just written and gone, and its bytes and the end are on their
+// way to the reader (a sibling's `echo late` seen gone before its bytes were read lost them).
 func onlyWaitingAncestorsWrite(ino uint64) bool {
 	ancestors := ancestorPids()
 	target := "pipe:[" + strconv.FormatUint(ino, 10) + "]"
@@ -126,21 +128,26 @@ func onlyWaitingAncestorsWrite(ino uint64) bool {
 	if err != nil {
 		return false
 	}
-	self := os.Getpid()
+	self, held := os.Getpid(), false
 	for _, entry := range entries {
 		pid, err := strconv.Atoi(entry.Name())
-		if err != nil || pid == self {
+		if err != nil {
 			continue
 		}
 		writes, known := holdsWriteEnd(pid, target)
+		if pid == self {
+			held = held || writes
+			continue
+		}
 		if !known && !ancestors[pid] && pid != 1 {
 			return false
 		}
 		if writes && (!ancestors[pid] || !waitsForAChild(pid)) {
 			return false
 		}
+		held = held || writes
 	}
-	return true
+	return held
 }
 
 // waitsForAChild says whether a thread of pid sleeps in wait() (its wchan: do_wait), or in

@@ -126,3 +126,20 @@ func TestANamedFifoIsReadToItsEnd(t *testing.T) {
 		}
 	})
 }
+
+// A sibling that wrote its last bytes and ended holds the pipe no more: that is no silent caller
+// (its bytes may not have been read yet), and the step must not start without them.
+func TestAPipeNobodyHoldsAnyMoreIsNoSilentCaller(t *testing.T) {
+	reader, writer := silentPipe(t)
+	if _, err := writer.Write([]byte("late\n")); err != nil {
+		t.Fatal(err)
+	}
+	writer.Close()
+	var stat syscall.Stat_t
+	if err := syscall.Fstat(int(reader.Fd()), &stat); err != nil {
+		t.Fatal(err)
+	}
+	if onlyWaitingAncestorsWrite(stat.Ino) {
+		t.Fatal("a pipe with no writer left was taken for a silent caller's")
+	}
+}
