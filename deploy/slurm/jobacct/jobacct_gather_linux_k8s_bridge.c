@@ -316,8 +316,8 @@ static void put_pod_usage(struct jobacctinfo_head *jobacct, const struct pod_usa
  * what it reads of the process now, less the task's CPU figure it left last time. For a bridged
  * task that figure is the pod's, which this plugin put there, so the difference went negative and
  * sacct showed AveCPUFreq in the hundreds of GHz. So each bridged task's figure is, during
- * jobacct_gather/linux's poll, the one that plugin measured itself last time (kept here by pid,
- * for this slurmstepd's few tasks: `measured`), and the pod's after it.
+ * jobacct_gather/linux's poll, the one that plugin measured itself last time (kept by pid in
+ * `measured` as the pod's figures go in, for this slurmstepd's few tasks), and the pod's after it.
  */
 
 static struct measured_cpu *measured_of(pid_t pid, bool add)
@@ -339,9 +339,8 @@ static struct measured_cpu *measured_of(pid_t pid, bool add)
 	return &measured[measured_count++];
 }
 
-/* Each bridged task's CPU figure as jobacct_gather/linux left it (before), or keep what it left
- * (after, before the pod's figures go in). */
-static void swap_in_measured_cpu(list_t *task_list, bool before)
+/* Each bridged task's CPU figure, for jobacct_gather/linux's poll, is the one it measured last. */
+static void put_measured_cpu(list_t *task_list)
 {
 	struct jobacctinfo_head *jobacct;
 	struct pod_usage usage;
@@ -353,11 +352,8 @@ static void swap_in_measured_cpu(list_t *task_list, bool before)
 			continue;
 		if (!layout_agrees(jobacct))
 			break;
-		kept = measured_of(jobacct->pid, !before);
-		if (before)
-			jobacct->tres_usage_in_tot[TRES_CPU] = kept ? kept->cpu_ms : 0;
-		else if (kept)
-			kept->cpu_ms = jobacct->tres_usage_in_tot[TRES_CPU];
+		kept = measured_of(jobacct->pid, false);
+		jobacct->tres_usage_in_tot[TRES_CPU] = kept ? kept->cpu_ms : 0;
 	}
 	slurm_list_iterator_destroy(it);
 }
@@ -366,20 +362,23 @@ extern void jobacct_gather_p_poll_data(list_t *task_list, uint64_t cont_id, bool
 {
 	struct jobacctinfo_head *jobacct;
 	struct pod_usage usage;
+	struct measured_cpu *kept;
 	list_itr_t *it;
 
 	if (task_list && !layout_refused)
-		swap_in_measured_cpu(task_list, true);
+		put_measured_cpu(task_list);
 	linux_poll_data(task_list, cont_id, profile);
 	if (!task_list || layout_refused)
 		return;
-	swap_in_measured_cpu(task_list, false);
 	it = slurm_list_iterator_create(task_list);
 	while ((jobacct = slurm_list_next(it))) {
 		if (jobacct->pid <= 0 || !read_pod_usage(jobacct->pid, &usage))
 			continue;
 		if (!layout_agrees(jobacct))
 			break;
+		/* What linux measured, kept for its next poll, before the pod's figures replace it. */
+		if ((kept = measured_of(jobacct->pid, true)))
+			kept->cpu_ms = jobacct->tres_usage_in_tot[TRES_CPU];
 		put_pod_usage(jobacct, &usage);
 	}
 	slurm_list_iterator_destroy(it);
