@@ -38,6 +38,9 @@
 //	slurm-k8s-bridge-agent task PIDFILE ENV -- ARGV
 //	    run one task of a step (ENV: its environment, base64 JSON) as its process group's leader,
 //	    writing its pid to PIDFILE; end as it ended, after a line of what it used on stderr
+//	slurm-k8s-bridge-agent task-follow PIDFILE FROM1 FROM2
+//	    forward the rest of a running or ended task's output from those offsets (a daemon that
+//	    streamed it went away), then end as task does
 //	srun ARGS                                    (as argv[0] "srun") ask the daemon for a step
 //	scontrol|squeue|sbatch|scancel|sacct|sinfo|sstat ARGS
 //	    (as argv[0]) have the job's waiter run Slurm's own command (commands.go)
@@ -178,6 +181,11 @@ func main() {
 			fail("usage: slurm-k8s-bridge-agent task PIDFILE ENV -- ARGV...")
 		}
 		task(os.Args[2], os.Args[3], os.Args[5:])
+	case "task-follow":
+		if len(os.Args) != 5 {
+			fail("usage: slurm-k8s-bridge-agent task-follow PIDFILE FROM1 FROM2")
+		}
+		taskFollow(os.Args[2], os.Args[3], os.Args[4])
 	case "signal-all":
 		if len(os.Args) != 3 {
 			fail("usage: slurm-k8s-bridge-agent signal-all SIG")
@@ -209,8 +217,14 @@ func unsetSecretKeys() {
 // failWith ends the agent with `code`, one the daemon tells apart (exitcodes.go).
 func failWith(code int, message string) {
 	fmt.Fprintln(os.Stderr, "slurm-k8s-bridge-agent: "+message)
+	if atFailure != nil {
+		atFailure(code)
+	}
 	os.Exit(code)
 }
+
+// atFailure, when set, ends what must end before the agent exits on a failure of its own.
+var atFailure func(code int)
 
 func install(dest string) {
 	self, err := os.Executable()

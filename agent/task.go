@@ -31,19 +31,35 @@ func task(pidfile, encodedEnv string, argv []string) {
 	if json.Unmarshal(raw, &env) != nil {
 		fail("bad task environment")
 	}
+	// A terminal's task (srun --pty) has its output on the terminal, which a daemon's restart
+	// ends anyway; any other task's output goes through the spool (task_spool.go), and the exec's
+	// stdin, after the task's --input bytes, carries the daemon's acknowledgements.
+	spooled, ackInput := !isTerminal(0), -1
+	if spooled {
+		if fd, err := syscall.Dup(0); err == nil {
+			syscall.CloseOnExec(fd)
+			ackInput = fd
+		}
+	}
 	if size := env["SLURM_K8S_BRIDGE_TASK_STDIN_SIZE"]; size != "" {
 		taskStdin(pidfile+".in", size) // srun --input: the bytes follow on stdin
+	} else if spooled {
+		nullStdin() // the acknowledgements are not the task's
 	}
-	usageFd := 2 // the exec's stderr, where the daemon looks for the usage line
-	if env["SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"] != "" {
-		// One per-task file for both streams: natively fds 1 and 2 are that one file, so the
-		// order between them is the order of the writes; one stream here keeps it. The usage
-		// line still goes to the exec's stderr, never into that file.
-		if kept, err := syscall.Dup(2); err == nil {
-			syscall.CloseOnExec(kept)
-			usageFd = kept
+	var spool *taskSpool
+	var forwarded <-chan bool
+	if spooled {
+		var err error
+		merged := env["SLURM_K8S_BRIDGE_TASK_STDERR_TO_STDOUT"] != ""
+		if spool, err = startSpool(pidfile, merged, ackInput); err != nil {
+			fail("cannot keep the task's output: " + err.Error())
 		}
-		_ = syscall.Dup2(1, 2)
+		forwarded = spool.startForwarding()
+		// The agent's own last words (a --multi-prog line it cannot read) end the task as its do.
+		atFailure = func(code int) {
+			spool.end(code, "")
+			spool.close(forwarded, "")
+		}
 	}
 	if env["SLURM_K8S_BRIDGE_TASK_EXACT_ENV"] != "" {
 		// srun --export without ALL: the environment is exactly the one given, not the
@@ -95,7 +111,12 @@ func task(pidfile, encodedEnv string, argv []string) {
 			path = found
 		}
 	}
-	os.Exit(runTask(path, argv, pidfile, usageFd))
+	code, usage := runTask(path, argv, pidfile)
+	if spool != nil {
+		spool.end(code, usage)
+		spool.close(forwarded, usage)
+	}
+	os.Exit(code)
 }
 
 func errnoText(err error) string {
@@ -133,6 +154,14 @@ func taskStdin(path, size string) {
 		fail(err.Error())
 	}
 	_ = file.Close()
+}
+
+// nullStdin gives the task an empty stdin, as slurmstepd gives a task no input was meant for.
+func nullStdin() {
+	if null, err := os.Open(os.DevNull); err == nil {
+		_ = syscall.Dup2(int(null.Fd()), 0)
+		_ = null.Close()
+	}
 }
 
 func lookPath(name, searchPath string) (string, error) {

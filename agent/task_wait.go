@@ -21,9 +21,9 @@ const usageTrailer = "\x00\x00slurm-k8s-bridge-usage "
 
 // runTask starts the task with the agent's fds, environment and directory, names it in pidfile,
 // waits for it and returns the exit code the agent must end with: the task's, or 128+N for a
-// task signal N ended (what the pod's exec reports for such a process). usageFd is the stream
-// the usage line goes to: the exec's stderr.
-func runTask(path string, argv []string, pidfile string, usageFd int) int {
+// task signal N ended (what the pod's exec reports for such a process), and the usage line's
+// figures ("" when there is none to report: a terminal's task, one that never started).
+func runTask(path string, argv []string, pidfile string) (int, string) {
 	// With a terminal (srun --pty), the task's group is the terminal's foreground one: ^C, job
 	// control and the shell's reads are the task's, as when it was the exec's process itself.
 	terminal := isTerminal(0)
@@ -43,7 +43,7 @@ func runTask(path string, argv []string, pidfile string, usageFd int) int {
 	if err != nil {
 		// As slurmstepd reports a task it cannot start; srun then reports exit code 2.
 		fmt.Fprintf(os.Stderr, "slurmstepd: error: execve(): %s: %v\n", argv[0], err)
-		return 2
+		return 2, ""
 	}
 	// The task's pid is its group's: `agent signal PIDFILE N group` reaches the task and every
 	// process of it (scancel -s, --signal=SIG@T for steps, the kill of a task whose proxy died),
@@ -58,24 +58,24 @@ func runTask(path string, argv []string, pidfile string, usageFd int) int {
 			break
 		}
 	}
-	if !terminal && !isTerminal(usageFd) {
-		reportTaskUsage(usageFd, &rusage)
+	usage := ""
+	if !terminal {
+		usage = usageFigures(&rusage)
 	}
 	if status.Signaled() {
-		return 128 + int(status.Signal())
+		return 128 + int(status.Signal()), usage
 	}
-	return status.ExitStatus()
+	return status.ExitStatus(), usage
 }
 
-// reportTaskUsage writes the usage line: user µs, system µs, RSS, max RSS, vsize, max vsize,
+// usageFigures are the usage line's figures: user µs, system µs, RSS, max RSS, vsize, max vsize,
 // read, written, major faults. The task has ended: its resident set is its largest process's
 // largest (ru_maxrss); what rusage does not have is unknown.
-func reportTaskUsage(fd int, rusage *syscall.Rusage) {
+func usageFigures(rusage *syscall.Rusage) string {
 	maxRss := rusage.Maxrss * 1024
-	line := fmt.Sprintf("%s%d %d %d %d - - - - %d\n", usageTrailer,
+	return fmt.Sprintf("%d %d %d %d - - - - %d\n",
 		rusage.Utime.Sec*1_000_000+rusage.Utime.Usec, rusage.Stime.Sec*1_000_000+rusage.Stime.Usec,
 		maxRss, maxRss, rusage.Majflt)
-	_, _ = syscall.Write(fd, []byte(line))
 }
 
 // setWindowSize gives the terminal on fd the size "ROWS COLS" (srun --pty's, from the user's

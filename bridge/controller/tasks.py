@@ -14,6 +14,7 @@ daemon lets finish before it closes its clients. Called by the API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import time
@@ -109,6 +110,26 @@ def _may_not_have_run(error: BaseException) -> bool:
     return isinstance(error, BridgeError) and not isinstance(error, ExecOutcomeUnknown | PermanentError)
 
 
+class PassedOn:
+    """What of a task's stdout and stderr the daemon passed on to its proxy, told to the task's
+    agent on the exec's stdin ("a STDOUT STDERR\n", agent/task_spool.go): what it may drop from
+    the task's spool. Only the latest count waits to be sent; the first ("a 0 0") says that this
+    daemon acknowledges."""
+
+    def __init__(self) -> None:
+        self._counts = [0, 0]
+        self.queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(maxsize=1)
+        self.queue.put_nowait((0, b"a 0 0\n"))
+
+    def passed(self, channel: int, size: int) -> None:
+        if channel not in (1, 2):
+            return
+        self._counts[channel - 1] += size
+        with contextlib.suppress(asyncio.QueueEmpty):
+            self.queue.get_nowait()  # superseded
+        self.queue.put_nowait((0, f"a {self._counts[0]} {self._counts[1]}\n".encode()))
+
+
 class OpenSteps(Protocol):
     def step_of(self, job_id: int, key: str) -> Step | None: ...
 
@@ -126,6 +147,7 @@ class Tasks:
         self._early_users: dict[int, int] = {}
         self._early_owner: dict[TaskId, int] = {}
         self._background: set[asyncio.Future[object]] = set()
+        self._handing_over = False
 
     async def run(
         self, task_id: TaskId, pod: str, argv: list[str], write: Callable[[int, bytes], Awaitable[None]],
@@ -149,9 +171,12 @@ class Tasks:
 
         async def attempt() -> bytes:
             # Always this pod: the step belongs to its run (a requeue's pods are another run's).
-            stream = (self._kube.exec_stream(pod, argv) if stdin is None and terminal is None
-                      else self._kube.exec_stream(pod, argv, stdin=stdin) if terminal is None
-                      else self._kube.exec_stream(pod, argv, terminal=terminal))
+            if terminal is not None:
+                stream = self._kube.exec_stream(pod, argv, terminal=terminal)
+                acks = None
+            else:
+                acks = PassedOn()
+                stream = self._kube.exec_stream(pod, argv, stdin=stdin, feed=acks.queue)
             # The agent ends the task's stderr with what the task used: the proxy's, not output.
             trailer = agent_protocol.UsageTrailer()
             code = b"1"  # the stream ended without the exec's status
@@ -166,6 +191,8 @@ class Tasks:
                     if not data:
                         continue
                 await write(channel, data)
+                if acks is not None:
+                    acks.passed(channel, len(data))
             if held := trailer.flush():
                 await write(2, held)
             return code
@@ -176,12 +203,19 @@ class Tasks:
                 log.bind(job_id=job_id, pod=pod, step_key=key, what="task"))
         except (asyncio.CancelledError, ConnectionResetError):
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
-            # stream does not stop its process, so the task is killed in the pod.
-            self._in_background(self._deliver(pod, pidfile, [int(signal.SIGKILL)], job_id))
+            # stream does not stop its process, so the task is killed in the pod. Not when this
+            # daemon stops: the task runs on, and its proxy asks the next daemon for the rest.
+            if not self._handing_over or terminal is not None:  # a terminal's task is not spooled
+                self._in_background(self._deliver(pod, pidfile, [int(signal.SIGKILL)], job_id))
             raise
         finally:
             if self._running.get(task_id) == pod:
                 del self._running[task_id]
+
+    def hand_over(self) -> None:
+        """This daemon stops: the streams it ends leave their tasks running in their pods (each
+        spools its output there), for their proxies to follow with the next daemon."""
+        self._handing_over = True
 
     def running_in(self, task_id: TaskId) -> str | None:
         """The pod the task runs in, once its run there has begun: its signals go there, also

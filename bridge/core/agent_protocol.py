@@ -59,6 +59,16 @@ def task_command(pidfile: str, encoded_env: str, argv: list[str]) -> list[str]:
     return [AGENT, "task", pidfile, encoded_env, "--", *argv]
 
 
+def task_follow_command(pidfile: str, resume: tuple[int, int]) -> list[str]:
+    """`task-follow`: the rest of a task's output from these stdout and stderr offsets, then its
+    usage line and its end, as `task` gives them (the task ran on while no daemon streamed it)."""
+    return [AGENT, "task-follow", pidfile, str(resume[0]), str(resume[1])]
+
+
+UNKNOWN_TASK_USAGE: Final = "unknown"
+"""The usage figures `task-follow` gives for a task the pod never started."""
+
+
 def task_pidfile(key: str, procid: str) -> str:
     """Where `task` keeps a task's pid. `key` is a script step's key (digits) or a user step's
     (`u` and its Slurm step id); procid is digits. Both checked by the callers; int() refuses

@@ -25,6 +25,7 @@ from aiohttp import web
 from bridge.controller.metrics import Metrics
 from bridge.controller.reconcile import Reconciler
 from bridge.controller.step_streams import AlreadyStreaming, Answer, Feed, relay_ended
+from bridge.controller.tasks import TaskId
 from bridge.core import agent_protocol, step_request
 from bridge.core.errors import BridgeError
 from bridge.core.model import ModelError, payload_from_json
@@ -212,6 +213,8 @@ class Api:
             raise web.HTTPBadRequest(text="task request needs key, node and env") from None
         key = body.key
         task_env = {k: v for k, v in (body.env or {}).items() if k.startswith("SLURM") or k == "SRUN_DEBUG"}
+        if body.resume is not None:
+            return await self._follow_task(request, job_id, body.node, key, task_env, body.resume)
         step = self.reconciler.step_of(job_id, key)
         if step is None or step.get("command"):  # a Slurm command's key runs no task
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
@@ -238,12 +241,35 @@ class Api:
         if not re.fullmatch(r"[0-9]{1,9}", procid) or not re.fullmatch(r"[0-9]{1,19}", key):
             raise web.HTTPBadRequest(text="task request needs a numeric key and SLURM_PROCID")
         pidfile = agent_protocol.task_pidfile(key, procid)
+        command = agent_protocol.task_command(pidfile, encoded, args.command)
+        return await self._stream_task(request, (job_id, key, procid), pod, command, stdin)
+
+    async def _follow_task(
+        self, request: web.Request, job_id: int, node: str, key: str, task_env: dict[str, str],
+        resume: list[int],
+    ) -> web.StreamResponse:
+        """The rest of a task a daemon before this one started: it runs on in its pod, its output
+        spooled there, and its proxy has `resume` bytes of its stdout and stderr. Its step need
+        not be known yet (the waiter tells this daemon of it again), only the task's pod."""
+        procid = task_env.get("SLURM_PROCID", "0")
+        if not re.fullmatch(r"[0-9]{1,9}", procid) or not re.fullmatch(r"[0-9]{1,19}", key):
+            raise web.HTTPBadRequest(text="task request needs a numeric key and SLURM_PROCID")
+        pod = self.reconciler.task_pod(job_id, node)
+        if pod is None:
+            raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod on node {node} (yet)")
+        follow = agent_protocol.task_follow_command(
+            agent_protocol.task_pidfile(key, procid), (resume[0], resume[1]))
+        log.info("task.followed", job_id=job_id, pod=pod, step_key=key, procid=procid, resume=resume)
+        return await self._stream_task(request, (job_id, key, procid), pod, follow, None, lambda: True)
+
+    async def _stream_task(
+        self, request: web.Request, task_id: TaskId, pod: str, argv: list[str], stdin: bytes | None,
+        still_wanted: Callable[[], bool] | None = None,
+    ) -> web.StreamResponse:
         stream = await TaskStream.open(request)
         code = b"1"
         try:
-            code = await self.tasks.run(
-                (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, args.command),
-                stream.write, stdin=stdin)
+            code = await self.tasks.run(task_id, pod, argv, stream.write, still_wanted, stdin=stdin)
         except BridgeError as error:
             await stream.write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
         return await stream.finish(int(code))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 
 class BadBody(ValueError):
@@ -34,6 +34,12 @@ Decimal = Annotated[str, BeforeValidator(_as_int_text)]
 
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+StreamOffset = Annotated[int, Field(ge=0, le=2**62)]
+Resume = Annotated[list[StreamOffset], Field(min_length=2, max_length=2)]
+"""How much of a task's stdout and stderr its proxy has: it lost the stream (the daemon that
+streamed it went away) and asks for the rest of a task that runs on in its pod."""
 
 
 class AttachBody(_Body):
@@ -92,6 +98,7 @@ class TaskBody(_Body):
     """The task's SLURM* variables (others are dropped)."""
     stdin: str | None = None
     """The task's stdin, base64, when slurmstepd gave it a file (srun --input=FILE)."""
+    resume: Resume | None = None
 
 
 class TaskSignalBody(_Body):
@@ -116,6 +123,7 @@ class UserTaskBody(_Body):
     rows: int = 0
     cols: int = 0
     """The terminal's window size (`tty`: the user-task-tty endpoint)."""
+    resume: Resume | None = None
 
 
 class UserTaskSignalBody(_Body):

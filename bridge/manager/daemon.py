@@ -330,9 +330,10 @@ async def run(cfg: BridgeConfig) -> int:
             await elector.release()
         for session in reconciler.sessions:
             session.detach()
+        api.tasks.hand_over()
         await runner.cleanup()
-        # The handlers cancelled by the cleanup handed their tasks' kills to the background:
-        # they need the Kubernetes clients, closed just below.
+        # Work the handlers handed to the background (signals for tasks) needs the Kubernetes
+        # clients, closed just below.
         left = await api.finish_background(BACKGROUND_FINISH_S)
         if left:
             log.warning("daemon.background_cancelled", left=left)

@@ -104,19 +104,15 @@ class UserStepsApi:
         except UserStepRefused as error:
             bound.info("user_task.refused", reason=str(error))
             raise web.HTTPConflict(text=f"slurm-k8s-bridge: {error}") from None
-        # The user's variables as a batch job's pods get them (no host PATH, LD_*, ...), then the
-        # SLURM_* slurmstepd set for this very task.
-        env = {**job_environment(body.env), **{k: v for k, v in body.env.items() if k.startswith("SLURM")},
-               step_request.TASK_CWD: body.cwd}
-        step_request.set_task_gpus(
-            env, body.env.get("SLURM_STEP_GPUS"), self._api.reconciler.node_gpus(job_id, body.node))
-        env.pop(step_request.TASK_TTY_SIZE, None)
-        if terminal is not None and 0 < body.rows <= MAX_WINDOW and 0 < body.cols <= MAX_WINDOW:
-            env[step_request.TASK_TTY_SIZE] = f"{body.rows} {body.cols}"
-        encoded = base64.b64encode(json.dumps(env).encode()).decode()
         pidfile = agent_protocol.task_pidfile(key, procid)
+        if body.resume is not None and terminal is None:
+            # A daemon before this one ran it: the rest of its output, spooled in the pod.
+            argv = agent_protocol.task_follow_command(pidfile, (body.resume[0], body.resume[1]))
+        else:
+            environment = self._task_environment(job_id, body, terminal)
+            argv = agent_protocol.task_command(pidfile, environment, body.argv)
         stream = await TaskStream.open(request)
-        bound.info("user_task.started", pod=pod, tty=terminal is not None)
+        bound.info("user_task.started", pod=pod, tty=terminal is not None, resume=body.resume)
         typing = None
         if terminal is not None and stream_key is not None:
             await stream.response.write(b'{"accepted": true}\n')  # the proxy's terminal goes raw then
@@ -124,7 +120,7 @@ class UserStepsApi:
         code = b"1"
         try:
             code = await self._tasks.run(
-                (job_id, key, procid), pod, agent_protocol.task_command(pidfile, encoded, body.argv),
+                (job_id, key, procid), pod, argv,
                 stream.write, still_wanted=lambda: self._steps.live(job_id, run), terminal=terminal)
         except BridgeError as error:
             # A pod that failed to start is removed: its reason is what the user needs.
@@ -137,6 +133,20 @@ class UserStepsApi:
                 typing.cancel()
         bound.info("user_task.ended", pod=pod, exit_code=int(code))
         return await stream.finish(int(code))
+
+    def _task_environment(
+        self, job_id: int, body: UserTaskBody, terminal: asyncio.Queue[tuple[int, bytes]] | None,
+    ) -> str:
+        """The task's environment for `agent task`, encoded: the user's variables as a batch job's
+        pods get them (no host PATH, LD_*, ...), then the SLURM_* slurmstepd set for this task."""
+        env = {**job_environment(body.env), **{k: v for k, v in body.env.items() if k.startswith("SLURM")},
+               step_request.TASK_CWD: body.cwd}
+        step_request.set_task_gpus(
+            env, body.env.get("SLURM_STEP_GPUS"), self._api.reconciler.node_gpus(job_id, body.node))
+        env.pop(step_request.TASK_TTY_SIZE, None)
+        if terminal is not None and 0 < body.rows <= MAX_WINDOW and 0 < body.cols <= MAX_WINDOW:
+            env[step_request.TASK_TTY_SIZE] = f"{body.rows} {body.cols}"
+        return base64.b64encode(json.dumps(env).encode()).decode()
 
     async def user_task_signal(self, request: web.Request) -> web.Response:
         """A user step's task proxy got a signal (Ctrl-C at srun, scancel -s, a step cancel): pass

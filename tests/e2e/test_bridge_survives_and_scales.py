@@ -208,3 +208,58 @@ def test_kill_9_during_steps_fed_from_stdin_hangs_no_script_and_loses_no_later_i
             step = bridge.slurm("sacct", "-n", "-P", "-j", f"{job}.0", "-o", "State,ExitCode").stdout.split()
             assert step == ["FAILED|1:0"], f"step {job}.0: {step}\n{trail}"
             assert in_flight not in middle, trail
+
+
+RUNNING_STEP_SCRIPT = """#!/bin/sh
+#SBATCH -N2 -n2 --time=5
+srun -n2 sh -c 'i=1; while [ $i -le 24 ]; do echo "task $SLURM_PROCID line $i"; i=$((i+1)); sleep 1; done
+exit 3'
+echo "srun said $?"
+"""
+
+
+def test_kill_9_of_the_daemon_leaves_running_steps_to_end_as_natively(bridge: Sandbox) -> None:
+    """The daemon is killed with -9 while steps run on two nodes in several jobs (beside native
+    ones). A step's task runs on in its pod, its output spooled there, and its proxy asks the
+    next daemon for the rest: each step ends with its own code, as natively, and what the tasks
+    wrote after the restart is all there. Before, every bridged step failed 1:0 ('lost the bridge
+    while the task ran'), its tasks' later lines missing. The lines around the kill may still be
+    missing: srun's own output goes to the script through the daemon too, and that stream
+    starts over in the job's files (it says so)."""
+    directory = bridge.home("alice") / f"step-kill9-{int(time.time())}"
+    bridge.slurm("mkdir", "-p", str(directory), user="alice")
+    script = write_script(bridge, "alice", f"{directory.name}/steps.sh", RUNNING_STEP_SCRIPT)
+    jobs = {(partition, copy): bridge.sbatch("-p", partition, "-o", f"{directory}/{partition}-%j.out",
+                                             str(script))
+            for partition, copies in (("native", 2), ("k8s", 4)) for copy in range(copies)}
+    bridged = [job for (partition, _), job in jobs.items() if partition == "k8s"]
+
+    def every_step_wrote() -> bool:
+        return all("line 3\n" in _text(directory / f"k8s-{job}.out") for job in bridged)
+
+    wait_until("every bridged step writing", every_step_wrote, timeout=120, interval=0.3)
+    os.kill(_daemon_pid(), signal.SIGKILL)
+    time.sleep(2)
+    assert not bridge_ready()
+    subprocess.run([str(BRIDGE_UP)], check=True, capture_output=True)
+    for (partition, _), job in jobs.items():
+        bridge.wait_job_final(job, timeout=180)
+        step = bridge.slurm("sacct", "-n", "-P", "-j", f"{job}.0", "-o", "State,ExitCode").stdout.split()
+        text = _text(directory / f"{partition}-{job}.out")
+        trail = f"{partition} job {job}: step {step}\n{text}\n{job_trail(job)}"
+        assert step == ["FAILED|3:0"], trail
+        assert text.endswith("srun said 3\n"), trail
+        for task in (0, 1):
+            lines = [line for line in text.splitlines() if line.startswith(f"task {task} line ")]
+            assert lines == sorted(set(lines), key=lambda line: int(line.split()[-1])), trail
+            # From before the kill and from well after the restart: every one, once.
+            for number in (1, 2, 3, *range(18, 25)):
+                assert f"task {task} line {number}" in lines, trail
+        assert "lost the bridge" not in text, trail
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""

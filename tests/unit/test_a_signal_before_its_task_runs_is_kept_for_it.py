@@ -63,7 +63,8 @@ class AgentInPod:
         return ""
 
     async def exec_stream(
-        self, pod: str, command: list[str], terminal: object = None
+        self, pod: str, command: list[str], terminal: object = None, stdin: object = None,
+        feed: object = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         self.running.add(command[2])
         await asyncio.wait_for(self.got_signal.wait(), timeout=10)
@@ -271,7 +272,8 @@ class _QuickTask:
         return ""
 
     async def exec_stream(
-        self, pod: str, command: list[str], terminal: object = None
+        self, pod: str, command: list[str], terminal: object = None, stdin: object = None,
+        feed: object = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         yield 0, b"0"
 

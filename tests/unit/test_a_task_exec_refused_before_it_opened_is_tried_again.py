@@ -36,7 +36,8 @@ class FlakyKubelet:
         return ""
 
     async def exec_stream(
-        self, pod: str, command: list[str], terminal: object = None
+        self, pod: str, command: list[str], terminal: object = None, stdin: object = None,
+        feed: object = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         self.attempts += 1
         if self.attempts <= self.refusals:
@@ -173,7 +174,8 @@ async def test_a_task_whose_step_ended_while_its_exec_was_refused_stops_waiting(
     exec_stream = kubelet.exec_stream
 
     def closing_on_the_second_refusal(
-        pod: str, command: list[str], terminal: object = None
+        pod: str, command: list[str], terminal: object = None, stdin: object = None,
+        feed: object = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         if kubelet.attempts == 1:
             steps.open = False

@@ -2,6 +2,7 @@ package waiter
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -24,6 +25,11 @@ const (
 	taskSignalTimeout = 150 * time.Second
 	maxTaskInput      = 4 * 1024 * 1024
 	taskStartAttempts = 60
+	// How long a proxy whose stream broke asks for the rest of its running task: a daemon's
+	// restart, a failover, an upgrade's rollout.
+	taskResumeFor = 3 * time.Minute
+	// The usage figures the pod's agent gives for a task it never started (agent/task_follow.go).
+	unknownTask = "unknown"
 )
 
 // endingSignals end a process by their default action: a task that exits 128+N with one of
@@ -177,43 +183,83 @@ func startSignalPassing(apiURL, caFile string, jobID int64, route signalRoute, e
 
 // proxyTask has the daemon run one task in the pod of this node (POST body to path), writes its
 // output to fds 1 and 2 as it comes, passes on this process's signals, and ends as the task did.
+// Should the stream break before the task's end (the daemon died or restarted), the task runs on
+// in its pod: the next daemon is asked for the rest, from the bytes already written.
 func proxyTask(apiURL, caFile string, jobID int64, path string, body Object, route signalRoute, early chan os.Signal) int {
 	client, _, err := startSignalPassing(apiURL, caFile, jobID, route, early)
 	if err != nil {
 		return crash("ValueError: " + err.Error())
 	}
 	usage := NewUsageFile() // what the task used, for Slurm's accounting of this step
-	encoded := Dumps(body)
-	for attempt := range taskStartAttempts {
-		stream, err := client.Post(path, encoded, 0)
+	var progress taskProgress
+	var lostAt time.Time // when the stream of a running task broke; zero: none broke
+	var lost error
+	startedAgain := false
+	for attempt := 0; ; attempt++ {
+		request := Dumps(body)
+		if !lostAt.IsZero() {
+			request = Dumps(append(append(Object{}, body...), Field{"resume", []any{progress.written[0], progress.written[1]}}))
+		}
+		stream, err := client.Post(path, request, 0)
 		if err != nil {
 			if status := daemonStatus(err); status >= 400 && status < 500 {
 				Say(err.(*DaemonError).Text)
+				return 1
+			}
+			if lostAt.IsZero() && attempt >= taskStartAttempts {
+				Say("could not reach the bridge to run this task")
+				return 1
+			}
+			if !lostAt.IsZero() && time.Since(lostAt) > taskResumeFor {
+				Say("lost the bridge while the task ran: " + describe(lost))
 				return 1
 			}
 			time.Sleep(reconnectDelay(attempt))
 			continue
 		}
 		// From here the task runs (or ran) in the pod: asking again would run it twice.
-		code, err := relayTask(stream, usage)
+		code, err := relayTask(stream, usage, &progress)
 		stream.Close()
-		if err != nil {
-			Say("lost the bridge while the task ran: " + describe(err))
+		switch {
+		case progress.unknown && progress.written == [2]int64{} && !startedAgain:
+			// The daemon that was to run it died before the pod started it: run it now.
+			lostAt, progress.unknown, startedAgain, attempt = time.Time{}, false, true, -1
+			continue
+		case progress.unknown:
+			Say("the bridge lost this task: its pod does not know it any more")
+			return 1
+		case err == nil && code != nil:
+			return endAsTheTask(*code)
+		case errors.As(err, new(outputGone)):
+			return 1 // slurmstepd no longer takes the task's output: the step is over
+		}
+		if lostAt.IsZero() {
+			lostAt, attempt = time.Now(), -1
+		}
+		if lost = err; lost == nil {
+			lost = errors.New("the bridge stopped streaming this task before it ended")
+		}
+		if time.Since(lostAt) > taskResumeFor {
+			Say("lost the bridge while the task ran: " + describe(lost))
 			return 1
 		}
-		if code == nil {
-			Say("the bridge stopped streaming this task before it ended")
-			return 1
-		}
-		return endAsTheTask(*code)
+		time.Sleep(reconnectDelay(max(attempt, 0)))
 	}
-	Say("could not reach the bridge to run this task")
-	return 1
 }
 
-// relayTask writes a task stream's output where it belongs; the task's exit code, or nil when
-// the stream ended without one.
-func relayTask(stream *Stream, usage *UsageFile) (*int64, error) {
+// outputGone: the task's output could not be written here (not the stream's fault).
+type outputGone struct{ error }
+
+// taskProgress is what a task's streams gave so far: the bytes written of its stdout and stderr
+// (a stream that breaks is asked for again from there), and whether the pod said it never ran it.
+type taskProgress struct {
+	written [2]int64
+	unknown bool
+}
+
+// relayTask writes a task stream's output where it belongs, counting it in progress; the task's
+// exit code, or nil when the stream ended without one.
+func relayTask(stream *Stream, usage *UsageFile, progress *taskProgress) (*int64, error) {
 	for {
 		raw, err := stream.Reader.ReadBytes('\n')
 		if len(raw) == 0 && err == io.EOF {
@@ -236,6 +282,10 @@ func relayTask(stream *Stream, usage *UsageFile) (*int64, error) {
 			if data == nil {
 				data = ""
 			}
+			if figures, err := pyA2bBase64(pyStr(data)); err == nil && strings.TrimSpace(string(figures)) == unknownTask {
+				progress.unknown = true
+				continue
+			}
 			usage.RecordFrame(pyStr(data))
 		} else if hasFD {
 			number, ok := pyInt(fd)
@@ -248,7 +298,10 @@ func relayTask(stream *Stream, usage *UsageFile) (*int64, error) {
 				return nil, err
 			}
 			if err := WriteAll(int(number), decoded); err != nil {
-				return nil, err
+				return nil, outputGone{err}
+			}
+			if number == 1 || number == 2 {
+				progress.written[number-1] += int64(len(decoded))
 			}
 		} else if exit, ok := event.Get("exit"); ok {
 			code, ok := pyInt(exit)

@@ -121,12 +121,15 @@ class ExecVerbs:
     async def exec_stream(
         self, pod_name: str, command: list[str], container: str = wellknown.CONTAINER_NAME,
         terminal: asyncio.Queue[tuple[int, bytes]] | None = None, stdin: bytes | None = None,
+        feed: asyncio.Queue[tuple[int, bytes]] | None = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
         """Run `command` in the container and yield (1 or 2, bytes) as it writes to stdout or
         stderr, then (0, exit code as text) once it has ended (the exec status channel). `stdin`
         is written to its stdin first (the command must know its length: v4 cannot close stdin).
         With `terminal` the command gets a terminal (its output all comes as 1), fed from the
         queue: (0, bytes typed) and (4, a resize message) as the exec protocol's channels.
+        Without one, `feed` is such a queue too, for the stdin of a command without a terminal
+        (after `stdin`'s bytes).
 
         Raises ExecNotStarted when the exec was refused before it opened (a container not yet
         running, a kubelet or API server that failed the upgrade): the command did not run, so
@@ -139,15 +142,16 @@ class ExecVerbs:
             try:
                 connection = await _open_exec(
                     ws_client, pod_name, self.namespace, command, container,
-                    stdin=terminal is not None or stdin is not None, tty=terminal is not None,
+                    stdin=terminal is not None or stdin is not None or feed is not None,
+                    tty=terminal is not None,
                 )
                 async with connection as ws:
                     # From here on the command may be running: an error is no longer "not started".
                     started = True
                     for start in range(0, len(stdin or b""), 65536):
                         await ws.send_bytes(b"\x00" + (stdin or b"")[start:start + 65536])
-                    if terminal is not None:
-                        feeding = asyncio.ensure_future(_feed_terminal(ws, terminal))
+                    if (queue := terminal if terminal is not None else feed) is not None:
+                        feeding = asyncio.ensure_future(_feed_terminal(ws, queue))
                     output = False
                     async for message in ws:
                         data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
