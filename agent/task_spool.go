@@ -44,12 +44,13 @@ const (
 // acks reads what the daemon says it passed on ("a STDOUT STDERR" lines on the exec's stdin).
 type acks struct {
 	passed [2]atomic.Int64
-	heard  atomic.Bool   // the daemon said something: it acknowledges
-	ended  chan struct{} // closed when the daemon's side of stdin ended (it went away)
+	heard  atomic.Bool      // the daemon said something: it acknowledges
+	ended  chan struct{}    // closed when the daemon's side of stdin ended (it went away)
+	moved  [2]chan struct{} // a token after each acknowledgement: a full spool takes more at once
 }
 
 func readAcks(fd int, record func(passed [2]int64)) *acks {
-	a := &acks{ended: make(chan struct{})}
+	a := &acks{ended: make(chan struct{}), moved: [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}}
 	if fd < 0 {
 		close(a.ended)
 		return a
@@ -72,6 +73,12 @@ func readAcks(fd int, record func(passed [2]int64)) *acks {
 				}
 			}
 			a.heard.Store(true)
+			for _, moved := range a.moved {
+				select {
+				case moved <- struct{}{}:
+				default:
+				}
+			}
 			if record != nil {
 				record(passed)
 			}
@@ -262,7 +269,10 @@ func (sp *taskSpool) waitForRoom(index int) {
 		if waiting < spoolAhead {
 			return
 		}
-		time.Sleep(spoolFullPoll)
+		select {
+		case <-sp.acks.moved[index]:
+		case <-time.After(spoolFullPoll): // a follower's progress comes by its file
+		}
 	}
 }
 
