@@ -33,7 +33,8 @@ import (
 )
 
 const (
-	spoolAhead  = 256 << 10
+	// A window of 256 KiB held a task writing fast to ~2/3 of what it wrote without the spool.
+	spoolAhead  = 1 << 20
 	spoolBehind = 256 << 10
 	// A stream's reader looks this often at a follower's progress while the spool is full.
 	spoolFullPoll = 20 * time.Millisecond

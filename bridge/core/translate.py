@@ -307,7 +307,8 @@ def _pod(
     command = [*interpreter_of(payload.script), script_file, *payload.arguments]
     if agent:
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
-        volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
+        agent_volume = {"sizeLimit": wellknown.AGENT_VOLUME_SIZE}
+        volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": agent_volume})
         mounts.append({"name": wellknown.AGENT_VOLUME, "mountPath": wellknown.AGENT_DIR})
         mode = "merged" if payload.output_merged else "split"
         agent_path = f"{wellknown.AGENT_DIR}/{wellknown.AGENT_BINARY}"

@@ -85,6 +85,9 @@ SHM_VOLUME: Final = "slurm-k8s-bridge-shm"
 AGENT_VOLUME: Final = "slurm-k8s-bridge-agent"
 """Name of the emptyDir the in-pod agent is copied into (by the init container, or from the node)."""
 
+AGENT_VOLUME_SIZE: Final = "256Mi"
+"""The agent's emptyDir: its copy (~10 MB), pid files, step sockets and the spools of step tasks'
+output (agent/task_spool.go: at most 2.5 MiB a task, while no daemon passes it on)."""
 AGENT_DIR: Final = "/slurm-k8s-bridge-bin"
 """Mount point of AGENT_VOLUME in the job container (the agent, and the script's pid file)."""
 
