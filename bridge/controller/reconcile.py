@@ -68,6 +68,8 @@ log = structlog.get_logger(__name__)
 
 EXIT_CODE_NOT_STARTED = 1
 """The exit code of a run whose script never ran (the reason goes to its stderr and comment)."""
+COMMENT_TIMEOUT_S = 5.0
+"""How long a failed run's end waits for the reason to be set as its job's comment."""
 BLOCKING_EVENTS = frozenset({
     "FailedMount", "FailedAttachVolume", "FailedMapVolume", "FailedCreatePodSandBox",
     "FailedCreatePodContainer", "FailedScheduling", "Failed", "BackOff", "InspectFailed",
@@ -387,11 +389,14 @@ class Reconciler(ApiFacade):
         """The script could not run: tell the user where they look, end the job non-zero."""
         bound.warning("job.failed_before_start", reason=reason)
         self.metrics.inc("jobs_failed_before_start_total")
-        session.finish({"type": "exit", "code": EXIT_CODE_NOT_STARTED, "signal": None, "reason": reason})
+        # The comment first: once the waiter is told, the job ends, and whoever looks at its
+        # record then must find the reason there (a CI run read it before a later comment landed).
         try:
-            await self.slurm.set_comment(alloc.job_id, f"slurm-k8s-bridge: {reason}"[:1000])
+            async with asyncio.timeout(COMMENT_TIMEOUT_S):
+                await self.slurm.set_comment(alloc.job_id, f"slurm-k8s-bridge: {reason}"[:1000])
         except Exception as error:  # the comment is a courtesy; the exit code carries the failure
             bound.warning("slurm.comment_failed", error=repr(error))
+        session.finish({"type": "exit", "code": EXIT_CODE_NOT_STARTED, "signal": None, "reason": reason})
         for pod in self.cache.pods_of(alloc.job_id):
             if run_of(pod) == session.run:
                 await self.kube.delete_pod(pod["metadata"]["name"], 0)

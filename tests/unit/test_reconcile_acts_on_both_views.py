@@ -240,6 +240,29 @@ async def test_a_bad_directive_fails_the_job_with_the_reason_in_its_comment(worl
     assert kube.created == []
 
 
+async def test_the_reason_is_the_jobs_comment_before_its_waiter_is_told(world: Any) -> None:
+    """Once the waiter has the exit, the job ends, and a user (or a test) reading its record must
+    find the reason there: in CI the comment landed after `scontrol show job` had been read."""
+    reconciler, _, slurm, *_ = world
+    _see(reconciler, allocation())
+    session = reconciler.attach_session(42, payload())
+    session.payload = payload(script="#!/bin/sh\n#K8S colour=blue\necho hi\n")
+    queue = session.attach({})
+    commented_before_told: list[bool] = []
+    set_comment = slurm.set_comment
+
+    async def noting(job_id: int, comment: str) -> None:
+        commented_before_told.append(queue.empty())
+        await set_comment(job_id, comment)
+
+    slurm.set_comment = noting
+
+    await reconciler.reconcile(42)
+
+    assert queue.get_nowait()["type"] == "exit"
+    assert commented_before_told == [True]
+
+
 async def test_nodes_mapped_by_label_pin_pods_to_the_labelled_nodes(world: Any) -> None:
     reconciler, kube, *_ = world
     reconciler.cfg = reconciler.creation.cfg = config(
