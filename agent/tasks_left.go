@@ -33,6 +33,9 @@ func taskAgentsRunning() int {
 		return 0
 	}
 	self := os.Getpid()
+	// Only this agent's own binary: the container's execs of it. Outside a container (the unit
+	// tests), /proc shows every agent of the machine, whose tasks are none of this job's.
+	own, _ := os.Executable()
 	count := 0
 	for _, entry := range entries {
 		pid, err := strconv.Atoi(entry.Name())
@@ -45,6 +48,9 @@ func taskAgentsRunning() int {
 		}
 		argv := strings.Split(string(raw), "\x00")
 		if len(argv) > 2 && argv[1] == "task" && filepath.Base(argv[0]) == agentBinary {
+			if exe, err := os.Readlink("/proc/" + entry.Name() + "/exe"); err == nil && own != "" && exe != own {
+				continue
+			}
 			count++
 		}
 	}
