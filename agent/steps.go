@@ -384,24 +384,50 @@ func readOutputFrame(r io.Reader) (byte, []byte, error) {
 	return head[0], data, nil
 }
 
+// receiveStepOutput takes the relays of the step's output in turn: should one break off (its
+// daemon went away), the next daemon's relay goes on from the frames written here, which each
+// relay is told first (8 bytes) and then after each frame it brought (agent step-output).
 func receiveStepOutput(listener net.Listener, relayed chan<- int) {
-	conn, err := listener.Accept()
-	listener.Close()
-	_ = os.Remove(listener.Addr().String())
-	if err != nil {
-		return
+	defer func() {
+		listener.Close()
+		_ = os.Remove(listener.Addr().String())
+	}()
+	var written uint64
+	for {
+		conn, err := listener.Accept()
+		if err != nil {
+			return
+		}
+		relayConnected.Store(true)
+		relayInProgress.Store(true)
+		code, ended := takeStepOutput(conn, &written)
+		conn.Close()
+		relayInProgress.Store(false)
+		if ended {
+			relayed <- code
+			return
+		}
+		// Broken off: the waiter asks the next daemon to go on; step-done tells the exit code
+		// should it give up (awaitResult, holding one, waits for this word).
+		select {
+		case relayed <- -1:
+		default:
+		}
 	}
-	relayConnected.Store(true)
-	relayInProgress.Store(true)
-	defer conn.Close()
+}
+
+// takeStepOutput writes one relay's frames where this srun's stdout and stderr go; the exit code
+// and true once the end frame came.
+func takeStepOutput(conn net.Conn, written *uint64) (int, bool) {
+	var count [8]byte
+	binary.BigEndian.PutUint64(count[:], *written)
+	// Not heard by a relay that wrote all it had and went: its frames are read all the same.
+	_, _ = conn.Write(count[:])
 	reader := bufio.NewReaderSize(conn, 256<<10)
 	for {
 		fd, data, err := readOutputFrame(reader)
 		if err != nil {
-			// The relay broke off (the daemon restarted): step-done still tells the exit code.
-			relayInProgress.Store(false)
-			relayed <- -1
-			return
+			return 0, false
 		}
 		switch fd {
 		case 0:
@@ -409,14 +435,15 @@ func receiveStepOutput(listener net.Listener, relayed chan<- int) {
 			if err != nil {
 				code = 1
 			}
-			relayInProgress.Store(false)
-			relayed <- code
-			return
+			return code, true
 		case 1:
 			writeAllTo(os.Stdout, data)
 		case 2:
 			writeAllTo(os.Stderr, data)
 		}
+		*written++
+		binary.BigEndian.PutUint64(count[:], *written)
+		_, _ = conn.Write(count[:])
 	}
 }
 
@@ -443,14 +470,26 @@ func stepOutput(key string) {
 		os.Exit(exitSrunGone)
 	}
 	defer conn.Close()
-	// srun here never writes: its end (killed, `timeout 5 srun ...`) shows as the end of the
-	// connection, and ends this relay at once, so that the daemon ends the step, as natively.
+	// srun here says how many frames it has written (a relay that goes on from a broken one
+	// starts there), then the count after each frame: both go to the daemon on stdout. Its end
+	// (killed, `timeout 5 srun ...`) shows as the end of the connection, and ends this relay at
+	// once, so that the daemon ends the step, as natively.
+	var count [8]byte
+	if _, err := io.ReadFull(conn, count[:]); err != nil {
+		os.Exit(exitSrunGone)
+	}
+	fmt.Printf("from %d\n", binary.BigEndian.Uint64(count[:]))
 	var ended atomic.Bool
 	go func() {
-		var one [1]byte
-		_, _ = conn.Read(one[:])
-		if !ended.Load() {
-			os.Exit(exitSrunGone)
+		var count [8]byte
+		for {
+			if _, err := io.ReadFull(conn, count[:]); err != nil {
+				if !ended.Load() {
+					os.Exit(exitSrunGone)
+				}
+				return
+			}
+			fmt.Printf("k %d\n", binary.BigEndian.Uint64(count[:]))
 		}
 	}()
 	in := bufio.NewReaderSize(os.Stdin, 256<<10)

@@ -38,8 +38,9 @@ const (
 	spoolBehind = 256 << 10
 	// A stream's reader looks this often at a follower's progress while the spool is full.
 	spoolFullPoll = 20 * time.Millisecond
-	// How long an ended task's agent waits for the daemon to say it passed all output on.
-	spoolAckWait = 30 * time.Second
+	// How long an ended task's agent waits for the daemon to say it passed all output on (then
+	// the spool stays; the batch agent does not wait for an ended task's agent, tasks_left.go).
+	spoolAckWait = 5 * time.Second
 )
 
 // acks reads what the daemon says it passed on ("a STDOUT STDERR" lines on the exec's stdin).

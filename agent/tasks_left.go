@@ -51,6 +51,9 @@ func taskAgentsRunning() int {
 			if exe, err := os.Readlink("/proc/" + entry.Name() + "/exe"); err == nil && own != "" && exe != own {
 				continue
 			}
+			if end, _, _ := readTaskState(spoolFilesOf(argv[2]).run); end != nil {
+				continue // its task has ended: it only waits for the daemon's word on its output
+			}
 			count++
 		}
 	}

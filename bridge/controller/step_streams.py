@@ -68,12 +68,17 @@ class StepStreams:
         """The streams open now (a copy)."""
         return set(self._open)
 
-    async def relay(self, job_id: int, run: int, key: str, pod: str, read_frames: FrameReader) -> Answer:
+    async def relay(
+        self, job_id: int, run: int, key: str, pod: str, read_frames: FrameReader,
+        notes: Callable[[bytes], None] | None = None,
+    ) -> Answer:
         """{"done": true} once the script's srun took every frame and the end; {"gone": ...} when
         it is gone (the waiter then ends the step); {"failed": ...} when the relay broke (the
-        waiter writes the rest to the job's files and reports the end by step-done)."""
+        waiter writes the rest to the job's files and reports the end by step-done). `notes` gets
+        what the agent's relay says of the script's srun: "from N" (the frames it wrote before
+        this stream) and "k N" (after each frame)."""
         feed: Feed = asyncio.Queue(maxsize=STEP_OUTPUT_FEED_FRAMES)
-        relay = asyncio.ensure_future(self._feed(job_id, run, key, pod, feed))
+        relay = asyncio.ensure_future(self._feed(job_id, run, key, pod, feed, notes))
         try:
             answer = await read_frames(feed, relay)
             if answer.get("done"):
@@ -95,11 +100,15 @@ class StepStreams:
         finally:
             relay.cancel()
 
-    async def _feed(self, job_id: int, run: int, key: str, pod: str, feed: Feed) -> int:
+    async def _feed(
+        self, job_id: int, run: int, key: str, pod: str, feed: Feed, notes: Callable[[bytes], None] | None,
+    ) -> int:
         """`agent step-output KEY` in the batch pod, fed from `feed`; its exit code. An exec
         refused before it opened took nothing from the feed, so it is tried again (as a task's)."""
+        command = agent_protocol.step_output_command(key)
         return await until_started(
-            lambda: self._kube.exec_feeding(pod, agent_protocol.step_output_command(key), feed),
+            lambda: (self._kube.exec_feeding(pod, command, feed) if notes is None
+                     else self._kube.exec_feeding(pod, command, feed, on_output=notes)),
             lambda: self._steps.step_run(job_id, key) == run,
             log.bind(job_id=job_id, pod=pod, step_key=key, what="step-output"))
 

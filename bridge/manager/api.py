@@ -42,7 +42,7 @@ from bridge.manager.bodies import (
     TaskSignalBody,
     parse,
 )
-from bridge.manager.task_answers import TaskStream, pass_signal
+from bridge.manager.task_answers import StreamNotes, TaskStream, pass_signal
 from bridge.manager.user_steps_api import UserStepsApi
 
 log = structlog.get_logger(__name__)
@@ -326,10 +326,16 @@ class Api:
             raise web.HTTPBadRequest(text="step-output needs a first line naming the step") from None
         _, stream_key = await self.auth.authorise(request, job_id, header, keyed=True)
         try:
-            key = parse(StepOutputHeader, header).key
+            head = parse(StepOutputHeader, header)
         except ValueError:
             raise web.HTTPBadRequest(text="step-output needs the step's key") from None
+        key = head.key
         run = self.reconciler.step_run(job_id, key)
+        resumed = head.resumable and head.run is not None
+        if run is None and resumed and head.run == self.reconciler.current_run(job_id):
+            # A stream that goes on after the daemon before this one went away: the step is open
+            # in the waiter and in the pod, though this daemon never heard of it.
+            run = head.run
         if run is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no open step {key}")
         try:
@@ -340,8 +346,13 @@ class Api:
                 response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
                 await response.prepare(request)
                 await response.write(b'{"accepted": true}\n')
-                answer = await self.step_streams.relay(job_id, run, key, pod, lambda feed, relay: (
-                    self._relay_frames(request, stream_key, feed, relay)))
+                notes = StreamNotes(response) if head.resumable else None
+                try:
+                    answer = await self.step_streams.relay(job_id, run, key, pod, lambda feed, relay: (
+                        self._relay_frames(request, stream_key, feed, relay)), notes.take if notes else None)
+                finally:
+                    if notes is not None:
+                        await notes.close()
         except AlreadyStreaming as error:
             # One stream per step: the pod's srun takes one relay, and each holds daemon memory.
             raise web.HTTPConflict(text=str(error)) from None

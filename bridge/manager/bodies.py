@@ -139,6 +139,12 @@ class StepOutputHeader(_Body):
     """The first line of POST /v1/jobs/{id}/step-output: the step whose output follows."""
 
     key: Decimal
+    resumable: bool = False
+    """The waiter keeps each frame until the script's srun wrote it, and takes notes of that
+    ({"from": N} as the stream opens, {"delivered": N}) before the last word."""
+    run: int | None = None
+    """The waiter's run: a stream that goes on after a daemon went away names its step's run, which
+    this daemon may not have heard of."""
 
 
 B = TypeVar("B", bound=_Body)

@@ -1,10 +1,13 @@
 """What the API answers a task proxy, for a script's step (api.py) and a user's step
 (user_steps_api.py) alike: the task's output as NDJSON lines, then its exit code
-(`TaskStream`), and a signal passed to the task in its pod or kept for its start (`pass_signal`)."""
+(`TaskStream`), and a signal passed to the task in its pod or kept for its start (`pass_signal`);
+and the notes a step-output stream gets of the script's srun (`StreamNotes`)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 
 import structlog
@@ -61,3 +64,54 @@ async def pass_signal(tasks: Tasks, task_id: TaskId, signum: int, uid: int) -> w
     except BridgeError as error:
         raise web.HTTPServiceUnavailable(text=f"cannot signal the task: {error}") from None
     return web.json_response({"signalled": name})
+
+
+MAX_NOTE_LINE = 64
+"""A line of the agent's step-output relay ("from N", "k N") is short; anything longer is not it."""
+
+
+class StreamNotes:
+    """What the agent's relay says of the script's srun (its stdout, `take`), passed to the waiter
+    as chunks before the stream's last word: {"from": N}, the frames the script's srun wrote
+    before this stream (the waiter sends the rest again), and {"delivered": N}, the latest count
+    (the waiter lets those frames go). Counts that come faster than they go are merged."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self._response = response
+        self._partial = b""
+        self._from: int | None = None
+        self._delivered = self._sent = 0
+        self._wake = asyncio.Event()
+        self._writer = asyncio.ensure_future(self._write())
+
+    def take(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > MAX_NOTE_LINE:
+            self._partial = b""
+        for line in lines:
+            word, _, number = line.partition(b" ")
+            if not (number.isdigit() and len(number) <= 19):
+                continue
+            if word == b"from":
+                self._from = int(number)
+            elif word == b"k":
+                self._delivered = max(self._delivered, int(number))
+        self._wake.set()
+
+    async def _write(self) -> None:
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if self._from is not None:
+                    note, self._from = {"from": self._from}, None
+                    await self._response.write(json.dumps(note).encode() + b"\n")
+                if self._delivered > self._sent:
+                    self._sent = self._delivered
+                    await self._response.write(json.dumps({"delivered": self._sent}).encode() + b"\n")
+
+    async def close(self) -> None:
+        """Before the last word: no note may follow it."""
+        self._writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._writer

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 from bridge.core.agent_protocol import USAGE_TRAILER, UsageTrailer
 
@@ -26,10 +28,12 @@ def wait_for(path: Path, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def read_exactly(pipe: object, size: int) -> bytes:
+def read_exactly(pipe: IO[bytes], size: int) -> bytes:
+    """`size` bytes off the pipe, none more: a buffered read may take what follows, which a later
+    communicate() (reading the file descriptor) would then never see."""
     data = b""
     while len(data) < size:
-        chunk = pipe.read(size - len(data))  # type: ignore[attr-defined]
+        chunk = os.read(pipe.fileno(), size - len(data))
         assert chunk, f"the stream ended after {data!r}"
         data += chunk
     return data

@@ -35,3 +35,30 @@ def test_another_agents_task_does_not_hold_an_ended_script(agent: Path, tmp_path
     assert result.stdout.endswith(b"\n") and result.stdout.splitlines()[-1].startswith(b"x ")
     # 30 s when it waited for that task (tasksLeftLimit); well under that when it did not.
     assert took < 15, f"the agent stayed {took:.1f} s for another agent's task"
+
+
+def test_a_task_agent_whose_task_ended_does_not_hold_an_ended_script(agent: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A task's agent stays a few seconds after its task ended, for the daemon's word that it
+    passed all the output on (agent/task_spool.go): the task is over, and the script's agent
+    does not wait for it (a cancelled job's batch step was killed by the pod's grace)."""
+    pidfile = tmp_path / "tasks" / "1-0.pid"
+    command = [str(agent), "task", str(pidfile), NO_ENV, "--", "echo", "out"]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL) as lingering:
+        try:
+            assert lingering.stdin is not None and lingering.stdout is not None
+            lingering.stdin.write(b"a 0 0\n")  # a daemon that acknowledges, and then says no more
+            lingering.stdin.flush()
+            assert lingering.stdout.readline() == b"out\n"
+            run = Path(f"{pidfile}.run")
+            deadline = time.monotonic() + 20
+            while not run.read_text().startswith("end "):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            result = subprocess.run([str(agent), "run", str(tmp_path / "script.pid"), "merged", "--", "true"],
+                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+            still_waiting = lingering.poll() is None
+        finally:
+            lingering.kill()
+    assert result.returncode == 0, result.stderr
+    assert still_waiting, "the task's agent was still waiting for the daemon's word"

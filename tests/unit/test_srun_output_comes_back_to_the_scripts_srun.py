@@ -12,6 +12,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,13 @@ class PodAgent:
         self.commands: list[list[str]] = []
         self.exit_code, self.gone_after, self.gone_in_s = exit_code, gone_after, gone_in_s
 
-    async def exec_feeding(self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None]) -> int:
+    async def exec_feeding(
+        self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None],
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> int:
         self.commands.append([pod, *command])
+        note = on_output or (lambda _: None)
+        note(b"from 0\n")  # the script's srun wrote nothing before this stream
         if self.gone_in_s is not None:
             await asyncio.sleep(self.gone_in_s)  # the script's srun was killed while quiet
             return 3
@@ -59,6 +65,8 @@ class PodAgent:
             return self.exit_code  # the exec broke off (an apiserver restart, an idle timeout)
         while (chunk := await feed.get()) is not None:
             self.frames.append((chunk[0], chunk[5:]))
+            if chunk[0]:
+                note(f"k {len(self.frames)}\n".encode())
             if self.gone_after is not None and len(self.frames) >= self.gone_after:
                 return 3
         return self.exit_code
@@ -184,11 +192,14 @@ class PodAgentBehindABusyKubelet(PodAgent):
         super().__init__()
         self.refused = 0
 
-    async def exec_feeding(self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None]) -> int:
+    async def exec_feeding(
+        self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None],
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> int:
         if self.refused < 2:
             self.refused += 1
             raise ExecNotStarted(f"cannot exec in pod {pod}: 500, message='Invalid response status'")
-        return await super().exec_feeding(pod, command, feed)
+        return await super().exec_feeding(pod, command, feed, on_output)
 
 
 async def test_a_relay_whose_exec_was_refused_before_it_opened_is_opened_again(
@@ -392,7 +403,10 @@ async def test_a_relay_that_ends_with_frames_still_queued_does_not_hold_the_stre
     """The script's srun killed while its output is still queued for it: the handler answers, and
     the step's stream slot is free again."""
     class GoneAtTheEnd(PodAgent):
-        async def exec_feeding(self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None]) -> int:
+        async def exec_feeding(
+            self, pod: str, command: list[str], feed: asyncio.Queue[bytes | None],
+            on_output: Callable[[bytes], None] | None = None,
+        ) -> int:
             while feed.qsize() < 8:  # full: output and the end, nobody reading
                 await asyncio.sleep(0.01)
             return 3

@@ -112,7 +112,7 @@ def test_a_steps_output_and_end_go_back_through_the_relay(waiter: list[str], tmp
         return relayed_frames(frames, daemon.event("relayed").set)
 
     ran = run(waiter, tmp_path, stepping(["-N1", "--label", "hostname"], relay, "relayed"),
-              'step-output {"key": "5"}\n')
+              'step-output {"key": "5", "resumable": true, "run": 0}\n')
     assert (ran.stdout, ran.stderr) == (b"", b"")
     out, err = (b"".join(data for fd, data in frames if fd == wanted) for wanted in (1, 2))
     assert out == (b"option --jobid=42\noption --nodes=1\noption --label\noption --job-name=hostname\n"
@@ -124,7 +124,8 @@ def test_a_steps_output_and_end_go_back_through_the_relay(waiter: list[str], tmp
 def test_without_a_relay_the_output_goes_to_the_jobs_files(waiter: list[str], tmp_path: Path) -> None:
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, stepping(["hostname"], lambda _: refused, "step-done"),
-              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 3, "run": 0}')
+              'step-output {"key": "5", "resumable": true, "run": 0}\n',
+              'step-done {"key": "5", "code": 3, "run": 0}')
     assert ran.stdout == (b"option --jobid=42\noption --job-name=hostname\n"
                           b"option --output=/tmp/slurm-%j.out\noption --chdir=/\ntask key 5\n"
                           + SRUN_ENVIRONMENT)
@@ -147,7 +148,8 @@ def test_what_the_scripts_srun_read_of_its_stdin_is_slurms_sruns(
     without any gets /dev/null, as before."""
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, stepping(["cat"], lambda _: refused, "step-done", stdin),
-              'step-output {"key": "5"}\n', 'step-done {"key": "5", "code": 0, "run": 0}',
+              'step-output {"key": "5", "resumable": true, "run": 0}\n',
+              'step-done {"key": "5", "code": 0, "run": 0}',
               fake_srun=READING_SRUN)
     assert ran.stdout == b"stdin: " + read + b"[end]\n"
 

@@ -207,7 +207,7 @@ def test_sbatchs_output_script_and_exports_go_back_through_the_relay(
 
     data = encoded("sbatch", ("--export=A,C", "-J", "named", "job.sh", "arg"))
     ran = run(waiter, tmp_path, commanding({"key": 5, "data": data}, relay, "relayed"),
-              'step-output {"key": "5"}\n')
+              'step-output {"key": "5", "resumable": true}\n')
     assert (ran.stdout, ran.stderr) == (b"", b"")
     out, err = (b"".join(data for fd, data in frames if fd == wanted) for wanted in (1, 2))
     # sbatch runs with the exports in a file of its own, the script on its stdin, a fixed
@@ -239,6 +239,7 @@ def test_without_a_relay_the_output_goes_to_the_jobs_files(
     """The daemon takes no output (404): it goes to the job's files, the code in a step-done."""
     refused = answering(404, "no open step 5")
     ran = run(waiter, tmp_path, commanding(event, lambda _: refused, "step-done"),
-              'step-output {"key": "5"}\n', f'step-done {{"key": "5", "code": {code}, "run": 0}}')
+              'step-output {"key": "5", "resumable": true}\n',
+              f'step-done {{"key": "5", "code": {code}, "run": 0}}')
     assert (ran.stdout, ran.stderr) == (stdout, stderr)
     assert ran.requests[-1] == ("/v1/jobs/42/step-done", f'{{"key": "5", "code": {code}, "run": 0}}'.encode())

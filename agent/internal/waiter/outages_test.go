@@ -124,7 +124,7 @@ func TestARequestToADaemonThatIsDownRunsNoMunge(t *testing.T) {
 		t.Fatal("a post to a closed port succeeded")
 	}
 	relay := &stepOutputRelay{client: client}
-	expectEqual(t, "the stream's status", relay.tryOpen("/v1/jobs/42/steps/0/output", []byte("{}\n")), 0)
+	expectEqual(t, "the stream's status", relay.tryOpen(), 0)
 	expectEqual(t, "srun --pty's exit code", runTerminalTask(client, "/v1/jobs/42/steps/0/terminal", Object{}), 1)
 
 	if _, err := os.Stat(calls); !errors.Is(err, os.ErrNotExist) {

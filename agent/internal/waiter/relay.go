@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -98,32 +99,68 @@ func jsonObject(data []byte) Object {
 	return Object{}
 }
 
-// stepOutputRelay is one step's output stream to the daemon.
+// stepOutputRelay is one step's output stream to the daemon. Each frame is kept until the
+// script's srun has written it (the daemon passes on its count: {"delivered": N}); should the
+// stream break (the daemon killed, restarted, failed over), the next daemon is asked to go on,
+// and the frames from the count the script's srun gives ({"from": N}) are sent again.
 type stepOutputRelay struct {
 	client    *Client
 	key       string
+	run       int64 // the job's run, named when going on with another daemon (-1: unknown)
 	conn      *timedConn
-	answer    chan []byte // the daemon's answer, whenever it comes: early, the stream is over
+	answer    chan []byte // the daemon's last word, whenever it comes: early, the stream is over
+	from      chan int64  // where the script's srun stands, as a resumed stream opens
 	streamKey []byte
-	seq       uint64
+	seq       uint64 // this connection's frames, for their signatures
+	kept      []keptFrame
+	keptBytes int
+	next      int64        // the index of the next frame of the step
+	written   atomic.Int64 // frames the script's srun wrote
 	delivered bool
 	gone      bool
+	broke     bool // the stream broke and no daemon went on with it
 	toldLost  bool
 	// termedBySlurm: slurmstepd has just sent the process a TERM itself (nil: never).
 	termedBySlurm func() bool
 }
 
+type keptFrame struct {
+	index int64
+	fd    byte
+	data  []byte
+}
+
+const (
+	// Frames not yet written by the script's srun that a relay keeps: then srun's output waits
+	// in its pipes, as it waits natively for a slow reader.
+	relayWindow  = 4 << 20
+	relayAckPoll = 20 * time.Millisecond
+)
+
+// How long a relay whose stream broke asks another daemon to go on: a var for tests.
+var relayResumeFor = 3 * time.Minute
+
 func newStepOutputRelay(client *Client, key string) *stepOutputRelay {
-	return &stepOutputRelay{client: client, key: key}
+	return &stepOutputRelay{client: client, key: key, run: -1}
+}
+
+func (r *stepOutputRelay) path() string {
+	return "/v1/jobs/" + strconv.FormatInt(r.client.JobID, 10) + "/step-output"
+}
+
+func (r *stepOutputRelay) header() []byte {
+	fields := Object{{"key", r.key}, {"resumable", true}}
+	if r.run >= 0 {
+		fields = append(fields, Field{"run", r.run})
+	}
+	return append(Dumps(fields), '\n')
 }
 
 // open starts the stream; on failure output is written locally. A daemon that is busy or
 // restarting (5xx) is asked again for a while: srun's output waits in its pipes meanwhile.
 func (r *stepOutputRelay) open() {
-	path := "/v1/jobs/" + strconv.FormatInt(r.client.JobID, 10) + "/step-output"
-	header := append(Dumps(Object{{"key", r.key}}), '\n')
 	for attempt := range streamOpenAttempts {
-		status := r.tryOpen(path, header)
+		status := r.tryOpen()
 		if status == 200 && r.conn != nil {
 			return
 		}
@@ -134,9 +171,11 @@ func (r *stepOutputRelay) open() {
 	}
 }
 
-func (r *stepOutputRelay) tryOpen(path string, header []byte) int {
+func (r *stepOutputRelay) tryOpen() int {
+	path, header := r.path(), r.header()
 	r.streamKey = make([]byte, 32)
 	_, _ = rand.Read(r.streamKey)
+	r.seq = 0
 	// Connected first, as Client.Post is: a retry against a daemon that is down costs no munge.
 	munge, err := mungeProgram()
 	if err != nil {
@@ -166,15 +205,40 @@ func (r *stepOutputRelay) tryOpen(path string, header []byte) int {
 		return status
 	}
 	conn.timeout = 0 // a slow reader in the pod holds srun, as natively
-	r.conn, r.answer = conn, make(chan []byte, 1)
-	go func() {
+	answer, from := make(chan []byte, 1), make(chan int64, 1)
+	r.conn, r.answer, r.from = conn, answer, from
+	go r.readNotes(reader, answer, from)
+	return 200
+}
+
+// readNotes reads what the daemon says on one stream: where the script's srun stands, what it
+// wrote, then the last word (nil: the connection ended without one).
+func (r *stepOutputRelay) readNotes(reader *bufio.Reader, answer chan<- []byte, from chan<- int64) {
+	for {
 		data, err := readChunk(reader)
 		if err != nil {
-			data = nil
+			answer <- nil
+			return
 		}
-		r.answer <- data
-	}()
-	return 200
+		note := jsonObject(data)
+		if n, ok := note.Get("from"); ok {
+			if count, ok := n.(int64); ok {
+				select {
+				case from <- count:
+				default:
+				}
+			}
+			continue
+		}
+		if n, ok := note.Get("delivered"); ok {
+			if count, ok := n.(int64); ok && count > r.written.Load() {
+				r.written.Store(count)
+			}
+			continue
+		}
+		answer <- data
+		return
+	}
 }
 
 // send relays srun's output; once the script's srun is gone, what Slurm's srun still says goes
@@ -186,13 +250,114 @@ func (r *stepOutputRelay) send(fd int, data []byte) {
 	}
 	for start := 0; start < len(data); start += MaxOutputFrame {
 		part := data[start:min(len(data), start+MaxOutputFrame)]
-		if _, err := r.conn.Write(chunk(SignOutputFrame(r.streamKey, r.seq, byte(fd), part))); err != nil {
-			r.drop()
-			r.sayMaybeLost()
+		if !r.waitForRoom() || !r.relay(byte(fd), append([]byte(nil), part...)) {
+			if r.broke {
+				r.sayMaybeLost()
+			}
 			_ = WriteAll(fd, data[start:])
 			return
 		}
-		r.seq++
+	}
+}
+
+// relay keeps a frame and sends it; false when the stream broke and no daemon went on with it.
+func (r *stepOutputRelay) relay(fd byte, data []byte) bool {
+	frame := keptFrame{r.next, fd, data}
+	r.next++
+	r.kept = append(r.kept, frame)
+	r.keptBytes += len(data)
+	if r.write(frame) {
+		return true
+	}
+	return r.resume()
+}
+
+func (r *stepOutputRelay) write(frame keptFrame) bool {
+	if _, err := r.conn.Write(chunk(SignOutputFrame(r.streamKey, r.seq, frame.fd, frame.data))); err != nil {
+		return false
+	}
+	r.seq++
+	return true
+}
+
+// forget drops the frames the script's srun has written.
+func (r *stepOutputRelay) forget() {
+	written, n := r.written.Load(), 0
+	for n < len(r.kept) && r.kept[n].index < written {
+		r.keptBytes -= len(r.kept[n].data)
+		n++
+	}
+	r.kept = r.kept[n:]
+}
+
+// waitForRoom holds srun's output while relayWindow bytes wait for the script's srun; false when
+// the stream ended meanwhile and no daemon went on with it.
+func (r *stepOutputRelay) waitForRoom() bool {
+	for r.forget(); r.keptBytes >= relayWindow; r.forget() {
+		select {
+		case data := <-r.answer:
+			if !r.heard(data) {
+				return false
+			}
+		case <-time.After(relayAckPoll):
+		}
+	}
+	return true
+}
+
+// heard takes the daemon's last word; true when the stream goes on (with the next daemon).
+func (r *stepOutputRelay) heard(data []byte) bool {
+	if data == nil { // the connection ended without a word: the daemon went away
+		return r.resume()
+	}
+	_, r.gone = jsonObject(data).Get("gone")
+	r.drop()
+	return false
+}
+
+// resume asks daemons, for relayResumeFor, to go on with the stream from where the script's
+// srun stands, and sends the frames it has not written again; false when none did (the rest
+// is written to the job's files).
+func (r *stepOutputRelay) resume() bool {
+	r.drop()
+	deadline := time.Now().Add(relayResumeFor)
+	for attempt := 0; time.Now().Before(deadline); attempt++ {
+		status := r.tryOpen()
+		if status >= 400 && status < 500 {
+			r.broke = true
+			return false
+		}
+		if status == 200 && r.conn != nil && r.sendKeptFrom() {
+			return true
+		}
+		r.drop()
+		time.Sleep(streamOpenDelay(attempt))
+	}
+	r.broke = true
+	return false
+}
+
+// sendKeptFrom waits for where the script's srun stands and sends the frames from there.
+func (r *stepOutputRelay) sendKeptFrom() bool {
+	select {
+	case count := <-r.from:
+		if count > r.written.Load() {
+			r.written.Store(count)
+		}
+		r.forget()
+		if len(r.kept) > 0 && r.kept[0].index != r.written.Load() || count > r.next {
+			return false // frames it has not written were let go: cannot go on
+		}
+		for _, frame := range r.kept {
+			if !r.write(frame) {
+				return false
+			}
+		}
+		return true
+	case <-r.answer:
+		return false
+	case <-time.After(streamAnswerTimeout):
+		return false
 	}
 }
 
@@ -202,14 +367,21 @@ func (r *stepOutputRelay) finish(code int) {
 	if r.conn == nil || r.answered() {
 		return
 	}
-	end := append(chunk(SignOutputFrame(r.streamKey, r.seq, 0, []byte(strconv.Itoa(code)))), "0\r\n\r\n"...)
 	heard := false
-	if _, err := r.conn.Write(end); err == nil {
-		select {
-		case data := <-r.answer:
-			done, _ := jsonObject(data).Get("done")
-			r.delivered, heard = done == true, data != nil
-		case <-time.After(streamEndTimeout):
+	if r.relay(0, []byte(strconv.Itoa(code))) && r.conn != nil {
+		_, _ = r.conn.Write([]byte("0\r\n\r\n"))
+		for waiting := true; waiting; {
+			select {
+			case data := <-r.answer:
+				if data == nil && r.resume() {
+					_, _ = r.conn.Write([]byte("0\r\n\r\n"))
+					continue
+				}
+				done, _ := jsonObject(data).Get("done")
+				r.delivered, heard, waiting = done == true, data != nil, false
+			case <-time.After(streamEndTimeout):
+				waiting = false
+			}
 		}
 	}
 	r.drop()
@@ -218,11 +390,10 @@ func (r *stepOutputRelay) finish(code int) {
 	}
 }
 
-// sayMaybeLost tells the job's files, where the user looks, that the daemon went away (kill -9,
-// a failover) with frames of this step's output it never confirmed: the kernel took them for a
-// peer that was gone, and the script's srun may never have written them.
+// sayMaybeLost tells the job's files, where the user looks, that the relay broke off and no
+// daemon went on with it: some of what srun wrote may not have reached the script's srun.
 func (r *stepOutputRelay) sayMaybeLost() {
-	if r.seq > 0 && !r.toldLost {
+	if r.next > 0 && !r.toldLost {
 		r.toldLost = true
 		_ = WriteAll(2, []byte("slurm-k8s-bridge: the bridge went away while it relayed this step's output: "+
 			"some of what srun wrote may be missing\n"))
@@ -230,16 +401,17 @@ func (r *stepOutputRelay) sayMaybeLost() {
 }
 
 // answered: the daemon spoke before the end (the script's srun is gone, or the pod could not
-// be reached); the stream is over.
+// be reached); the stream is over. A stream that broke goes on with the next daemon.
 func (r *stepOutputRelay) answered() bool {
 	if r.conn == nil {
 		return false
 	}
 	select {
 	case data := <-r.answer:
-		_, r.gone = jsonObject(data).Get("gone")
-		r.drop()
-		if data == nil { // the connection ended without a word: the daemon died
+		if r.heard(data) {
+			return false
+		}
+		if data == nil {
 			r.sayMaybeLost()
 		}
 		return true

@@ -8,10 +8,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // dyingDaemon accepts one step-output stream, reads until the first output frame has come, and
-// then closes the connection without a word, as a daemon killed with -9 does.
+// then closes the connection without a word, as a daemon killed with -9 does; no daemon follows.
 func dyingDaemon(t *testing.T) URL {
 	listener, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -20,6 +21,7 @@ func dyingDaemon(t *testing.T) URL {
 	t.Cleanup(func() { listener.Close() })
 	go func() {
 		conn, err := listener.Accept()
+		listener.Close() // no daemon comes back: asking again is refused
 		if err != nil {
 			return
 		}
@@ -38,6 +40,9 @@ func dyingDaemon(t *testing.T) URL {
 }
 
 func TestADaemonThatDiesMidStreamIsToldInTheJobsFiles(t *testing.T) {
+	saved := relayResumeFor
+	t.Cleanup(func() { relayResumeFor = saved })
+	relayResumeFor = 500 * time.Millisecond
 	munge := filepath.Join(t.TempDir(), "munge")
 	writeExecutable(t, munge, "#!/bin/sh\nexec cat\n")
 	savedMunge := MungePaths

@@ -315,6 +315,7 @@ func stepStdin(request Object) []byte {
 
 func (s *scriptSteps) run(key string, command, env []string, stdin []byte) {
 	relay := newStepOutputRelay(s.client, key)
+	relay.run = s.jobRun
 	relay.termedBySlurm = func() bool { return s.recentlyFromSlurm(syscall.SIGTERM) }
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Env = env

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -204,13 +204,13 @@ class ExecVerbs:
 
     async def exec_feeding(
         self, pod_name: str, command: list[str], feed: asyncio.Queue[bytes | None],
-        container: str = wellknown.CONTAINER_NAME,
+        container: str = wellknown.CONTAINER_NAME, on_output: Callable[[bytes], None] | None = None,
     ) -> int:
         """Run `command` in the container and write what arrives in `feed` to its stdin as it
         comes, until a None; return its exit code. The command must know where its input ends (the
         v4 exec protocol cannot close stdin). Slow readers hold the writer: the websocket's send
-        waits for the transport to drain. Raises ExecNotStarted as exec_stream does (nothing
-        was taken from `feed` then)."""
+        waits for the transport to drain. What it writes to stdout goes to `on_output`. Raises
+        ExecNotStarted as exec_stream does (nothing was taken from `feed` then)."""
         ws_client = self._exec_client()
         code = b"1"
         started = False
@@ -234,6 +234,8 @@ class ExecVerbs:
                         raw = message.data if isinstance(message.data, bytes) else str(message.data).encode()
                         if raw[:1] == b"\x03" and len(raw) > 1:
                             code = _exit_code_of(raw[1:])
+                        elif raw[:1] == b"\x01" and len(raw) > 1 and on_output is not None:
+                            on_output(raw[1:])
                 finally:
                     sender.cancel()
         except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
