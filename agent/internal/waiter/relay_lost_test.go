@@ -43,22 +43,9 @@ func TestADaemonThatDiesMidStreamIsToldInTheJobsFiles(t *testing.T) {
 	saved := relayResumeFor
 	t.Cleanup(func() { relayResumeFor = saved })
 	relayResumeFor = 500 * time.Millisecond
-	munge := filepath.Join(t.TempDir(), "munge")
-	writeExecutable(t, munge, "#!/bin/sh\nexec cat\n")
-	savedMunge := MungePaths
-	t.Cleanup(func() { MungePaths = savedMunge })
-	MungePaths = []string{munge}
-	trustFakesIn(t, filepath.Dir(munge))
+	withCatMunge(t)
 	relay := newStepOutputRelay(&Client{URL: dyingDaemon(t), JobID: testJobID}, "7")
-	var code int
-	said := stderrOf(t, func() {
-		cmd := exec.Command("/bin/sh", "-c", "echo first; sleep 0.3; echo second; sleep 0.3; echo third >&2; exit 1")
-		cmd.Env = []string{"PATH=/usr/bin:/bin"}
-		var err error
-		if code, err = runRelayed(cmd, relay, nil, bounds{}); err != nil {
-			t.Error(err)
-		}
-	})
+	code, said := relayedRun(t, relay, "echo first; sleep 0.3; echo second; sleep 0.3; echo third >&2; exit 1")
 	if code != 1 || relay.delivered {
 		t.Fatalf("code %d, delivered %v", code, relay.delivered)
 	}
@@ -66,4 +53,28 @@ func TestADaemonThatDiesMidStreamIsToldInTheJobsFiles(t *testing.T) {
 	if strings.Count(said, note) != 1 {
 		t.Fatalf("the job's stderr got %q, want the note once", said)
 	}
+}
+
+// withCatMunge makes munge a cat: the credential is the payload.
+func withCatMunge(t *testing.T) {
+	munge := filepath.Join(t.TempDir(), "munge")
+	writeExecutable(t, munge, "#!/bin/sh\nexec cat\n")
+	savedMunge := MungePaths
+	t.Cleanup(func() { MungePaths = savedMunge })
+	MungePaths = []string{munge}
+	trustFakesIn(t, filepath.Dir(munge))
+}
+
+// relayedRun runs script as Slurm's srun through relay; its code and what the job's stderr got.
+func relayedRun(t *testing.T, relay *stepOutputRelay, script string) (int, string) {
+	var code int
+	said := stderrOf(t, func() {
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.Env = []string{"PATH=/usr/bin:/bin"}
+		var err error
+		if code, err = runRelayed(cmd, relay, nil, bounds{}); err != nil {
+			t.Error(err)
+		}
+	})
+	return code, said
 }

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"encoding/binary"
 	"net"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -83,24 +81,11 @@ func restartingDaemon(t *testing.T, seen chan<- []daemonFrame, headers chan<- st
 }
 
 func TestAStreamGoesOnWithTheNextDaemonFromWhereTheScriptsSrunStands(t *testing.T) {
-	munge := filepath.Join(t.TempDir(), "munge")
-	writeExecutable(t, munge, "#!/bin/sh\nexec cat\n")
-	savedMunge := MungePaths
-	t.Cleanup(func() { MungePaths = savedMunge })
-	MungePaths = []string{munge}
-	trustFakesIn(t, filepath.Dir(munge))
+	withCatMunge(t)
 	seen, headers := make(chan []daemonFrame, 2), make(chan string, 2)
 	relay := newStepOutputRelay(&Client{URL: restartingDaemon(t, seen, headers), JobID: testJobID}, "7")
 	relay.run = 2
-	var code int
-	said := stderrOf(t, func() {
-		cmd := exec.Command("/bin/sh", "-c", "echo one; sleep 0.2; echo two; sleep 0.5; echo three; echo four >&2; exit 5")
-		cmd.Env = []string{"PATH=/usr/bin:/bin"}
-		var err error
-		if code, err = runRelayed(cmd, relay, nil, bounds{}); err != nil {
-			t.Error(err)
-		}
-	})
+	code, said := relayedRun(t, relay, "echo one; sleep 0.2; echo two; sleep 0.5; echo three; echo four >&2; exit 5")
 	if code != 5 || !relay.delivered {
 		t.Fatalf("code %d, delivered %v", code, relay.delivered)
 	}
