@@ -231,6 +231,10 @@ class ApiFacade:
         pod = self.pods.on_slurm_node(job_id, slurm_node)
         return None if pod is None else pod.name
 
+    def spools_tasks(self, job_id: int, pod_name: str) -> bool:
+        """Its agent spools step tasks' output (a task there outlives a daemon's restart)."""
+        return self.pods.spools_tasks(job_id, pod_name)
+
     def node_gpus(self, job_id: int, slurm_node: str) -> tuple[int, ...] | None:
         """The physical indices of the GPUs the job holds on `slurm_node`, in the order its pod there
         numbers them; None while the store has no record of the job."""

@@ -36,3 +36,8 @@ class RunPods:
             if pod.run == run and pod.slurm_node == slurm_node:
                 return pod
         return None
+
+    def spools_tasks(self, job_id: int, pod_name: str) -> bool:
+        """The job's pod `pod_name` runs an agent that spools its step tasks' output."""
+        pods = map(pod_view, self._cache.pods_of(job_id))
+        return any(pod.name == pod_name and pod.spools_tasks for pod in pods)

@@ -153,14 +153,16 @@ class Tasks:
         self, task_id: TaskId, pod: str, argv: list[str], write: Callable[[int, bytes], Awaitable[None]],
         still_wanted: Callable[[], bool] | None = None,
         terminal: asyncio.Queue[tuple[int, bytes]] | None = None,
-        stdin: bytes | None = None,
+        stdin: bytes | None = None, spooled: bool = False,
     ) -> bytes:
         """Run one task in its pod (`agent task`), passing its output to `write(fd, data)`; its
         exit code. An exec the kubelet refused before it opened (the pod's container still
         starting, a busy kubelet: an HTTP 500 under load) ran nothing, so it is tried again while
         `still_wanted()` (by default: while its script step is open). With `terminal`, the task
         gets a terminal fed from that queue (KubeActions.exec_stream). `stdin`: the task's stdin
-        (srun --input=FILE), fed to the agent, which reads that much."""
+        (srun --input=FILE), fed to the agent, which reads that much. `spooled`: the pod's agent
+        spools the task's output (ANNOTATION_TASK_SPOOL): the exec's stdin then carries what this
+        daemon passed on, and the task outlives a restart of it."""
         job_id, key, procid = task_id
         pidfile = agent_protocol.task_pidfile(key, procid)
         self._running[task_id] = pod
@@ -171,12 +173,13 @@ class Tasks:
 
         async def attempt() -> bytes:
             # Always this pod: the step belongs to its run (a requeue's pods are another run's).
+            acks = PassedOn() if spooled and terminal is None else None
             if terminal is not None:
                 stream = self._kube.exec_stream(pod, argv, terminal=terminal)
-                acks = None
-            else:
-                acks = PassedOn()
+            elif acks is not None:
                 stream = self._kube.exec_stream(pod, argv, stdin=stdin, feed=acks.queue)
+            else:  # an older agent gives the exec's stdin to the task itself
+                stream = self._kube.exec_stream(pod, argv, stdin=stdin)
             # The agent ends the task's stderr with what the task used: the proxy's, not output.
             trailer = agent_protocol.UsageTrailer()
             code = b"1"  # the stream ended without the exec's status
@@ -205,7 +208,7 @@ class Tasks:
             # The proxy went away (srun killed the step, --kill-on-bad-exit): closing an exec
             # stream does not stop its process, so the task is killed in the pod. Not when this
             # daemon stops: the task runs on, and its proxy asks the next daemon for the rest.
-            if not self._handing_over or terminal is not None:  # a terminal's task is not spooled
+            if not (self._handing_over and spooled and terminal is None):  # else it runs on, spooled
                 self._in_background(self._deliver(pod, pidfile, [int(signal.SIGKILL)], job_id))
             raise
         finally:

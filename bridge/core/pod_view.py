@@ -77,6 +77,8 @@ class PodView:
     """status.podIP, once the runtime has given the pod its network."""
     binds_to: str | None = None
     """The Kubernetes node a pod the bridge binds itself (`dra` GPU mode) goes to; None otherwise."""
+    spools_tasks: bool = False
+    """ANNOTATION_TASK_SPOOL: its agent spools step tasks' output and takes acknowledgements."""
 
     @property
     def runs_agent(self) -> bool:
@@ -164,6 +166,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         suspend_mark=_str_or_none(annotations.get(wellknown.ANNOTATION_SUSPENDED)),
         binds_to=_str_or_none(annotations.get(wellknown.ANNOTATION_KUBE_NODE)),
         pod_ip=as_str(status.get("podIP")),
+        spools_tasks=annotations.get(wellknown.ANNOTATION_TASK_SPOOL) == "1",
     )
 
 

@@ -307,6 +307,7 @@ def _pod(
     command = [*interpreter_of(payload.script), script_file, *payload.arguments]
     if agent:
         annotations[wellknown.ANNOTATION_OUTPUT] = wellknown.OUTPUT_FRAMED
+        annotations[wellknown.ANNOTATION_TASK_SPOOL] = "1"
         agent_volume = {"sizeLimit": wellknown.AGENT_VOLUME_SIZE}
         volumes.append({"name": wellknown.AGENT_VOLUME, "emptyDir": agent_volume})
         mounts.append({"name": wellknown.AGENT_VOLUME, "mountPath": wellknown.AGENT_DIR})

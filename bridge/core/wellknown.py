@@ -160,6 +160,10 @@ ANNOTATION_SCRIPT_DELIVERY: Final = PREFIX + "script-delivery"
 ANNOTATION_PAYLOAD_SECRET: Final = PREFIX + "payload-secret"
 """On every pod: the name of its payload Secret (script and exported environment)."""
 
+ANNOTATION_TASK_SPOOL: Final = PREFIX + "task-spool"
+"""On a pod whose agent spools its step tasks' output (agent/task_spool.go): "1". Only then does the
+daemon acknowledge on a task exec's stdin and follow a task after a restart; a pod made before
+(its agent older) gets neither, as before."""
 ANNOTATION_OUTPUT: Final = PREFIX + "output"
 """`framed` on pods whose log lines are the agent's frames ("o <base64>", "e <base64>")."""
 

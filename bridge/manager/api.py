@@ -257,6 +257,8 @@ class Api:
         pod = self.reconciler.task_pod(job_id, node)
         if pod is None:
             raise web.HTTPServiceUnavailable(text=f"job {job_id} has no pod on node {node} (yet)")
+        if not self.reconciler.spools_tasks(job_id, pod):
+            raise web.HTTPConflict(text=f"the agent of pod {pod} cannot go on with an earlier daemon's task")
         follow = agent_protocol.task_follow_command(
             agent_protocol.task_pidfile(key, procid), (resume[0], resume[1]))
         log.info("task.followed", job_id=job_id, pod=pod, step_key=key, procid=procid, resume=resume)
@@ -269,7 +271,8 @@ class Api:
         stream = await TaskStream.open(request)
         code = b"1"
         try:
-            code = await self.tasks.run(task_id, pod, argv, stream.write, still_wanted, stdin=stdin)
+            code = await self.tasks.run(task_id, pod, argv, stream.write, still_wanted, stdin=stdin,
+                                        spooled=self.reconciler.spools_tasks(task_id[0], pod))
         except BridgeError as error:
             await stream.write(2, f"slurm-k8s-bridge: cannot run the task in pod {pod}: {error}\n".encode())
         return await stream.finish(int(code))

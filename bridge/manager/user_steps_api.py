@@ -105,7 +105,10 @@ class UserStepsApi:
             bound.info("user_task.refused", reason=str(error))
             raise web.HTTPConflict(text=f"slurm-k8s-bridge: {error}") from None
         pidfile = agent_protocol.task_pidfile(key, procid)
-        if body.resume is not None and terminal is None:
+        spooled = self._api.reconciler.spools_tasks(job_id, pod)
+        if body.resume is not None and not (spooled and terminal is None):
+            raise web.HTTPConflict(text=f"slurm-k8s-bridge: the agent of pod {pod} cannot go on with it")
+        if body.resume is not None:
             # A daemon before this one ran it: the rest of its output, spooled in the pod.
             argv = agent_protocol.task_follow_command(pidfile, (body.resume[0], body.resume[1]))
         else:
@@ -121,7 +124,8 @@ class UserStepsApi:
         try:
             code = await self._tasks.run(
                 (job_id, key, procid), pod, argv,
-                stream.write, still_wanted=lambda: self._steps.live(job_id, run), terminal=terminal)
+                stream.write, still_wanted=lambda: self._steps.live(job_id, run), terminal=terminal,
+                spooled=spooled)
         except BridgeError as error:
             # A pod that failed to start is removed: its reason is what the user needs.
             why = self._steps.why_not(job_id, run)

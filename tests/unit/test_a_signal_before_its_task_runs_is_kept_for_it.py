@@ -97,6 +97,9 @@ class Reconciler:
     def task_pod(self, job_id: int, node: str) -> str | None:
         return self.current_pod if node == "kube1" else None
 
+    def spools_tasks(self, _job_id: int, _pod: str) -> bool:
+        return False  # the stream of an agent that spools is not what these tests look at
+
     def node_gpus(self, _job_id: int, _node: str) -> tuple[int, ...] | None:
         return ()
 

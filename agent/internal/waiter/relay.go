@@ -327,8 +327,15 @@ func (r *stepOutputRelay) resume() bool {
 			r.broke = true
 			return false
 		}
-		if status == 200 && r.conn != nil && r.sendKeptFrom() {
-			return true
+		if status == 200 && r.conn != nil {
+			ok, final := r.sendKeptFrom()
+			if ok {
+				return true
+			}
+			if final { // the daemon's last word (the script's srun is gone): over, nothing lost
+				r.drop()
+				return false
+			}
 		}
 		r.drop()
 		time.Sleep(streamOpenDelay(attempt))
@@ -337,8 +344,9 @@ func (r *stepOutputRelay) resume() bool {
 	return false
 }
 
-// sendKeptFrom waits for where the script's srun stands and sends the frames from there.
-func (r *stepOutputRelay) sendKeptFrom() bool {
+// sendKeptFrom waits for where the script's srun stands and sends the frames from there; ok, or
+// final when the daemon's answer was its last word (then r.gone says whether srun is gone).
+func (r *stepOutputRelay) sendKeptFrom() (ok, final bool) {
 	select {
 	case count := <-r.from:
 		if count > r.written.Load() {
@@ -346,18 +354,22 @@ func (r *stepOutputRelay) sendKeptFrom() bool {
 		}
 		r.forget()
 		if len(r.kept) > 0 && r.kept[0].index != r.written.Load() || count > r.next {
-			return false // frames it has not written were let go: cannot go on
+			return false, false // frames it has not written were let go: cannot go on
 		}
 		for _, frame := range r.kept {
 			if !r.write(frame) {
-				return false
+				return false, false
 			}
 		}
-		return true
-	case <-r.answer:
-		return false
+		return true, false
+	case data := <-r.answer:
+		if data == nil {
+			return false, false
+		}
+		_, r.gone = jsonObject(data).Get("gone")
+		return false, true
 	case <-time.After(streamAnswerTimeout):
-		return false
+		return false, false
 	}
 }
 
@@ -373,12 +385,17 @@ func (r *stepOutputRelay) finish(code int) {
 		for waiting := true; waiting; {
 			select {
 			case data := <-r.answer:
-				if data == nil && r.resume() {
-					_, _ = r.conn.Write([]byte("0\r\n\r\n"))
+				if data == nil {
+					if r.resume() {
+						_, _ = r.conn.Write([]byte("0\r\n\r\n"))
+						continue
+					}
+					// Gone: the script's srun took the end frame and went (step-done is harmless).
+					heard, waiting = r.gone, false
 					continue
 				}
 				done, _ := jsonObject(data).Get("done")
-				r.delivered, heard, waiting = done == true, data != nil, false
+				r.delivered, heard, waiting = done == true, true, false
 			case <-time.After(streamEndTimeout):
 				waiting = false
 			}
@@ -411,7 +428,7 @@ func (r *stepOutputRelay) answered() bool {
 		if r.heard(data) {
 			return false
 		}
-		if data == nil {
+		if r.broke {
 			r.sayMaybeLost()
 		}
 		return true

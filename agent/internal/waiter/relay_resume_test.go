@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // daemonFrame is one output frame as a daemon reads it off the stream (its signature not checked).
@@ -109,5 +110,61 @@ func TestAStreamGoesOnWithTheNextDaemonFromWhereTheScriptsSrunStands(t *testing.
 		if header := <-headers; !strings.Contains(header, `"resumable": true`) || !strings.Contains(header, `"run": 2`) {
 			t.Fatalf("header %q", header)
 		}
+	}
+}
+
+// goneAfterRestartDaemon dies after the first frame; the next daemon finds the script's srun gone
+// (killed while no daemon ran) and says so as the stream opens.
+func goneAfterRestartDaemon(t *testing.T) URL {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { listener.Close() })
+	open := func() (net.Conn, *bufio.Reader) {
+		conn, err := listener.Accept()
+		if err != nil {
+			return nil, nil
+		}
+		reader := bufio.NewReader(conn)
+		for line, err := reader.ReadString('\n'); err == nil && line != "\r\n"; line, err = reader.ReadString('\n') {
+		}
+		_, _ = readChunk(reader)
+		_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + answerChunk(`{"accepted": true}`)))
+		return conn, reader
+	}
+	go func() {
+		conn, reader := open()
+		if conn == nil {
+			return
+		}
+		readDaemonFrame(t, reader)
+		conn.Close()
+		for {
+			conn, _ := open()
+			if conn == nil {
+				return
+			}
+			_, _ = conn.Write([]byte(answerChunk(`{"gone": "the script's srun is gone"}`)))
+			conn.Close()
+		}
+	}()
+	return URL{"http", "127.0.0.1", listener.Addr().(*net.TCPAddr).Port}
+}
+
+func TestAStreamWhoseScriptsSrunWentMeanwhileEndsTheStep(t *testing.T) {
+	withCatMunge(t)
+	relay := newStepOutputRelay(&Client{URL: goneAfterRestartDaemon(t), JobID: testJobID}, "7")
+	relay.run = 0
+	started := time.Now()
+	code, said := relayedRun(t, relay, "echo first; sleep 0.5; echo second; exec sleep 30")
+	if !relay.gone || relay.delivered {
+		t.Fatalf("gone %v, delivered %v", relay.gone, relay.delivered)
+	}
+	if took := time.Since(started); took > 20*time.Second {
+		t.Fatalf("Slurm's srun ran %v: it is ended when the script's srun is gone", took)
+	}
+	if code == 0 || strings.Contains(said, "may be missing") {
+		t.Fatalf("code %d, the job's files got %q", code, said)
 	}
 }

@@ -218,6 +218,8 @@ func proxyTask(apiURL, caFile string, jobID int64, path string, body Object, rou
 			continue
 		}
 		// From here the task runs (or ran) in the pod: asking again would run it twice.
+		before := progress.written
+		opened := time.Now()
 		code, err := relayTask(stream, usage, &progress)
 		stream.Close()
 		switch {
@@ -233,7 +235,9 @@ func proxyTask(apiURL, caFile string, jobID int64, path string, body Object, rou
 		case errors.As(err, new(outputGone)):
 			return 1 // slurmstepd no longer takes the task's output: the step is over
 		}
-		if lostAt.IsZero() {
+		// Asked again for a while after each break that followed some progress: a long step may
+		// see several restarts (a rolling upgrade, a failover).
+		if lostAt.IsZero() || progress.written != before || time.Since(opened) > taskResumeFor {
 			lostAt, attempt = time.Now(), -1
 		}
 		if lost = err; lost == nil {
