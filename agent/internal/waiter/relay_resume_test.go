@@ -30,6 +30,24 @@ func answerChunk(text string) string {
 	return strconv.FormatInt(int64(len(text)), 16) + "\r\n" + text + "\r\n"
 }
 
+// acceptStream takes one step-output stream on listener as a daemon does: the request's head, the
+// header chunk (sent back on headers, if any), then the answer's head and {"accepted": true}.
+func acceptStream(listener net.Listener, headers chan<- string) (net.Conn, *bufio.Reader) {
+	conn, err := listener.Accept()
+	if err != nil {
+		return nil, nil
+	}
+	reader := bufio.NewReader(conn)
+	for line, err := reader.ReadString('\n'); err == nil && line != "\r\n"; line, err = reader.ReadString('\n') {
+	}
+	header, _ := readChunk(reader)
+	if headers != nil {
+		headers <- string(header)
+	}
+	_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + answerChunk(`{"accepted": true}`)))
+	return conn, reader
+}
+
 // restartingDaemon is killed once the first two frames have come (the script's srun wrote only
 // the first: the second was in flight); the next daemon says so as the stream opens again, takes
 // the rest and the end, and says the script's srun took them. What each daemon read and the
@@ -40,19 +58,7 @@ func restartingDaemon(t *testing.T, seen chan<- []daemonFrame, headers chan<- st
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { listener.Close() })
-	open := func() (net.Conn, *bufio.Reader) {
-		conn, err := listener.Accept()
-		if err != nil {
-			return nil, nil
-		}
-		reader := bufio.NewReader(conn)
-		for line, err := reader.ReadString('\n'); err == nil && line != "\r\n"; line, err = reader.ReadString('\n') {
-		}
-		header, _ := readChunk(reader)
-		headers <- string(header)
-		_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + answerChunk(`{"accepted": true}`)))
-		return conn, reader
-	}
+	open := func() (net.Conn, *bufio.Reader) { return acceptStream(listener, headers) }
 	go func() {
 		conn, reader := open()
 		if conn == nil {
@@ -121,18 +127,7 @@ func goneAfterRestartDaemon(t *testing.T) URL {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { listener.Close() })
-	open := func() (net.Conn, *bufio.Reader) {
-		conn, err := listener.Accept()
-		if err != nil {
-			return nil, nil
-		}
-		reader := bufio.NewReader(conn)
-		for line, err := reader.ReadString('\n'); err == nil && line != "\r\n"; line, err = reader.ReadString('\n') {
-		}
-		_, _ = readChunk(reader)
-		_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + answerChunk(`{"accepted": true}`)))
-		return conn, reader
-	}
+	open := func() (net.Conn, *bufio.Reader) { return acceptStream(listener, nil) }
 	go func() {
 		conn, reader := open()
 		if conn == nil {
